@@ -1,0 +1,84 @@
+"""Input checks shared by the reference ops and the Triton launchers.
+
+Only shapes, dtypes, devices and strides are checked here: nothing reads tensor values, so the
+checks never synchronise with a GPU. Each failure raises ``ValueError`` naming the argument.
+"""
+from __future__ import annotations
+
+import torch
+
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def _fail(message: str) -> None:
+    raise ValueError(message)
+
+
+def check_cache_pair(k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
+    """k_cache, v_cache: [num_blocks, block_size, Hkv, D], same shape/dtype/device, last dim contiguous."""
+    if k_cache.dim() != 4:
+        _fail(f"k_cache must be [num_blocks, block_size, num_kv_heads, head_dim], got shape {tuple(k_cache.shape)}")
+    if v_cache.shape != k_cache.shape:
+        _fail(f"v_cache shape {tuple(v_cache.shape)} differs from k_cache shape {tuple(k_cache.shape)}")
+    if k_cache.dtype not in FLOAT_DTYPES or v_cache.dtype != k_cache.dtype:
+        _fail(f"k_cache/v_cache must share a float dtype, got {k_cache.dtype} and {v_cache.dtype}")
+    if v_cache.device != k_cache.device:
+        _fail(f"k_cache on {k_cache.device} but v_cache on {v_cache.device}")
+    if k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
+        _fail("k_cache and v_cache must be contiguous in head_dim (stride(-1) == 1)")
+
+
+def check_store_inputs(k, v, k_cache, v_cache, slot_mapping) -> None:
+    """k, v: [T, Hkv, D] matching the cache; slot_mapping: int64 [T]."""
+    check_cache_pair(k_cache, v_cache)
+    _, _, num_kv_heads, head_dim = k_cache.shape
+    for name, t in (("k", k), ("v", v)):
+        if t.dim() != 3 or t.shape[1:] != (num_kv_heads, head_dim):
+            _fail(f"{name} must be [T, {num_kv_heads}, {head_dim}] to match the cache, got {tuple(t.shape)}")
+        if t.device != k_cache.device:
+            _fail(f"{name} on {t.device} but the cache is on {k_cache.device}")
+        if t.stride(-1) != 1:
+            _fail(f"{name} must be contiguous in head_dim (stride(-1) == 1)")
+    if v.shape[0] != k.shape[0]:
+        _fail(f"k has {k.shape[0]} tokens but v has {v.shape[0]}")
+    _check_index(slot_mapping, "slot_mapping", torch.int64, (k.shape[0],), k_cache.device)
+
+
+def check_attention_inputs(q, k_cache, v_cache, block_tables, cu_q_lens, seq_lens) -> None:
+    """q: [T, Hq, D] float; block_tables int32 [B, M]; cu_q_lens int32 [B+1]; seq_lens int32 [B]."""
+    check_cache_pair(k_cache, v_cache)
+    _, _, num_kv_heads, head_dim = k_cache.shape
+    if q.dim() != 3 or q.shape[2] != head_dim:
+        _fail(f"q must be [T, num_heads, {head_dim}], got shape {tuple(q.shape)}")
+    if q.dtype != k_cache.dtype:
+        _fail(f"q dtype {q.dtype} differs from cache dtype {k_cache.dtype}")
+    if q.device != k_cache.device:
+        _fail(f"q on {q.device} but the cache is on {k_cache.device}")
+    if q.stride(-1) != 1:
+        _fail("q must be contiguous in head_dim (stride(-1) == 1)")
+    if q.shape[1] % num_kv_heads != 0:
+        _fail(f"num query heads {q.shape[1]} is not a multiple of num kv heads {num_kv_heads}")
+    if block_tables.dim() != 2:
+        _fail(f"block_tables must be [batch, max_blocks], got shape {tuple(block_tables.shape)}")
+    batch = block_tables.shape[0]
+    _check_index(block_tables, "block_tables", torch.int32, None, q.device)
+    _check_index(cu_q_lens, "cu_q_lens", torch.int32, (batch + 1,), q.device)
+    _check_index(seq_lens, "seq_lens", torch.int32, (batch,), q.device)
+
+
+def check_copy_inputs(k_cache, v_cache, pairs, num_slots) -> None:
+    """pairs: int64 [n, 2] (src, dst); num_slots: int32 [n]."""
+    check_cache_pair(k_cache, v_cache)
+    if pairs.dim() != 2 or pairs.shape[1] != 2:
+        _fail(f"pairs must be [n, 2] (src, dst), got shape {tuple(pairs.shape)}")
+    _check_index(pairs, "pairs", torch.int64, None, k_cache.device)
+    _check_index(num_slots, "num_slots", torch.int32, (pairs.shape[0],), k_cache.device)
+
+
+def _check_index(t, name, dtype, shape, device) -> None:
+    if t.dtype != dtype:
+        _fail(f"{name} must be {dtype}, got {t.dtype}")
+    if shape is not None and tuple(t.shape) != shape:
+        _fail(f"{name} must have shape {shape}, got {tuple(t.shape)}")
+    if t.device != device:
+        _fail(f"{name} on {t.device} but expected {device}")
