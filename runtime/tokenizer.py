@@ -1,0 +1,141 @@
+"""Tokenizer: a ``tokenizers.Tokenizer`` plus the model's special tokens and chat template.
+
+Built from a GGUF file's ``tokenizer.ggml.*`` metadata (byte-level BPE, ``gpt2`` model) or
+from an HF ``tokenizer.json`` (see ``tokenizer_build``). ``encode`` never adds BOS or other
+special tokens, but special tokens written literally in the text (``<|im_start|>``) become
+their ids, as HF tokenizers do for added tokens.
+"""
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from functools import cached_property
+
+import jinja2
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+from tokenizers import Tokenizer as HFTokenizer
+
+
+def bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's reversible byte -> printable character map used by byte-level BPE."""
+    printable = (list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
+                 + list(range(ord("®"), ord("ÿ") + 1)))
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            chars[b] = chr(b)
+        else:
+            chars[b] = chr(256 + extra)
+            extra += 1
+    return chars
+
+
+_UNICODE_TO_BYTE = {c: b for b, c in bytes_to_unicode().items()}
+
+
+def _raise_exception(message: str):
+    raise jinja2.TemplateError(message)
+
+
+class Tokenizer:
+    """Text <-> token ids for one model.
+
+    ``eos_token_ids`` holds every id that ends a turn (EOS, EOT and the well-known end
+    markers the vocabulary marks as control tokens); ``special_token_ids`` every special
+    (control) token.
+    """
+
+    def __init__(self, backend: HFTokenizer, *, bos_token_id: int | None, eos_token_ids: set[int],
+                 chat_template: str | None, special_token_ids: set[int]):
+        self.backend = backend
+        self.bos_token_id = bos_token_id
+        self.eos_token_ids = set(eos_token_ids)
+        self.eos_token_id = min(self.eos_token_ids) if self.eos_token_ids else None
+        self.chat_template = chat_template or ""
+        self.special_token_ids = set(special_token_ids)
+        self.vocab_size = backend.get_vocab_size(with_added_tokens=True)
+
+    # --- encode / decode ---
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ``text``; adds no BOS/EOS, parses literal special tokens."""
+        return self.backend.encode(text, add_special_tokens=False).ids
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        return [e.ids for e in self.backend.encode_batch(texts, add_special_tokens=False)]
+
+    def decode(self, ids, skip_special_tokens: bool = False) -> str:
+        return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def id_to_token(self, token_id: int) -> str | None:
+        return self.backend.id_to_token(token_id)
+
+    def token_to_id(self, token: str) -> int | None:
+        return self.backend.token_to_id(token)
+
+    # --- bytes (for UTF-8-safe incremental detokenization) ---
+    @cached_property
+    def _token_bytes(self) -> list[bytes]:
+        """The raw bytes each token id stands for (special tokens: their text)."""
+        decoder = json.loads(self.backend.to_str()).get("decoder") or {}
+        byte_level = "ByteLevel" in json.dumps(decoder)
+        added = {i: t.content for i, t in self.backend.get_added_tokens_decoder().items()}
+        table = []
+        for i in range(self.vocab_size):
+            piece = self.backend.id_to_token(i) or ""
+            if i in added:
+                table.append(added[i].encode("utf-8"))
+            elif byte_level:
+                table.append(_byte_level_bytes(piece))
+            else:
+                table.append(_sentencepiece_bytes(piece))
+        return table
+
+    def token_to_bytes(self, token_id: int) -> bytes:
+        """Bytes of one token; a multi-byte character may be split across tokens."""
+        return self._token_bytes[token_id]
+
+    def decode_bytes(self, ids, skip_special_tokens: bool = False) -> bytes:
+        """Concatenated token bytes: decode incrementally and cut at a UTF-8 boundary."""
+        table = self._token_bytes
+        skip = self.special_token_ids if skip_special_tokens else ()
+        return b"".join(table[i] for i in ids if i not in skip)
+
+    # --- chat template ---
+    @cached_property
+    def _template(self) -> jinja2.Template:
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                            extensions=["jinja2.ext.loopcontrols"])
+        env.filters["tojson"] = lambda x, indent=None, ensure_ascii=False, **kw: json.dumps(
+            x, indent=indent, ensure_ascii=ensure_ascii, sort_keys=kw.get("sort_keys", False))
+        env.globals["raise_exception"] = _raise_exception
+        env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+        return env.from_string(self.chat_template)
+
+    @property
+    def bos_token(self) -> str:
+        return self.id_to_token(self.bos_token_id) if self.bos_token_id is not None else ""
+
+    @property
+    def eos_token(self) -> str:
+        return self.id_to_token(self.eos_token_id) if self.eos_token_id is not None else ""
+
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
+                            **kwargs) -> str:
+        """Render ``messages`` with the model's own jinja2 template (HF globals)."""
+        if not self.chat_template:
+            raise ValueError("this model has no chat template")
+        return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt,
+                                     bos_token=self.bos_token, eos_token=self.eos_token, **kwargs)
+
+
+def _byte_level_bytes(piece: str) -> bytes:
+    try:
+        return bytes(_UNICODE_TO_BYTE[c] for c in piece)
+    except KeyError:
+        return piece.encode("utf-8")
+
+
+def _sentencepiece_bytes(piece: str) -> bytes:
+    if len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
+        return bytes([int(piece[3:5], 16)])
+    return piece.replace("\u2581", " ").encode("utf-8")
