@@ -1,0 +1,16 @@
+"""radixgate.radix_cache: block pool and radix tree of token prefixes (pure Python, no torch).
+
+See DESIGN.md section 3 for the reference, lock and copy-on-write rules.
+"""
+
+from .events import CacheEvent
+from .integrity import IntegrityError
+from .node import LockHandle
+from .pool import BlockPool, BlockPoolError, OutOfBlocks
+from .stats import InsertResult, MatchResult, NamespaceStats, PrefixInfo, TreeStats
+from .tree import RadixTree
+
+__all__ = [
+    "BlockPool", "BlockPoolError", "CacheEvent", "InsertResult", "IntegrityError", "LockHandle",
+    "MatchResult", "NamespaceStats", "OutOfBlocks", "PrefixInfo", "RadixTree", "TreeStats",
+]

@@ -1,0 +1,126 @@
+"""Tree nodes, lock handles, pins, and the compact token encoding the tree compares on.
+
+Tokens are stored as packed native int32 bytes (``array('i').tobytes()``): an edge matches a
+query slice with one ``bytes.startswith`` (a memcmp), never a per-token Python loop.
+"""
+
+from __future__ import annotations
+
+import struct
+from array import array
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+TOKEN_BYTES = 4
+assert array("i").itemsize == TOKEN_BYTES, "radix_cache needs a 4-byte C int"
+_first_token = struct.Struct("i").unpack_from
+
+
+def encode_tokens(tokens: Sequence[int]) -> tuple[array, bytes]:
+    """(tokens as array('i') for indexing, the same as packed bytes for comparing)."""
+    arr = tokens if isinstance(tokens, array) and tokens.typecode == "i" else array("i", tokens)
+    return arr, arr.tobytes()
+
+
+def first_token(key: bytes) -> int:
+    return _first_token(key, 0)[0]
+
+
+def common_prefix_tokens(key: bytes, data: bytes, offset: int) -> int:
+    """Number of whole tokens that ``key`` and ``data[offset:]`` share (binary search on memcmp)."""
+    view = memoryview(key)
+    lo, hi = 0, min(len(key), len(data) - offset) // TOKEN_BYTES
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if data.startswith(view[: mid * TOKEN_BYTES], offset):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+@dataclass(slots=True, eq=False)
+class Pin:
+    """A pin keeps its node (and so its whole path) from eviction until ``expiry``.
+
+    Every hit sets ``expiry = now + ttl_s``. ``watched`` is True while the pin has an entry
+    in the eviction queue's expiry heap.
+    """
+
+    ttl_s: float
+    owner: str
+    expiry: float
+    watched: bool = False
+
+
+class TreeNode:
+    """An edge of the radix tree covering token positions ``[start, end)``.
+
+    ``blocks`` holds the block ids for block indices ``start // B .. (end - 1) // B``; when
+    ``start`` falls inside a block the parent holds that boundary block too (each holder has
+    its own reference). ``own_blocks`` counts the blocks the parent does not hold.
+    ``lock_ref`` is the number of lock handles at or below this node.
+    """
+
+    __slots__ = ("key", "start", "end", "blocks", "children", "parent", "ns", "lock_ref",
+                 "last_access", "hits", "pin", "in_heap", "alive", "own_blocks")
+
+    def __init__(self, key: bytes, start: int, end: int, blocks: list[int],
+                 parent: TreeNode | None, ns):
+        self.key = key              # packed int32 tokens of [start, end)
+        self.start = start
+        self.end = end
+        self.blocks = blocks
+        self.children: dict[int, TreeNode] = {}
+        self.parent = parent
+        self.ns = ns                # the Namespace this node belongs to
+        self.lock_ref = 0
+        self.last_access = 0        # logical tick of the last match/insert touching it
+        self.hits = 0               # matches that reached this node or a descendant
+        self.pin: Pin | None = None
+        self.in_heap = False        # has an entry in the LRU heap
+        self.alive = True
+        self.own_blocks = 0
+
+    @property
+    def num_tokens(self) -> int:
+        return self.end - self.start
+
+    def count_own_blocks(self) -> int:
+        """Blocks of this node that its parent does not hold (the boundary block may be shared)."""
+        parent_blocks = self.parent.blocks if self.parent is not None else ()
+        shared = bool(parent_blocks) and parent_blocks[-1] == self.blocks[0]
+        return len(self.blocks) - shared
+
+    def path_tokens(self) -> tuple[int, ...]:
+        """All token ids from the namespace root down to this node's end."""
+        keys = []
+        node = self
+        while node is not None:
+            keys.append(node.key)
+            node = node.parent
+        return tuple(array("i", b"".join(reversed(keys))))
+
+    def __repr__(self) -> str:
+        return f"TreeNode([{self.start},{self.end}) blocks={self.blocks} lock={self.lock_ref})"
+
+
+class LockHandle:
+    """Proof that a path is locked. ``tree.unlock(handle)`` exactly once per lock taken.
+
+    A handle names the deepest node of a match or insert; it stays valid across splits
+    (the node keeps its identity as the lower half and the new parent inherits the lock).
+    """
+
+    __slots__ = ("node", "count")
+
+    def __init__(self, node: TreeNode):
+        self.node = node
+        self.count = 0
+
+    @property
+    def locked(self) -> bool:
+        return self.count > 0
+
+    def __repr__(self) -> str:
+        return f"LockHandle(end={self.node.end}, count={self.count})"

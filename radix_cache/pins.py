@@ -1,0 +1,107 @@
+"""Pins: keep a prefix cached for ``ttl_s`` seconds after its last hit (injectable clock).
+
+A pin sits on one node; since eviction only takes leaves, the pin protects the node's
+whole path. An expired pin is an ordinary eviction candidate (evicted with reason ``ttl``);
+a hit before eviction re-arms it (``expiry = now + ttl_s``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from .node import TOKEN_BYTES, Pin, TreeNode, common_prefix_tokens, encode_tokens
+
+if TYPE_CHECKING:
+    from .tree import RadixTree
+
+
+def walk(root: TreeNode, tokens: Sequence[int]) -> tuple[list[TreeNode], int]:
+    """Nodes on the cached path of ``tokens`` and the matched length (the last node may be
+    matched only partly: ``length < path[-1].end``). Touches nothing."""
+    arr, data = encode_tokens(tokens)
+    path, node, pos = [], root, 0
+    while pos < len(arr):
+        child = node.children.get(arr[pos])
+        if child is None:
+            break
+        path.append(child)
+        if not data.startswith(child.key, pos * TOKEN_BYTES):
+            pos += common_prefix_tokens(child.key, data, pos * TOKEN_BYTES)
+            break
+        node, pos = child, child.end
+    return path, pos
+
+
+def pin(tree: RadixTree, namespace: str, tokens: Sequence[int], ttl_s: float, owner: str) -> int:
+    if ttl_s < 0:
+        raise ValueError(f"ttl_s must be >= 0, got {ttl_s}")
+    ns = tree.namespaces.get(namespace)
+    if ns is None:
+        return 0
+    path, length = walk(ns.root, tokens)
+    if length == 0:
+        return 0
+    node = path[-1]
+    if length < node.end:
+        node = tree._split(node, length)
+    if node.pin is not None:
+        drop(tree, node)
+    node.pin = Pin(ttl_s, owner, tree.clock() + ttl_s)
+    tree.pinned_nodes.add(node)
+    tree.queue.watch_pin(node, node.pin)
+    return length
+
+
+def unpin(tree: RadixTree, namespace: str, tokens: Sequence[int]) -> bool:
+    ns = tree.namespaces.get(namespace)
+    if ns is None:
+        return False
+    path, length = walk(ns.root, tokens)
+    for node in reversed(path):
+        if node.end <= length and node.pin is not None:
+            drop(tree, node)
+            return True
+    return False
+
+
+def refresh(tree: RadixTree, node: TreeNode, now: float) -> None:
+    """A hit: the pin now expires ``ttl_s`` from ``now``."""
+    pin = node.pin
+    pin.expiry = now + pin.ttl_s
+    tree.queue.watch_pin(node, pin)
+
+
+def drop(tree: RadixTree, node: TreeNode) -> None:
+    """Remove ``node``'s pin; an unlocked leaf becomes an eviction candidate again."""
+    node.pin = None
+    tree.pinned_nodes.discard(node)
+    if node.alive and not node.children and node.lock_ref == 0:
+        tree.queue.push(node)
+
+
+def pinned_path_nodes(tree: RadixTree, owner: str | None = None, namespace=None) -> set[TreeNode]:
+    """Nodes on the paths to unexpired pins (of ``owner`` / in ``namespace`` when given)."""
+    now = tree.clock()
+    seen: set[TreeNode] = set()
+    for node in tree.pinned_nodes:
+        pin = node.pin
+        if pin.expiry <= now or (owner is not None and pin.owner != owner):
+            continue
+        if namespace is not None and node.ns is not namespace:
+            continue
+        while node.parent is not None and node not in seen:
+            seen.add(node)
+            node = node.parent
+    return seen
+
+
+def pinned_tokens(tree: RadixTree, owner: str | None = None) -> int:
+    return sum(node.num_tokens for node in pinned_path_nodes(tree, owner))
+
+
+def pinned_blocks(tree: RadixTree, owner: str | None = None) -> set[int]:
+    blocks: set[int] = set()
+    for node in pinned_path_nodes(tree, owner):
+        blocks.update(node.blocks)
+    return blocks

@@ -1,0 +1,335 @@
+"""RadixTree: token-exact prefix matching over refcounted, copy-on-write KV blocks.
+
+Reference, lock and copy-on-write rules are those of DESIGN.md section 3:
+- a node covering positions ``[s, e)`` holds one reference to each block for block indices
+  ``s // B .. (e - 1) // B``; a split inside a block leaves parent and child both holding
+  the boundary block (one reference each) and the new parent inherits the lock count;
+- along a path the block for index ``j`` is the one held by the deepest node covering any
+  position of block ``j``;
+- ``match`` gives the caller a reference to every returned block and a lock on the path;
+  ``insert`` adds references for the blocks new nodes take and never drops the caller's.
+Matches never split a node: a match that ends inside a node locks that whole node.
+Only the engine thread may call into a tree (it is not thread-safe).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Sequence
+
+from . import pins, reports
+from .eviction import EvictionQueue
+from .events import CacheEvent, EventSink
+from .namespaces import Namespace, NamespaceTable
+from .node import TOKEN_BYTES, LockHandle, TreeNode, common_prefix_tokens, encode_tokens, first_token
+from .pool import BlockPool
+from .stats import EVICTION_REASONS, InsertResult, MatchResult, PrefixInfo, TreeStats
+
+
+class RadixTree:
+    def __init__(self, pool: BlockPool, clock: Callable[[], float] = time.monotonic,
+                 on_event: EventSink | None = None):
+        self.pool = pool
+        self.block_size = pool.block_size
+        self.clock = clock
+        self.on_event = on_event
+        self.namespaces = NamespaceTable()
+        self.queue = EvictionQueue()
+        self.handles: set[LockHandle] = set()     # handles holding at least one lock
+        self.pinned_nodes: set[TreeNode] = set()
+        self.tick = 0                              # logical LRU clock
+        self.num_nodes = 0
+        self.cached_tokens = 0
+        self.evictable_tokens = 0                  # tokens of unlocked nodes
+        self.locked_tokens = 0
+        self.evictable_blocks = 0                  # own blocks of unlocked nodes
+        self.block_holders: dict[int, int] = {}    # block -> number of nodes holding it
+        self.evictions = dict.fromkeys(EVICTION_REASONS, 0)
+        self.evicted_tokens = dict.fromkeys(EVICTION_REASONS, 0)
+
+    # ---- match / insert -------------------------------------------------------------
+
+    def match(self, namespace: str, tokens: Sequence[int]) -> MatchResult:
+        """Longest token-exact cached prefix of ``tokens`` in ``namespace``.
+
+        Contract: the caller now holds one reference to each returned block (drop each with
+        ``pool.decref`` when done) and the path is locked until ``unlock(result.handle)``.
+        The blocks are safe to read only up to ``length``; if ``last_block_partial``, copy
+        the last block before writing. Every node touched counts a hit, moves to the back
+        of the LRU order and refreshes its pin's expiry.
+        """
+        arr, data = encode_tokens(tokens)
+        ns = self.namespaces.get_or_create(namespace)
+        self.tick += 1
+        node, length, blocks = self._descend_for_match(ns.root, arr, data)
+        ns.queries += 1
+        ns.query_tokens += len(arr)
+        ns.hit_tokens += length
+        self.pool.incref_many(blocks)
+        handle = LockHandle(node)
+        self.lock(handle)
+        return MatchResult(length, blocks, handle, length % self.block_size != 0)
+
+    def _descend_for_match(self, node: TreeNode, arr, data: bytes):
+        B, tick, n = self.block_size, self.tick, len(arr)
+        blocks: list[int] = []
+        pos = 0
+        now = None
+        while pos < n:
+            child = node.children.get(arr[pos])
+            if child is None:
+                break
+            if data.startswith(child.key, pos * TOKEN_BYTES):
+                pos = child.end
+                take = len(child.blocks)
+            else:
+                pos += common_prefix_tokens(child.key, data, pos * TOKEN_BYTES)
+                take = (pos - 1) // B - child.start // B + 1
+            del blocks[child.start // B:]
+            blocks.extend(child.blocks[:take])
+            child.last_access = tick
+            child.hits += 1
+            if child.pin is not None:
+                now = self.clock() if now is None else now
+                pins.refresh(self, child, now)
+            node = child
+            if pos < child.end:
+                break
+        return node, pos, blocks
+
+    def insert(self, namespace: str, tokens: Sequence[int], blocks: Sequence[int],
+               lock: bool = False) -> InsertResult:
+        """Cache ``tokens`` whose K/V live in ``blocks`` (the caller's block table).
+
+        ``blocks[j]`` holds block index ``j``; at least ``ceil(len(tokens) / B)`` entries.
+        Nodes that already exist keep their blocks; each new node takes a reference to the
+        blocks it covers. The caller's references are never dropped. With ``lock=True`` the
+        node ending at ``len(tokens)`` is locked (split off if needed) and its handle
+        returned: ``unlock`` it exactly once.
+        """
+        arr, data = encode_tokens(tokens)
+        n, B = len(arr), self.block_size
+        if len(blocks) < -(-n // B):
+            raise ValueError(f"{n} tokens need {-(-n // B)} blocks, got {len(blocks)}")
+        ns = self.namespaces.get_or_create(namespace)
+        self.tick += 1
+        node, pos = ns.root, 0
+        cached_before = n
+        while pos < n:
+            child = node.children.get(arr[pos])
+            if child is None:
+                cached_before = pos
+                node = self._add_leaf(node, data[pos * TOKEN_BYTES:], pos, n, blocks)
+                break
+            child.last_access = self.tick
+            if data.startswith(child.key, pos * TOKEN_BYTES):
+                node, pos = child, child.end
+                continue
+            pos += common_prefix_tokens(child.key, data, pos * TOKEN_BYTES)
+            if pos == n and not lock:
+                break
+            node = self._split(child, pos)
+        handle = None
+        if lock:
+            handle = LockHandle(node)
+            self.lock(handle)
+        return InsertResult(cached_before, handle)
+
+    def _add_leaf(self, parent: TreeNode, key: bytes, start: int, end: int,
+                  blocks: Sequence[int]) -> TreeNode:
+        B = self.block_size
+        taken = list(blocks[start // B:(end - 1) // B + 1])
+        self.pool.incref_many(taken)
+        leaf = TreeNode(key, start, end, taken, parent, parent.ns)
+        leaf.last_access = self.tick
+        leaf.own_blocks = leaf.count_own_blocks()
+        parent.children[first_token(key)] = leaf
+        holders = self.block_holders
+        for block in taken:
+            holders[block] = holders.get(block, 0) + 1
+        self._count_node(leaf, +1)
+        self.queue.push(leaf)
+        if self.on_event is not None:
+            self.on_event(CacheEvent("stored", parent.ns.name, tuple(taken), start, end))
+        return leaf
+
+    def _split(self, node: TreeNode, at: int) -> TreeNode:
+        """Cut ``node`` at position ``at``; returns the new parent covering ``[start, at)``.
+
+        ``node`` keeps its identity (and handles, pin) as the lower half. A cut inside a
+        block leaves that block in both halves, with one more reference.
+        """
+        B = self.block_size
+        first_index = node.start // B
+        upper_blocks = node.blocks[:(at - 1) // B - first_index + 1]
+        cut = (at - node.start) * TOKEN_BYTES
+        upper = TreeNode(node.key[:cut], node.start, at, upper_blocks, node.parent, node.ns)
+        upper.lock_ref, upper.last_access, upper.hits = node.lock_ref, node.last_access, node.hits
+        node.parent.children[first_token(node.key)] = upper
+        node.key = node.key[cut:]
+        node.blocks = node.blocks[at // B - first_index:]
+        node.start, node.parent = at, upper
+        upper.children[first_token(node.key)] = node
+        if at % B:
+            boundary = node.blocks[0]
+            self.pool.incref(boundary)
+            self.block_holders[boundary] += 1
+        upper.own_blocks = upper.count_own_blocks()
+        node.own_blocks = node.count_own_blocks()
+        self.num_nodes += 1
+        node.ns.nodes += 1
+        return upper
+
+    def _count_node(self, node: TreeNode, sign: int) -> None:
+        """Add (+1) or remove (-1) an unlocked node's tokens and blocks from the counters."""
+        tokens = sign * node.num_tokens
+        self.num_nodes += sign
+        self.cached_tokens += tokens
+        self.evictable_tokens += tokens
+        self.evictable_blocks += sign * node.own_blocks
+        node.ns.nodes += sign
+        node.ns.cached_tokens += tokens
+
+    # ---- locks ----------------------------------------------------------------------
+
+    def lock(self, handle: LockHandle) -> None:
+        """Lock the handle's path (once more); every lock needs one ``unlock``."""
+        node = handle.node
+        if not node.alive:
+            raise ValueError(f"{handle!r} names a node that was evicted")
+        while node.parent is not None:
+            if node.lock_ref == 0:
+                self._move_lock_state(node, locked=True)
+            node.lock_ref += 1
+            node = node.parent
+        handle.count += 1
+        self.handles.add(handle)
+
+    def unlock(self, handle: LockHandle) -> None:
+        """Release one lock of ``handle``; leaves that become unlocked turn evictable."""
+        if handle.count <= 0:
+            raise ValueError(f"unlock of {handle!r} that holds no lock (unlocked twice?)")
+        handle.count -= 1
+        if handle.count == 0:
+            self.handles.discard(handle)
+        node = handle.node
+        while node.parent is not None:
+            node.lock_ref -= 1
+            if node.lock_ref == 0:
+                self._move_lock_state(node, locked=False)
+                if not node.children:
+                    self.queue.push(node)
+            node = node.parent
+
+    def _move_lock_state(self, node: TreeNode, locked: bool) -> None:
+        sign = 1 if locked else -1
+        self.locked_tokens += sign * node.num_tokens
+        self.evictable_tokens -= sign * node.num_tokens
+        self.evictable_blocks -= sign * node.own_blocks
+
+    # ---- eviction -------------------------------------------------------------------
+
+    def evict(self, num_blocks: int) -> int:
+        """Evict unlocked leaves, least recently used first, until ``num_blocks`` own blocks
+        are freed or nothing evictable is left; returns the blocks that went back to the
+        pool. Leaves with an unexpired pin are skipped; an evicted expired pin counts as a
+        ``ttl`` eviction, everything else as ``lru``.
+        """
+        now = self.clock()
+        self.queue.release_expired(now)
+        freed = 0
+        while freed < num_blocks:
+            node = self.queue.pop(now)
+            if node is None:
+                break
+            freed += self._remove_leaf(node, "ttl" if node.pin is not None else "lru")
+        return freed
+
+    def _remove_leaf(self, node: TreeNode, reason: str) -> int:
+        parent = node.parent
+        del parent.children[first_token(node.key)]
+        freed = self.pool.decref_many(node.blocks)
+        holders = self.block_holders
+        for block in node.blocks:
+            if holders[block] == 1:
+                del holders[block]
+            else:
+                holders[block] -= 1
+        self._count_node(node, -1)
+        if node.pin is not None:
+            pins.drop(self, node)
+        node.alive = False
+        self.evictions[reason] += 1
+        self.evicted_tokens[reason] += node.num_tokens
+        if self.on_event is not None:
+            self.on_event(CacheEvent("removed", node.ns.name, tuple(node.blocks),
+                                     node.start, node.end, reason))
+        if parent.parent is not None and not parent.children and parent.lock_ref == 0:
+            self.queue.push(parent)
+        return freed
+
+    def flush(self, namespace: str | None = None) -> int:
+        """Evict every unlocked node of ``namespace`` (all namespaces when None), pinned
+        ones included, and drop every pin there; returns the blocks freed."""
+        freed = 0
+        for ns in self.namespaces.select(namespace):
+            freed += self._flush_below(ns.root)
+        return freed
+
+    def _flush_below(self, root: TreeNode) -> int:
+        freed = 0
+        stack = [(root, False)]
+        while stack:
+            node, children_done = stack.pop()
+            if children_done:
+                if node.lock_ref == 0 and node.parent is not None:
+                    freed += self._remove_leaf(node, "flush")
+                elif node.pin is not None:
+                    pins.drop(self, node)
+                continue
+            stack.append((node, True))
+            stack.extend((child, False) for child in node.children.values())
+        return freed
+
+    # ---- pins, reports, integrity (see pins.py, reports.py, integrity.py) -------------
+
+    def pin(self, namespace: str, tokens: Sequence[int], ttl_s: float, owner: str = "") -> int:
+        """Pin the node at the longest cached prefix of ``tokens`` (split off if needed)
+        for ``ttl_s`` seconds after each hit; returns the pinned length (0: nothing cached).
+        Re-pinning the same node replaces its pin. Quotas are the caller's to enforce
+        (see ``pinned_tokens(owner)``)."""
+        return pins.pin(self, namespace, tokens, ttl_s, owner)
+
+    def unpin(self, namespace: str, tokens: Sequence[int]) -> bool:
+        """Remove the deepest pin on the cached path of ``tokens``; False when there is none."""
+        return pins.unpin(self, namespace, tokens)
+
+    def pinned_tokens(self, owner: str | None = None) -> int:
+        """Distinct tokens on paths to unexpired pins (of ``owner``, or of everyone)."""
+        return pins.pinned_tokens(self, owner)
+
+    def pinned_blocks(self, owner: str | None = None) -> set[int]:
+        """Distinct blocks held by nodes on paths to unexpired pins."""
+        return pins.pinned_blocks(self, owner)
+
+    def held_blocks(self) -> set[int]:
+        """Blocks referenced by at least one node."""
+        return set(self.block_holders)
+
+    def stats(self) -> TreeStats:
+        return reports.tree_stats(self)
+
+    def top_prefixes(self, n: int = 10, namespace: str | None = None) -> list[PrefixInfo]:
+        """The ``n`` most hit nodes (ties: longer first), with their full token paths."""
+        return reports.top_prefixes(self, n, namespace)
+
+    def check_integrity(self, extra_holders: Iterable[Sequence[int]] = ()) -> None:
+        """Recount every holder, refcount, lock and counter; raise IntegrityError on a
+        mismatch. ``extra_holders``: the block tables of everyone else holding references
+        (running requests, blocks a caller got from ``match`` and still holds)."""
+        from .integrity import check_tree
+
+        check_tree(self, extra_holders)
+
+    def namespace(self, name: str) -> Namespace | None:
+        return self.namespaces.get(name)
