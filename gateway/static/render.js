@@ -1,0 +1,161 @@
+// Writes one /v1/cache/stats snapshot into the page. Every number lands in an element with a
+// data-stat key (a dotted path into the stats JSON, or a derived name such as cost.relative);
+// the raw value goes into data-value and the formatted text into the element.
+import {
+  fmtInt, fmtPct, fmtMs, fmtSeconds, fmtUsd, fmtRate, tokenSplit, cacheCost,
+  prefillSavedSeconds, historyPoints, escapeHtml,
+} from './format.js';
+import { drawHitChart, drawSparkline } from './charts.js';
+
+function setStat(root, key, value, format) {
+  for (const el of root.querySelectorAll(`[data-stat="${key}"]`)) {
+    if (value === null || value === undefined) {
+      el.dataset.value = '';
+      el.textContent = 'n/a';
+    } else {
+      el.dataset.value = String(value);
+      el.textContent = format(value);
+    }
+  }
+}
+
+function setWidths(container, parts) {
+  const total = Object.values(parts).reduce((a, b) => a + b, 0);
+  for (const [name, value] of Object.entries(parts)) {
+    const seg = container.querySelector(`.seg.${name}`) || container.querySelector(`#split-${name}`);
+    if (seg) seg.style.width = total > 0 ? `${(100 * value) / total}%` : '0%';
+  }
+}
+
+function renderHeader(doc, stats) {
+  const scope = doc.getElementById('scope');
+  const tenant = stats.tenant || null;
+  scope.dataset.value = tenant ? `tenant:${tenant}` : 'server';
+  scope.textContent = tenant ? `tenant ${tenant}` : 'all tenants';
+  scope.classList.toggle('tenant', !!tenant);
+  setStat(doc, 'model', stats.model, String);
+  setStat(doc, 'block_size', stats.block_size, fmtInt);
+  setStat(doc, 'uptime_s', stats.uptime_s, fmtSeconds);
+}
+
+function renderTokens(doc, stats, basePrice) {
+  const t = stats.tokens || {};
+  const split = tokenSplit(t);
+  setStat(doc, 'hit_rate', stats.hit_rate, fmtPct);
+  for (const key of ['prompt', 'cache_read', 'cache_creation', 'uncached', 'output']) {
+    setStat(doc, `tokens.${key}`, t[key] ?? 0, fmtInt);
+  }
+  setStat(doc, 'tokens.computed', split.computed, fmtInt);
+  setWidths(doc.querySelector('.split'), { read: split.read, computed: split.computed });
+  setStat(doc, 'prefill_tokens_per_s', stats.prefill_tokens_per_s > 0 ? stats.prefill_tokens_per_s : null, fmtRate);
+  setStat(doc, 'prefill_saved_s', prefillSavedSeconds(stats), fmtSeconds);
+  const cost = cacheCost(t, basePrice);
+  setStat(doc, 'cost.relative', cost.relative, fmtPct);
+  setStat(doc, 'cost.with_cache_usd', cost.withCache, fmtUsd);
+  setStat(doc, 'cost.without_cache_usd', cost.withoutCache, fmtUsd);
+  setStat(doc, 'cost.saved_usd', cost.saved, fmtUsd);
+}
+
+function renderGroups(doc, stats) {
+  const groups = {
+    blocks: ['total', 'free', 'cached', 'pinned', 'in_use'],
+    tree: ['nodes', 'cached_tokens', 'evictable_tokens', 'pinned_tokens'],
+    requests: ['running', 'waiting', 'finished', 'errors'],
+    evictions: ['lru', 'ttl', 'flush'],
+  };
+  for (const [group, keys] of Object.entries(groups)) {
+    for (const key of keys) setStat(doc, `${group}.${key}`, (stats[group] || {})[key] ?? 0, fmtInt);
+  }
+  const b = stats.blocks || {};
+  setWidths(doc.getElementById('block-bar'), {
+    in_use: b.in_use || 0, pinned: b.pinned || 0, cached: b.cached || 0, free: b.free || 0,
+  });
+  for (const kind of ['hit', 'miss']) {
+    for (const q of ['p50', 'p95']) {
+      const v = ((stats.ttft_ms || {})[kind] || {})[q];
+      setStat(doc, `ttft_ms.${kind}.${q}`, typeof v === 'number' ? v : null, fmtMs);
+    }
+  }
+}
+
+function tenantRow(name, info) {
+  const tokens = info.tokens || {};
+  const rate = info.hit_rate ?? 0;
+  const cell = (key, value, text, cls = 'num') => (
+    `<td class="${cls}" data-stat="${key}" data-value="${value}">${text}</td>`);
+  return `<tr data-tenant="${escapeHtml(name)}">`
+    + `<th class="tenant-name">${escapeHtml(name)}</th>`
+    + `<td data-stat="hit_rate" data-value="${rate}"><span class="meter"><i></i></span>`
+    + `<span class="meter-text">${fmtPct(rate)}</span></td>`
+    + cell('tokens.prompt', tokens.prompt ?? 0, fmtInt(tokens.prompt ?? 0))
+    + cell('tokens.cache_read', tokens.cache_read ?? 0, fmtInt(tokens.cache_read ?? 0))
+    + cell('pinned_tokens', info.pinned_tokens ?? 0, fmtInt(info.pinned_tokens ?? 0))
+    + cell('running', info.running ?? 0, fmtInt(info.running ?? 0))
+    + '<td><svg class="sparkline" preserveAspectRatio="none"></svg></td></tr>';
+}
+
+// Meter widths are set through the CSSOM: the CSP forbids inline style attributes.
+function applyMeterWidths(tbody) {
+  for (const td of tbody.querySelectorAll('td[data-stat="hit_rate"]')) {
+    td.querySelector('.meter i').style.width = `${(100 * Number(td.dataset.value)).toFixed(1)}%`;
+  }
+}
+
+function renderTenants(doc, stats, tenantHistory) {
+  const tbody = doc.querySelector('#tenants tbody');
+  const names = Object.keys(stats.tenants || {}).sort();
+  tbody.innerHTML = names.length
+    ? names.map((n) => tenantRow(n, stats.tenants[n])).join('')
+    : '<tr class="empty-row"><td colspan="7">No tenant traffic yet.</td></tr>';
+  applyMeterWidths(tbody);
+  for (const name of names) {
+    const row = tbody.querySelector(`tr[data-tenant="${CSS.escape(name)}"]`);
+    const info = stats.tenants[name];
+    const points = info.history ? historyPoints(info.history).filter((p) => p.rate !== null)
+      : tenantHistory(name);
+    drawSparkline(row.querySelector('svg'), points);
+  }
+}
+
+function prefixRow(p, i, showPreview) {
+  const ttl = typeof p.pin_ttl_s === 'number' && p.pin_ttl_s > 0 ? p.pin_ttl_s : 0;
+  const preview = showPreview
+    ? `<td class="preview" data-stat="preview">${escapeHtml(p.preview || '')}</td>` : '';
+  return `<tr data-prefix-index="${i}">`
+    + `<td class="rank">${i + 1}</td>`
+    + `<td data-stat="tenant" data-value="${escapeHtml(p.tenant ?? '')}">${escapeHtml(p.tenant ?? '')}</td>`
+    + `<td class="num" data-stat="tokens" data-value="${p.tokens ?? 0}">${fmtInt(p.tokens ?? 0)}</td>`
+    + `<td class="num" data-stat="hits" data-value="${p.hits ?? 0}">${fmtInt(p.hits ?? 0)}</td>`
+    + `<td class="num" data-stat="pin_ttl_s" data-value="${ttl}">${ttl > 0 ? fmtSeconds(ttl) : '—'}</td>`
+    + preview + '</tr>';
+}
+
+function renderPrefixes(doc, stats) {
+  const prefixes = stats.top_prefixes || [];
+  const showPreview = prefixes.some((p) => typeof p.preview === 'string');
+  doc.body.classList.toggle('no-preview', !showPreview);
+  const tbody = doc.querySelector('#prefixes tbody');
+  tbody.innerHTML = prefixes.length
+    ? prefixes.map((p, i) => prefixRow(p, i, showPreview)).join('')
+    : '<tr class="empty-row"><td colspan="6">No cached prefixes yet.</td></tr>';
+}
+
+function renderChart(doc, stats) {
+  const points = historyPoints(stats.history);
+  const svg = doc.getElementById('hit-chart');
+  const rated = drawHitChart(svg, points);
+  svg.dataset.samples = String(points.length);
+  doc.getElementById('chart-empty').hidden = rated > 0;
+  const span = points.length ? Math.max(60, points[points.length - 1].t - points[0].t) : 0;
+  doc.getElementById('chart-window').textContent = points.length ? `last ${fmtSeconds(span)}` : '';
+}
+
+// Render a snapshot. ctx: {basePrice: $/MTok, tenantHistory: name -> [{t, rate}]}.
+export function renderStats(doc, stats, ctx) {
+  renderHeader(doc, stats);
+  renderTokens(doc, stats, ctx.basePrice);
+  renderGroups(doc, stats);
+  renderTenants(doc, stats, ctx.tenantHistory);
+  renderPrefixes(doc, stats);
+  renderChart(doc, stats);
+}
