@@ -1,0 +1,157 @@
+"""Eviction: LRU order over unlocked leaves, own-block counting, flush, events."""
+
+from radixgate.radix_cache import BlockPool, CacheEvent, RadixTree
+
+B = 4
+
+
+def make_tree(num_blocks=64, events=None):
+    pool = BlockPool(num_blocks, B)
+    return pool, RadixTree(pool, on_event=None if events is None else events.append)
+
+
+def cache(pool, tree, tokens, namespace="ns"):
+    blocks = pool.allocate(-(-len(tokens) // B))
+    tree.insert(namespace, tokens, blocks)
+    pool.decref_many(blocks)
+    return blocks
+
+
+def hit(pool, tree, tokens, namespace="ns"):
+    match = tree.match(namespace, tokens)
+    tree.unlock(match.handle)
+    pool.decref_many(match.blocks)
+    return match
+
+
+def test_evict_takes_least_recently_used_leaf_first():
+    pool, tree = make_tree()
+    a = cache(pool, tree, [1] * 8)
+    b = cache(pool, tree, [2] * 8)
+    c = cache(pool, tree, [3] * 8)
+    hit(pool, tree, [1] * 8)
+    assert tree.evict(2) == 2
+    assert all(pool.refcount(x) == 0 for x in b)
+    assert all(pool.refcount(x) == 1 for x in a + c)
+    assert tree.evict(2) == 2
+    assert all(pool.refcount(x) == 0 for x in c)
+    assert tree.stats().evictions["lru"] == 2
+    tree.check_integrity()
+
+
+def test_lock_prevents_eviction():
+    pool, tree = make_tree()
+    cache(pool, tree, list(range(8)))
+    match = tree.match("ns", list(range(8)))
+    tree.unlock(match.handle)
+    relocked = tree.match("ns", list(range(8)))
+    assert tree.evict(10) == 0
+    tree.unlock(relocked.handle)
+    assert tree.evict(10) == 0          # the caller still holds references: nothing freed yet
+    assert tree.stats().nodes == 0
+    pool.decref_many(match.blocks)
+    pool.decref_many(relocked.blocks)
+    assert pool.num_free() == 64
+    tree.check_integrity()
+
+
+def test_partial_match_lock_protects_whole_node():
+    pool, tree = make_tree()
+    cache(pool, tree, list(range(12)))
+    match = tree.match("ns", list(range(5)))
+    assert tree.evict(10) == 0
+    tree.unlock(match.handle)
+    pool.decref_many(match.blocks)
+    assert tree.evict(10) == 3
+
+
+def test_parent_becomes_evictable_when_last_child_goes():
+    pool, tree = make_tree()
+    cache(pool, tree, list(range(8)) + [100, 101, 102, 103])
+    cache(pool, tree, list(range(8)) + [200, 201, 202, 203])
+    assert tree.stats().nodes == 3
+    assert tree.evict(2) == 2           # both leaves (one own block each)
+    assert tree.stats().nodes == 1
+    assert tree.evict(1) == 2           # then the parent
+    assert pool.num_free() == 64
+    tree.check_integrity()
+
+
+def test_evict_counts_only_own_blocks_of_a_child_sharing_its_boundary_block():
+    pool, tree = make_tree()
+    cache(pool, tree, list(range(10)))
+    cache(pool, tree, [0, 1, 2, 3, 4, 5, 70, 71])
+    hit(pool, tree, [0, 1, 2, 3, 4, 5, 70, 71])       # the [6,10) leaf is now LRU
+    assert tree.stats().evictable_blocks == 4          # [0,6): 2, [6,10): 1, [6,8): 1
+    assert tree.evict(1) == 1
+    assert tree.stats().nodes == 2
+    tree.check_integrity()
+
+
+def test_evict_frees_nothing_for_blocks_a_request_still_holds():
+    pool, tree = make_tree()
+    blocks = pool.allocate(2)
+    tree.insert("ns", list(range(8)), blocks)
+    assert tree.evict(2) == 0
+    assert pool.refcount(blocks[0]) == 1
+    tree.check_integrity([blocks])
+
+
+def test_evict_never_rescans_locked_leaves_forever():
+    pool, tree = make_tree()
+    cache(pool, tree, [1] * 4)
+    match = tree.match("ns", [1] * 4)
+    for _ in range(3):
+        assert tree.evict(1) == 0
+    assert len(tree.queue) == 0         # the locked leaf left the heap; unlock puts it back
+    tree.unlock(match.handle)
+    pool.decref_many(match.blocks)
+    assert tree.evict(1) == 1
+
+
+def test_flush_namespace_only():
+    pool, tree = make_tree()
+    cache(pool, tree, [1] * 8, namespace="a")
+    kept = cache(pool, tree, [1] * 8, namespace="b")
+    assert tree.flush("a") == 2
+    stats = tree.stats()
+    assert stats.namespaces["a"].nodes == 0 and stats.namespaces["b"].nodes == 1
+    assert all(pool.refcount(x) == 1 for x in kept)
+    assert stats.evictions["flush"] == 1
+    tree.check_integrity()
+
+
+def test_flush_keeps_locked_paths_and_drops_pins():
+    pool, tree = make_tree()
+    cache(pool, tree, [1] * 8)
+    cache(pool, tree, [1] * 4 + [2] * 4)
+    tree.pin("ns", [1] * 8, ttl_s=100)
+    match = tree.match("ns", [1] * 4 + [2] * 4)
+    assert tree.flush() == 1          # the pinned leaf [4,8) of [1]*8 (one own block)
+    assert tree.stats().num_pins == 0
+    assert tree.stats().nodes == 2      # the locked path [0,4) -> [4,8) of request 2
+    tree.unlock(match.handle)
+    pool.decref_many(match.blocks)
+    tree.check_integrity()
+
+
+def test_events_emitted_for_store_and_removal():
+    events = []
+    pool, tree = make_tree(events=events)
+    blocks = cache(pool, tree, list(range(6)), namespace="t")
+    tree.evict(5)
+    assert events == [
+        CacheEvent("stored", "t", tuple(blocks), 0, 6),
+        CacheEvent("removed", "t", tuple(blocks), 0, 6, "lru"),
+    ]
+
+
+def test_evict_1000_blocks_from_many_leaves_returns_count_freed():
+    pool, tree = make_tree(num_blocks=600)
+    for i in range(100):
+        cache(pool, tree, [i % 7] * 8 + [1000 + i] * 16)
+    before = pool.num_free()
+    freed = tree.evict(250)
+    assert freed >= 250
+    assert pool.num_free() - before == freed
+    tree.check_integrity()
