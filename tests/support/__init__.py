@@ -1,0 +1,2 @@
+"""Shared helpers for the reliability and security suite (issue 8): a gateway subprocess,
+HTTP request builders and checkers, and the soak load generator."""
