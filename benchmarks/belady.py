@@ -1,0 +1,208 @@
+"""Offline Belady-style baseline for the memory sweep: its own small radix tree + an oracle.
+
+The simulator mirrors the real cache's memory model (DESIGN.md section 3) so that block
+counts are comparable with ``RadixTree``: token-exact radix nodes; a node covering
+positions ``[s, e)`` holds one physical block per block index ``s // B .. (e - 1) // B``;
+a split shares the boundary block between parent and child; a request that reuses a
+prefix ending inside a block copies that block (copy-on-write), so a branch created there
+holds a block of its own. Memory = distinct blocks held by nodes.
+
+Eviction is Belady's rule on leaves: evict the leaf whose next use (the first future
+request that would reuse at least one of its tokens) is furthest away. The future is known
+through ``FutureOracle``, a compressed trie of every request of the trace that records,
+per trie node, the sorted indices of the requests passing through it.
+"""
+from __future__ import annotations
+
+import bisect
+import math
+from dataclasses import dataclass, field
+from typing import Sequence
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int], start: int, stop: int) -> int:
+    """Length of the common prefix of a[start:stop] and b[start:stop]."""
+    stop = min(stop, len(a), len(b))
+    if a[start:stop] == b[start:stop]:
+        return stop - start
+    i = start
+    while a[i] == b[i]:
+        i += 1
+    return i - start
+
+
+@dataclass(eq=False)
+class _TrieNode:
+    start: int
+    end: int
+    first: int = -1                                   # request whose tokens spell the edge
+    reqs: list[int] = field(default_factory=list)     # sorted request indices through the edge
+    children: dict[int, "_TrieNode"] = field(default_factory=dict)
+
+
+class FutureOracle:
+    """Which requests of the trace pass through a given prefix, per namespace."""
+
+    def __init__(self, trace: Sequence[tuple[str, Sequence[int]]]):
+        self.tokens = [list(tokens) for _, tokens in trace]
+        self.roots: dict[str, _TrieNode] = {}
+        for index, (namespace, _) in enumerate(trace):
+            self._add(self.roots.setdefault(namespace, _TrieNode(0, 0)), index)
+        self.paths = [self._path(self.roots[ns], i) for i, (ns, _) in enumerate(trace)]
+
+    def _add(self, root: _TrieNode, index: int) -> None:
+        """Insert request ``index``, splitting edges so the request ends on a node boundary."""
+        tokens, node, depth = self.tokens[index], root, 0
+        while depth < len(tokens):
+            child = node.children.get(tokens[depth])
+            if child is None:
+                node.children[tokens[depth]] = _TrieNode(depth, len(tokens), index, [index])
+                return
+            cut = depth + common_prefix(tokens, self.tokens[child.first], depth, child.end)
+            if cut < child.end:
+                child = self._split(node, child, cut)
+            child.reqs.append(index)
+            node, depth = child, cut
+
+    def _split(self, parent: _TrieNode, child: _TrieNode, cut: int) -> _TrieNode:
+        upper = _TrieNode(child.start, cut, child.first, list(child.reqs))
+        parent.children[self.tokens[child.first][child.start]] = upper
+        child.start = cut
+        upper.children[self.tokens[child.first][cut]] = child
+        return upper
+
+    def _path(self, root: _TrieNode, index: int) -> tuple[list[int], list[_TrieNode]]:
+        tokens, node, ends, nodes = self.tokens[index], root, [], []
+        while node.end < len(tokens):
+            node = node.children[tokens[node.end]]
+            ends.append(node.end)
+            nodes.append(node)
+        return ends, nodes
+
+    def next_use(self, request: int, position: int, now: int) -> float:
+        """First request after ``now`` whose prompt shares ``tokens[request][:position]``
+        (``position >= 1``); ``inf`` when none does."""
+        ends, nodes = self.paths[request]
+        reqs = nodes[bisect.bisect_left(ends, position)].reqs
+        j = bisect.bisect_right(reqs, now)
+        return reqs[j] if j < len(reqs) else math.inf
+
+
+@dataclass(eq=False)
+class _Node:
+    start: int
+    end: int
+    rep: int                          # a request whose tokens spell this node's path
+    blocks: list[int]                 # physical blocks for block indices start//B .. (end-1)//B
+    parent: "_Node | None" = None
+    children: dict[int, "_Node"] = field(default_factory=dict)
+
+
+class BeladyCache:
+    """Radix-tree KV cache simulator with offline furthest-next-use leaf eviction."""
+
+    def __init__(self, trace: Sequence[tuple[str, Sequence[int]]], block_size: int):
+        self.oracle = FutureOracle(trace)
+        self.tokens = self.oracle.tokens
+        self.block_size = block_size
+        self.roots: dict[str, _Node] = {}
+        self.refs: dict[int, int] = {}        # physical block -> holders (nodes)
+        self._next_block = 0
+
+    @property
+    def used_blocks(self) -> int:
+        return len(self.refs)
+
+    def _new_blocks(self, n: int) -> list[int]:
+        self._next_block += n
+        return list(range(self._next_block - n, self._next_block))
+
+    def _hold(self, blocks: Sequence[int]) -> None:
+        for b in blocks:
+            self.refs[b] = self.refs.get(b, 0) + 1
+
+    def match(self, namespace: str, index: int) -> tuple[int, list[int]]:
+        """(matched tokens, block table covering them) for request ``index``."""
+        tokens, B = self.tokens[index], self.block_size
+        node, depth, table = self.roots.get(namespace), 0, []
+        while node is not None and depth < len(tokens):
+            child = node.children.get(tokens[depth])
+            if child is None:
+                break
+            depth += common_prefix(tokens, self.tokens[child.rep], depth, child.end)
+            first_index = child.start // B
+            table[first_index:] = child.blocks
+            if depth < child.end:
+                break
+            node = child
+        return depth, table[: -(-depth // B)]
+
+    def serve(self, namespace: str, index: int, round_to_block: bool = False) -> int:
+        """Run request ``index``: match, allocate, insert its prompt. Returns tokens reused."""
+        tokens, B = self.tokens[index], self.block_size
+        matched, table = self.match(namespace, index)
+        reused = min(matched, len(tokens) - 1)
+        if round_to_block:
+            reused -= reused % B
+        keep = reused // B                    # whole blocks read in place
+        table = table[:keep] + self._new_blocks(-(-len(tokens) // B) - keep)
+        self._insert(namespace, index, table)
+        return reused
+
+    def _insert(self, namespace: str, index: int, table: list[int]) -> None:
+        tokens, B = self.tokens[index], self.block_size
+        node = self.roots.setdefault(namespace, _Node(0, 0, index, []))
+        depth = 0
+        while depth < len(tokens):
+            child = node.children.get(tokens[depth])
+            if child is None:
+                leaf = _Node(depth, len(tokens), index, table[depth // B:], node)
+                self._hold(leaf.blocks)
+                node.children[tokens[depth]] = leaf
+                return
+            cut = depth + common_prefix(tokens, self.tokens[child.rep], depth, child.end)
+            if cut == len(tokens):
+                return                        # the whole prompt is already cached
+            if cut < child.end:
+                child = self._split(child, cut)
+            node, depth = child, cut
+
+    def _split(self, child: _Node, cut: int) -> _Node:
+        B, parent = self.block_size, child.parent
+        split_at = cut // B - child.start // B          # blocks of [start, cut)
+        upper_blocks = child.blocks[: -(-cut // B) - child.start // B]
+        upper = _Node(child.start, cut, child.rep, upper_blocks, parent)
+        self._hold(upper_blocks)
+        parent.children[self.tokens[child.rep][child.start]] = upper
+        old = child.blocks
+        child.blocks = old[split_at:]
+        for b in old[:split_at]:
+            self._release(b)
+        child.start, child.parent = cut, upper
+        upper.children[self.tokens[child.rep][cut]] = child
+        return upper
+
+    def _release(self, block: int) -> None:
+        self.refs[block] -= 1
+        if self.refs[block] == 0:
+            del self.refs[block]
+
+    def _leaves(self):
+        stack = [root for root in self.roots.values()]
+        while stack:
+            node = stack.pop()
+            if node.children:
+                stack.extend(node.children.values())
+            elif node.parent is not None:
+                yield node
+
+    def evict_to(self, budget_blocks: int, now: int) -> None:
+        """Evict leaves, furthest next use first, until at most ``budget_blocks`` are held."""
+        while self.used_blocks > budget_blocks:
+            victim = max(self._leaves(), default=None,
+                         key=lambda n: (self.oracle.next_use(n.rep, n.start + 1, now), n.end))
+            if victim is None:
+                return
+            del victim.parent.children[self.tokens[victim.rep][victim.start]]
+            for b in victim.blocks:
+                self._release(b)

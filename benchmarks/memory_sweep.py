@@ -1,0 +1,221 @@
+"""Memory-pressure sweep: hit rate vs KV budget, replaying token traces without a model.
+
+For each workload's token trace (``benchmarks.traces``) and each budget (a fraction of the
+working set = blocks the trace holds with unlimited memory), requests are replayed one at a
+time the way the engine admits them (DESIGN.md section 2): match, reuse
+``min(matched, len - 1)`` tokens, allocate blocks for the rest (copying a partial last
+block), insert the prompt, drop the request's references, then evict down to the budget.
+The budget is the cache's capacity between requests; the running request's blocks come on
+top of it. Policies:
+
+- ``lru``           ``radixgate.radix_cache.RadixTree`` with its own LRU eviction;
+- ``page_rounded``  the same tree, reuse rounded down to whole blocks (hash-block caches);
+- ``belady``        ``benchmarks.belady.BeladyCache``: offline furthest-next-use leaf eviction;
+- ``upper_bound``   unlimited memory, every reusable prefix token reused.
+
+Hit rate = reused prompt tokens / prompt tokens. Run: ``python -m benchmarks.memory_sweep``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+from radixgate.radix_cache import BlockPool, RadixTree
+
+from benchmarks.belady import BeladyCache
+
+FRACTIONS = (0.05, 0.1, 0.15, 0.25, 0.35, 0.5, 0.75, 1.0)
+Trace = Sequence[tuple[str, Sequence[int]]]
+
+
+@dataclass
+class Replay:
+    reused_tokens: int
+    prompt_tokens: int
+    peak_blocks: int
+
+    @property
+    def hit_rate(self) -> float:
+        return self.reused_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+
+@dataclass
+class SweepPoint:
+    fraction: float
+    budget_blocks: int
+    lru: float
+    page_rounded: float
+    belady: float
+
+
+@dataclass
+class WorkloadSweep:
+    name: str
+    requests: int
+    prompt_tokens: int
+    working_set_blocks: int
+    upper_bound: float
+    page_rounded_upper_bound: float
+    points: list[SweepPoint] = field(default_factory=list)
+
+
+def _blocks(num_tokens: int, block_size: int) -> int:
+    return -(-num_tokens // block_size)
+
+
+def replay_radix(trace: Trace, block_size: int, budget_blocks: int | None,
+                 round_to_block: bool = False) -> Replay:
+    """Replay through the real ``RadixTree`` (LRU eviction); ``None`` = unlimited memory."""
+    largest = max(_blocks(len(t), block_size) for _, t in trace)
+    total = sum(_blocks(len(t), block_size) for _, t in trace)
+    capacity = total + 1 if budget_blocks is None else budget_blocks + largest + 1
+    pool = BlockPool(capacity, block_size)
+    tree = RadixTree(pool)
+    reused_total = prompt_total = peak = 0
+    for namespace, tokens in trace:
+        match = tree.match(namespace, tokens)
+        reused = min(match.length, len(tokens) - 1)
+        if round_to_block:
+            reused -= reused % block_size
+        keep = reused // block_size
+        need = _blocks(len(tokens), block_size) - keep
+        if pool.num_free() < need:
+            tree.evict(need - pool.num_free())
+        new_blocks = pool.allocate(need)
+        tree.insert(namespace, tokens, list(match.blocks[:keep]) + new_blocks)
+        tree.unlock(match.handle)
+        pool.decref_many(match.blocks)
+        pool.decref_many(new_blocks)
+        held = pool.num_blocks - pool.num_free()
+        if budget_blocks is not None and held > budget_blocks:
+            tree.evict(held - budget_blocks)
+        peak = max(peak, pool.num_blocks - pool.num_free())
+        reused_total += reused
+        prompt_total += len(tokens)
+    return Replay(reused_total, prompt_total, peak)
+
+
+def replay_belady(trace: Trace, block_size: int, budget_blocks: int | None,
+                  round_to_block: bool = False) -> Replay:
+    """Replay through the offline Belady simulator; ``None`` = unlimited memory."""
+    cache = BeladyCache(trace, block_size)
+    reused_total = prompt_total = peak = 0
+    for index, (namespace, tokens) in enumerate(trace):
+        reused_total += cache.serve(namespace, index, round_to_block)
+        prompt_total += len(tokens)
+        if budget_blocks is not None:
+            cache.evict_to(budget_blocks, now=index)
+        peak = max(peak, cache.used_blocks)
+    return Replay(reused_total, prompt_total, peak)
+
+
+def sweep_trace(name: str, trace: Trace, block_size: int = 16,
+                fractions: Sequence[float] = FRACTIONS, progress=None) -> WorkloadSweep:
+    unlimited = replay_radix(trace, block_size, None)
+    working_set = unlimited.peak_blocks
+    page_unlimited = replay_radix(trace, block_size, None, round_to_block=True)
+    result = WorkloadSweep(name, len(trace), unlimited.prompt_tokens, working_set,
+                           unlimited.hit_rate, page_unlimited.hit_rate)
+    for fraction in fractions:
+        budget = max(1, round(fraction * working_set))
+        result.points.append(SweepPoint(
+            fraction, budget,
+            lru=replay_radix(trace, block_size, budget).hit_rate,
+            page_rounded=replay_radix(trace, block_size, budget, round_to_block=True).hit_rate,
+            belady=replay_belady(trace, block_size, budget).hit_rate))
+        if progress is not None:
+            progress.update(1)
+    return result
+
+
+def goal_checks(sweeps: list[WorkloadSweep]) -> dict:
+    """Issue 7's goals: LRU >= 90% of Belady at budgets >= 25%; LRU >= page-rounded always."""
+    within, above = {}, {}
+    for s in sweeps:
+        within[s.name] = all(p.lru >= 0.9 * p.belady for p in s.points if p.fraction >= 0.25)
+        above[s.name] = all(p.lru >= p.page_rounded for p in s.points)
+    return {"lru_within_10pct_of_belady_at_25pct_plus": within,
+            "lru_at_or_above_page_rounded": above}
+
+
+def markdown(sweeps: list[WorkloadSweep], header: str = "") -> str:
+    lines = [header] if header else []
+    for s in sweeps:
+        lines += [f"\n#### {s.name}: {s.requests} requests, {s.prompt_tokens} prompt tokens, "
+                  f"working set {s.working_set_blocks} blocks; upper bound (unlimited memory) "
+                  f"{s.upper_bound:.1%} (page-rounded {s.page_rounded_upper_bound:.1%})\n",
+                  "| budget | blocks | LRU (ours) | page-rounded | Belady (offline) | LRU / Belady |",
+                  "|---:|---:|---:|---:|---:|---:|"]
+        for p in s.points:
+            ratio = f"{p.lru / p.belady:.2f}" if p.belady else "-"
+            lines.append(f"| {p.fraction:.0%} | {p.budget_blocks} | {p.lru:.1%} | "
+                         f"{p.page_rounded:.1%} | {p.belady:.1%} | {ratio} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(sweeps: list[WorkloadSweep], path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, len(sweeps), figsize=(4 * len(sweeps), 3.6), squeeze=False)
+    for ax, s in zip(axes[0], sweeps):
+        xs = [p.fraction * 100 for p in s.points]
+        ax.plot(xs, [p.belady * 100 for p in s.points], "k:", marker="s", label="Belady (offline)")
+        ax.plot(xs, [p.lru * 100 for p in s.points], "C0-", marker="o", label="LRU (radixgate)")
+        ax.plot(xs, [p.page_rounded * 100 for p in s.points], "C1--", marker="^",
+                label="page-rounded")
+        ax.axhline(s.upper_bound * 100, color="C2", ls="-.", lw=1, label="upper bound")
+        ax.set_title(s.name)
+        ax.set_xlabel("KV budget (% of working set)")
+        ax.set_ylim(0, 100)
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("prompt tokens reused (%)")
+    axes[0][-1].legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def run_sweep(quick: bool, seed: int = 0, out_dir: Path = Path("benchmarks/out"),
+              block_size: int = 16, fractions: Sequence[float] = FRACTIONS) -> dict:
+    """Build the workloads, replay them at every budget, write sweep.{json,md,png}."""
+    from tqdm import tqdm
+
+    from benchmarks.traces import load_tokenizer, workload_trace
+    from benchmarks.workloads import make_workloads
+
+    tokenizer = load_tokenizer()
+    started = time.perf_counter()
+    workloads = make_workloads(quick=quick, seed=seed)
+    sweeps = []
+    with tqdm(total=len(workloads) * len(fractions), desc="memory sweep", unit="point") as bar:
+        for workload in workloads:
+            trace = [(e.namespace, e.tokens) for e in workload_trace(workload, tokenizer)]
+            sweeps.append(sweep_trace(workload.name, trace, block_size, fractions, bar))
+    result = {"mode": "quick" if quick else "full", "seed": seed, "block_size": block_size,
+              "elapsed_s": round(time.perf_counter() - started, 2),
+              "workloads": [asdict(s) for s in sweeps], "goals": goal_checks(sweeps)}
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "sweep.json").write_text(json.dumps(result, indent=1))
+    (out_dir / "sweep.md").write_text(markdown(sweeps))
+    plot(sweeps, out_dir / "sweep.png")
+    return result
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--full", action="store_true", help="full-size workloads")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/out"))
+    args = parser.parse_args(argv)
+    result = run_sweep(quick=not args.full, seed=args.seed, out_dir=args.out)
+    print((args.out / "sweep.md").read_text())
+    print(json.dumps(result["goals"], indent=1))
+
+
+if __name__ == "__main__":
+    main()

