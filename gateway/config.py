@@ -1,0 +1,184 @@
+"""Gateway configuration: the TOML file of DESIGN.md section 8, overridden by CLI flags.
+
+Frozen dataclasses inside; pydantic only at the HTTP edge. Loading a config never loads a
+model. ``load_config(path, overrides)`` is the one entry point::
+
+    cfg = load_config("radixgate.toml", {"port": 9000, "tiny": True})
+"""
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
+
+
+class ConfigError(ValueError):
+    """The config file or a flag has an invalid value."""
+
+
+@dataclass(frozen=True, slots=True)
+class ServerConfig:
+    host: str = "127.0.0.1"
+    port: int = 8080
+    max_queue: int = 256             # waiting requests beyond this: overloaded
+    request_timeout_s: float = 600.0
+    max_body_bytes: int = 8 * 1024 * 1024
+    shutdown_grace_s: float = 10.0
+    log_level: str = "info"
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSettings:
+    path: str = "default"            # "default", a .gguf file or an HF directory
+    name: str = "smollm2-135m-instruct"
+    aliases: tuple[str, ...] = ("claude-*", "gpt-*")
+    max_model_len: int = 8192
+    kv_cache_gb: float = 4.0
+    block_size: int = 16
+    tiny: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class TenantConfig:
+    name: str
+    api_keys: tuple[str, ...] = ()
+    max_running: int = 16
+    max_pinned_tokens: int = 200_000
+    requests_per_minute: int = 600   # 0 = unlimited
+    use_public_prefixes: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class GatewayConfig:
+    server: ServerConfig = field(default_factory=ServerConfig)
+    model: ModelSettings = field(default_factory=ModelSettings)
+    admin_keys: tuple[str, ...] = ()
+    tenants: tuple[TenantConfig, ...] = ()
+
+    @property
+    def has_api_keys(self) -> bool:
+        return bool(self.admin_keys) or any(t.api_keys for t in self.tenants)
+
+    def check_host_allowed(self) -> None:
+        """Without API keys the server is single-tenant and open: loopback only."""
+        if not self.has_api_keys and self.server.host not in LOOPBACK_HOSTS:
+            raise ConfigError(
+                f"refusing to serve on non-loopback host {self.server.host!r} with no API keys "
+                "configured; add [admin] / [tenants.*] api_keys or use --host 127.0.0.1")
+
+
+# flag name -> (section, field)
+_FLAG_FIELDS = {
+    "host": ("server", "host"), "port": ("server", "port"), "log_level": ("server", "log_level"),
+    "max_queue": ("server", "max_queue"),
+    "model": ("model", "path"), "tiny": ("model", "tiny"), "kv_cache_gb": ("model", "kv_cache_gb"),
+    "block_size": ("model", "block_size"), "max_model_len": ("model", "max_model_len"),
+    "model_name": ("model", "name"),
+}
+
+
+def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None
+                ) -> GatewayConfig:
+    """Read the TOML file (if any), then apply flag overrides whose value is not None."""
+    raw: dict[str, Any] = {}
+    if path is not None:
+        try:
+            with open(path, "rb") as f:
+                raw = tomllib.load(f)
+        except (OSError, tomllib.TOMLDecodeError) as e:
+            raise ConfigError(f"cannot read config {path}: {e}") from e
+    return config_from_dict(raw, overrides or {})
+
+
+def config_from_dict(raw: dict[str, Any], overrides: dict[str, Any] | None = None
+                     ) -> GatewayConfig:
+    server = _section(raw, "server", ServerConfig)
+    model = _section(raw, "model", ModelSettings)
+    for flag, value in (overrides or {}).items():
+        if value is None:
+            continue
+        if flag not in _FLAG_FIELDS:
+            raise ConfigError(f"unknown override {flag!r}")
+        section, name = _FLAG_FIELDS[flag]
+        if section == "server":
+            server[name] = value
+        else:
+            model[name] = value
+    admin = raw.get("admin", {})
+    tenants = tuple(_tenant(name, body) for name, body in raw.get("tenants", {}).items())
+    cfg = GatewayConfig(
+        server=_build(ServerConfig, server), model=_build(ModelSettings, model),
+        admin_keys=tuple(_str_list(admin.get("api_keys", []), "admin.api_keys")),
+        tenants=tenants)
+    _validate(cfg)
+    return cfg
+
+
+def _section(raw: dict[str, Any], name: str, cls: type) -> dict[str, Any]:
+    body = dict(raw.get(name, {}))
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = set(body) - known
+    if unknown:
+        raise ConfigError(f"unknown keys in [{name}]: {sorted(unknown)}")
+    return body
+
+
+def _build(cls: type, values: dict[str, Any]):
+    types = {f.name: f.type for f in dataclasses.fields(cls)}
+    out = {}
+    for key, value in values.items():
+        out[key] = _coerce(value, types[key], f"{cls.__name__}.{key}")
+    return cls(**out)
+
+
+def _coerce(value: Any, type_name: str, where: str) -> Any:
+    if type_name == "int" and isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if type_name == "float" and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if type_name == "str" and isinstance(value, str):
+        return value
+    if type_name == "bool" and isinstance(value, bool):
+        return value
+    if type_name.startswith("tuple[str"):
+        return tuple(_str_list(value, where))
+    raise ConfigError(f"{where}: expected {type_name}, got {value!r}")
+
+
+def _str_list(value: Any, where: str) -> list[str]:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ConfigError(f"{where}: expected a list of strings")
+    return value
+
+
+def _tenant(name: str, body: dict[str, Any]) -> TenantConfig:
+    if not isinstance(body, dict):
+        raise ConfigError(f"[tenants.{name}] must be a table")
+    fields = {k: v for k, v in body.items()}
+    unknown = set(fields) - {f.name for f in dataclasses.fields(TenantConfig)} - {"name"}
+    if unknown:
+        raise ConfigError(f"unknown keys in [tenants.{name}]: {sorted(unknown)}")
+    fields["name"] = name
+    return _build(TenantConfig, fields)
+
+
+def _validate(cfg: GatewayConfig) -> None:
+    m, s = cfg.model, cfg.server
+    if m.block_size < 1 or m.max_model_len < 2 or m.kv_cache_gb <= 0:
+        raise ConfigError("model.block_size >= 1, max_model_len >= 2 and kv_cache_gb > 0 required")
+    if not (0 <= s.port <= 65535) or s.max_queue < 1:
+        raise ConfigError("server.port must be 0..65535 and max_queue >= 1")
+    seen: dict[str, str] = {k: "admin" for k in cfg.admin_keys}
+    for t in cfg.tenants:
+        if t.name in ("public", "admin") or not t.name:
+            raise ConfigError(f"tenant name {t.name!r} is reserved")
+        if t.max_running < 1 or t.max_pinned_tokens < 0 or t.requests_per_minute < 0:
+            raise ConfigError(f"[tenants.{t.name}] limits must be non-negative")
+        for key in t.api_keys:
+            if key in seen:
+                raise ConfigError(f"an API key of tenant {t.name!r} is also used by {seen[key]!r}")
+            seen[key] = t.name

@@ -1,0 +1,102 @@
+"""Pydantic models of the Anthropic Messages API requests (the HTTP edge only).
+
+Unknown top-level fields are ignored (SDKs add new ones); content types the model cannot
+take (images, documents, ...) parse as ``UnsupportedBlock`` so the converter can answer a
+clear 400 instead of a generic validation error.
+"""
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class CacheControl(_Model):
+    type: Literal["ephemeral"]
+    ttl: Literal["5m", "1h"] = "5m"
+
+
+class TextBlock(_Model):
+    type: Literal["text"]
+    text: str
+    cache_control: CacheControl | None = None
+
+
+class UnsupportedBlock(_Model):
+    """Content this text-only model cannot read; answered with a 400 naming the type."""
+
+    type: Literal["image", "document", "search_result", "thinking", "redacted_thinking",
+                  "server_tool_use", "web_search_tool_result", "container_upload"]
+    cache_control: CacheControl | None = None
+
+
+class ToolUseBlock(_Model):
+    type: Literal["tool_use"]
+    id: str
+    name: str
+    input: dict[str, Any]
+    cache_control: CacheControl | None = None
+
+
+class ToolResultBlock(_Model):
+    type: Literal["tool_result"]
+    tool_use_id: str
+    content: str | list[Annotated[Union[TextBlock, UnsupportedBlock], Field(discriminator="type")]] | None = None
+    is_error: bool = False
+    cache_control: CacheControl | None = None
+
+
+ContentBlock = Annotated[Union[TextBlock, ToolUseBlock, ToolResultBlock, UnsupportedBlock],
+                         Field(discriminator="type")]
+
+
+class InputMessage(_Model):
+    role: Literal["user", "assistant"]
+    content: str | list[ContentBlock]
+
+
+class Tool(_Model):
+    name: str = Field(pattern=r"^[a-zA-Z0-9_-]{1,128}$")
+    description: str | None = None
+    input_schema: dict[str, Any]
+    type: Literal["custom"] | None = None
+    cache_control: CacheControl | None = None
+
+
+class ToolChoice(_Model):
+    type: Literal["auto", "any", "tool", "none"]
+    name: str | None = None
+    disable_parallel_tool_use: bool | None = None
+
+
+class Metadata(_Model):
+    user_id: str | None = None
+
+
+class _PromptFields(_Model):
+    model: str
+    messages: list[InputMessage] = Field(min_length=1)
+    system: str | list[TextBlock] | None = None
+    tools: list[Tool] | None = None
+    tool_choice: ToolChoice | None = None
+    cache_control: CacheControl | None = None
+
+
+class MessagesRequest(_PromptFields):
+    """POST /v1/messages."""
+
+    max_tokens: int = Field(ge=1)
+    temperature: float | None = Field(default=None, ge=0.0, le=1.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    top_k: int | None = Field(default=None, ge=0)
+    stop_sequences: list[str] | None = None
+    stream: bool = False
+    metadata: Metadata | None = None
+
+
+class CountTokensRequest(_PromptFields):
+    """POST /v1/messages/count_tokens."""

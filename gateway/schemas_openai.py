@@ -1,0 +1,111 @@
+"""Pydantic models of the OpenAI Chat Completions and Completions requests (HTTP edge).
+
+Fields the gateway accepts but does not act on (``user``, ``metadata``, zero penalties) are
+ignored; ones it cannot honour (``n > 1``, ``logprobs``, ``echo``, image parts) are
+rejected by the converter with a 400 naming the parameter.
+"""
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from radixgate.gateway.schemas_anthropic import CacheControl
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class TextPart(_Model):
+    type: Literal["text"]
+    text: str
+    cache_control: CacheControl | None = None
+
+
+class UnsupportedPart(_Model):
+    type: Literal["image_url", "input_audio", "file", "refusal"]
+
+
+ContentPart = Annotated[Union[TextPart, UnsupportedPart], Field(discriminator="type")]
+
+
+class FunctionCall(_Model):
+    name: str
+    arguments: str = "{}"
+
+
+class ToolCallIn(_Model):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class ChatMessageIn(_Model):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+    tool_calls: list[ToolCallIn] | None = None
+    tool_call_id: str | None = None
+
+
+class FunctionDef(_Model):
+    name: str = Field(pattern=r"^[a-zA-Z0-9_-]{1,64}$")
+    description: str | None = None
+    parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object", "properties": {}})
+    strict: bool | None = None
+
+
+class ToolDef(_Model):
+    type: Literal["function"] = "function"
+    function: FunctionDef
+
+
+class NamedFunction(_Model):
+    name: str
+
+
+class NamedToolChoice(_Model):
+    type: Literal["function"] = "function"
+    function: NamedFunction
+
+
+class StreamOptions(_Model):
+    include_usage: bool = False
+
+
+class _SamplingFields(_Model):
+    model: str
+    max_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    top_k: int | None = Field(default=None, ge=-1)
+    n: int = Field(default=1, ge=1)
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    prompt_cache_key: str | None = None
+    cache_salt: str | None = None
+    user: str | None = None
+    logprobs: bool | int | None = None
+    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+
+
+class ChatCompletionRequest(_SamplingFields):
+    """POST /v1/chat/completions."""
+
+    messages: list[ChatMessageIn] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    tools: list[ToolDef] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+
+
+class CompletionRequest(_SamplingFields):
+    """POST /v1/completions: ``prompt`` is text or token ids (one prompt per request)."""
+
+    prompt: str | list[int] | list[str] | list[list[int]]
+    echo: bool = False
+    suffix: str | None = None
