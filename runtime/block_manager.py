@@ -1,0 +1,165 @@
+"""A sequence's KV blocks against the radix tree: admission, copy-on-write, insert, release.
+
+Implements DESIGN.md sections 2-3 for one sequence at a time (the scheduler decides when):
+
+- ``admit``: match (own namespace, and ``public`` when the request opts in: the longer match
+  wins, the other is released), reuse ``min(matched, len - 1)`` tokens (rounded down to whole
+  blocks when ``page_rounded``), drop references beyond the reuse, copy a partially reused
+  last block into a private block (copy-on-write), allocate the rest (evicting unlocked cache
+  when short). On failure everything taken is given back.
+- ``insert_prefilled``: the computed tokens go into the tree and the request's lock moves to
+  the node ending at them.
+- ``release``: insert what was computed (``tokens[:num_computed]``, i.e. prompt +
+  output[:-1] after decoding), unlock, drop the request's references.
+
+Only the engine thread calls these.
+"""
+from __future__ import annotations
+
+import torch
+
+from radixgate.radix_cache import BlockPool, RadixTree
+from radixgate.radix_cache.pins import walk
+
+from .sequence import Sequence
+
+PUBLIC_NAMESPACE = "public"
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class BlockManager:
+    def __init__(self, tree: RadixTree, pool: BlockPool, kv, *, enable_prefix_cache: bool = True,
+                 page_rounded: bool = False):
+        self.tree = tree
+        self.pool = pool
+        self.kv = kv
+        self.block_size = pool.block_size
+        self.enable_prefix_cache = enable_prefix_cache
+        self.page_rounded = page_rounded
+
+    # -- matching -----------------------------------------------------------------------
+    def match(self, seq: Sequence):
+        """The longest cached prefix of seq.tokens (a MatchResult the caller must release),
+        or None when the prefix cache is off."""
+        if not self.enable_prefix_cache:
+            return None
+        found = self.tree.match(seq.namespace, seq.tokens)
+        if seq.request.use_public and seq.namespace != PUBLIC_NAMESPACE:
+            public = self.tree.match(PUBLIC_NAMESPACE, seq.tokens)
+            if public.length > found.length:
+                found, public = public, found
+            self.release_match(public)
+        return found
+
+    def peek_length(self, seq: Sequence) -> int:
+        """Cached prefix length of seq.tokens without locking, counting hits or touching LRU
+        (orders a tenant's queue longest-prefix-first)."""
+        if not self.enable_prefix_cache:
+            return 0
+        best = _peek(self.tree, seq.namespace, seq.tokens)
+        if seq.request.use_public and seq.namespace != PUBLIC_NAMESPACE:
+            best = max(best, _peek(self.tree, PUBLIC_NAMESPACE, seq.tokens))
+        return best
+
+    def release_match(self, found) -> None:
+        if found is None:
+            return
+        self.pool.decref_many(found.blocks)
+        self.tree.unlock(found.handle)
+
+    def reuse_length(self, matched: int, num_tokens: int) -> int:
+        reuse = min(matched, num_tokens - 1)
+        if self.page_rounded:
+            reuse -= reuse % self.block_size
+        return max(reuse, 0)
+
+    # -- admission ----------------------------------------------------------------------
+    def admit(self, seq: Sequence, found) -> bool:
+        """Give seq blocks for all its tokens, reusing the match. Consumes ``found``: on
+        success its lock becomes seq.lock_handle; on failure (not enough blocks even after
+        eviction) it is released and seq is unchanged. Returns success."""
+        B = self.block_size
+        matched = found.length if found is not None else 0
+        reuse = self.reuse_length(matched, len(seq.tokens))
+        keep = _ceil_div(reuse, B)
+        partial = reuse % B
+        need = _ceil_div(len(seq.tokens), B) - keep + (1 if partial else 0)
+        table = list(found.blocks[:keep]) if found is not None else []
+        if found is not None:
+            self.pool.decref_many(found.blocks[keep:])
+        if not self.make_room(need):
+            self.pool.decref_many(table)
+            if found is not None:
+                self.tree.unlock(found.handle)
+            return False
+        if partial:
+            table[-1] = self._copy_on_write(table[-1], partial)
+            need -= 1
+        table += self.pool.allocate(need)
+        seq.block_table = table
+        seq.num_computed = reuse
+        seq.lock_handle = found.handle if found is not None else None
+        return True
+
+    def _copy_on_write(self, shared: int, valid_slots: int) -> int:
+        """A private copy of the first ``valid_slots`` slots of a shared block (all layers)."""
+        private = self.pool.allocate(1)[0]
+        self.kv.copy_blocks(torch.tensor([[shared, private]], dtype=torch.int64),
+                            torch.tensor([valid_slots], dtype=torch.int32))
+        self.pool.decref(shared)
+        return private
+
+    def make_room(self, num_blocks: int) -> bool:
+        """Evict unlocked cache until num_blocks are free; True when they are."""
+        short = num_blocks - self.pool.num_free()
+        if short > 0 and self.enable_prefix_cache:
+            self.tree.evict(short)
+        return self.pool.can_allocate(num_blocks)
+
+    def grow(self, seq: Sequence, num_tokens: int) -> bool:
+        """Add blocks so positions [0, num_tokens) have one (evicting if needed)."""
+        need = seq.blocks_needed(num_tokens, self.block_size)
+        if need == 0:
+            return True
+        if not self.make_room(need):
+            return False
+        seq.block_table += self.pool.allocate(need)
+        return True
+
+    # -- tree updates -------------------------------------------------------------------
+    def insert_prefilled(self, seq: Sequence) -> None:
+        """Insert tokens[:num_computed] and move seq's lock to the node ending there."""
+        if not self.enable_prefix_cache:
+            return
+        n = seq.num_computed
+        result = self.tree.insert(seq.namespace, seq.tokens[:n],
+                                  seq.block_table[:_ceil_div(n, self.block_size)], lock=True)
+        old, seq.lock_handle = seq.lock_handle, result.handle
+        if old is not None:
+            self.tree.unlock(old)
+
+    def release(self, seq: Sequence, cache: bool = True) -> None:
+        """Return seq's blocks: insert its computed tokens (when ``cache``), unlock, decref."""
+        n = seq.num_computed
+        if cache and self.enable_prefix_cache and n > 0:
+            self.tree.insert(seq.namespace, seq.tokens[:n],
+                             seq.block_table[:_ceil_div(n, self.block_size)])
+        if seq.lock_handle is not None:
+            self.tree.unlock(seq.lock_handle)
+        self.pool.decref_many(seq.block_table)
+        seq.block_table = []
+        seq.lock_handle = None
+        seq.num_computed = 0
+        seq.prefill_inserted = False
+
+    def pin(self, seq: Sequence, offset: int, ttl_s: float) -> int:
+        return self.tree.pin(seq.namespace, seq.tokens[:offset], ttl_s, owner=seq.tenant)
+
+
+def _peek(tree: RadixTree, namespace: str, tokens) -> int:
+    """The cached prefix length in ``namespace`` (reads only: no lock, hit or LRU touch)."""
+    space = tree.namespace(namespace)
+    return 0 if space is None else walk(space.root, tokens)[1]

@@ -1,0 +1,252 @@
+"""EngineCore: the engine thread's state and one step of work.
+
+Owns the KV tensors, the block pool, the radix tree, the block manager and the scheduler.
+Not thread-safe: only the engine thread (``Engine``) calls it, between or as steps.
+A step is schedule -> build batch -> forward -> sample -> emit. An exception inside a step
+fails only that step's requests (``Finished(reason=error, kind=internal)``, blocks freed,
+nothing of theirs inserted) and the engine keeps serving.
+"""
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+
+from radixgate.radix_cache import BlockPool, RadixTree
+
+from .api import ErrorKind, FinishReason, Request
+from .batch import build_forward_batch
+from .block_manager import BlockManager
+from .detokenize import IncrementalDetokenizer, token_bytes_function
+from .engine_config import EngineConfig
+from .kv_cache import KVCache
+from .output import Finish, account_admission, append_token, finished_event, flush_text
+from .sampling import make_generator, sample_tokens, top2_gaps
+from .scheduler import Chunk, Scheduler
+from .sequence import Sequence, SeqStatus
+from .stats import EngineCounters, take_snapshot
+from .stop import StopMatcher
+from .submit_checks import rejection
+from .trace import RequestTrace
+
+log = logging.getLogger(__name__)
+
+
+class InjectedFault(RuntimeError):
+    """Raised inside a step by ``Engine.inject_fault`` (reliability tests)."""
+
+
+class EngineCore:
+    def __init__(self, loaded, config: EngineConfig):
+        self.config = config
+        self.model = loaded.model
+        self.tokenizer = loaded.tokenizer
+        self.kv = _make_kv_cache(loaded, config)
+        self.pool = BlockPool(self.kv.num_blocks, config.block_size)
+        self.tree = RadixTree(self.pool)
+        self.blocks = BlockManager(self.tree, self.pool, self.kv,
+                                   enable_prefix_cache=config.enable_prefix_cache,
+                                   page_rounded=config.page_rounded_match)
+        self.scheduler = Scheduler(config, self.blocks)
+        self.max_model_len = min(config.max_model_len or loaded.max_model_len, loaded.max_model_len)
+        self.eos_ids = set(loaded.tokenizer.eos_token_ids) | set(loaded.config.eos_token_ids)
+        self.vocab_size = loaded.config.vocab_size
+        self._token_bytes = token_bytes_function(loaded.tokenizer)
+        self.sequences: dict[str, Sequence] = {}
+        self.counters = EngineCounters()
+        self.traces: dict[str, RequestTrace] = {}
+        self.faults: set[str] = set()     # request ids, or "*" for the next step
+        self.draining = False
+        self._arrivals = 0
+
+    # -- requests -------------------------------------------------------------------------
+    def add_request(self, request: Request, sink) -> None:
+        problem = rejection(self, request)
+        if problem is not None:
+            kind, message = problem
+            seq = self._new_sequence(request, sink)
+            self._emit_finished(seq, Finish(FinishReason.ERROR, kind=kind, message=message))
+            return
+        seq = self._new_sequence(request, sink)
+        self.sequences[request.request_id] = seq
+        self.counters.namespace_tenant[request.namespace] = request.tenant
+        self.scheduler.add(seq)
+
+    def _new_sequence(self, request: Request, sink) -> Sequence:
+        self._arrivals += 1
+        params = request.sampling
+        return Sequence(request, sink, self._arrivals, make_generator(params),
+                        StopMatcher(params.stop), IncrementalDetokenizer(self._token_bytes))
+
+    def abort(self, request_id: str, finish: Finish | None = None) -> bool:
+        seq = self.sequences.get(request_id)
+        if seq is None:
+            return False
+        self.finish(seq, finish or Finish(FinishReason.ABORTED))
+        return True
+
+    def abort_all(self, finish: Finish) -> None:
+        for seq in list(self.sequences.values()):
+            self.finish(seq, finish)
+
+    def expire_deadlines(self, now: float) -> None:
+        for seq in list(self.sequences.values()):
+            deadline = seq.request.deadline
+            if deadline is not None and now >= deadline:
+                self.finish(seq, Finish(FinishReason.ERROR, kind=ErrorKind.TIMEOUT,
+                                        message="the request's deadline passed"))
+
+    def finish(self, seq: Sequence, finish: Finish, cache: bool = True) -> None:
+        """Ends seq: sends the held-back text, caches what it computed (unless ``cache`` is
+        False: after a failed step its K/V may be garbage), releases its blocks and lock,
+        sends Finished."""
+        if seq.status is SeqStatus.FINISHED:
+            return
+        if finish.reason is not FinishReason.ERROR:
+            flush_text(seq)
+        was_running = seq.status is SeqStatus.RUNNING
+        self.scheduler.remove(seq)
+        if was_running:
+            self.blocks.release(seq, cache=cache)
+        self.sequences.pop(seq.request_id, None)
+        if self.config.record_logits:
+            self.traces[seq.request_id] = RequestTrace(tuple(seq.gaps), tuple(seq.logit_rows))
+        self._emit_finished(seq, finish)
+
+    def _emit_finished(self, seq: Sequence, finish: Finish) -> None:
+        self.counters.finished += 1
+        self.counters.errors += finish.reason is FinishReason.ERROR
+        seq.status = SeqStatus.FINISHED
+        seq.sink.put(finished_event(seq, finish))
+
+    # -- one step -------------------------------------------------------------------------
+    def has_work(self) -> bool:
+        return self.scheduler.has_work()
+
+    def step(self) -> bool:
+        """Runs one step; False when nothing could be scheduled."""
+        started = time.perf_counter()
+        chunks: list[Chunk] = []
+        try:
+            plan = self.scheduler.schedule()
+            if plan.unfit is not None:
+                self.finish(plan.unfit, Finish(FinishReason.ERROR, kind=ErrorKind.TOO_LONG,
+                                               message="the request does not fit the KV cache"
+                                                       " left over by pinned prefixes"))
+            chunks = plan.chunks
+            if not chunks:
+                return False
+            self._run(chunks)
+        except Exception as exc:  # noqa: BLE001 - isolate the failure to this step's requests
+            self._fail_step(chunks or list(self.scheduler.running), exc)
+        self.counters.steps += 1
+        self.counters.step_s += time.perf_counter() - started
+        return True
+
+    def _fail_step(self, chunks_or_seqs, exc: Exception) -> None:
+        log.error("step failed: %r", exc, exc_info=not isinstance(exc, InjectedFault))
+        message = f"internal error in an engine step: {type(exc).__name__}: {exc}"
+        for item in chunks_or_seqs:
+            seq = item.seq if isinstance(item, Chunk) else item
+            self.finish(seq, Finish(FinishReason.ERROR, kind=ErrorKind.INTERNAL, message=message),
+                        cache=False)
+
+    def _run(self, chunks: list[Chunk]) -> None:
+        for chunk in chunks:
+            account_admission(chunk.seq)
+        self._maybe_inject_fault(chunks)
+        sampling = [chunk.samples for chunk in chunks]
+        prefill_tokens = sum(c.num_tokens for c in chunks if not c.seq.prefill_inserted)
+        batch = build_forward_batch(
+            [c.seq.tokens[c.seq.num_computed:c.seq.num_computed + c.num_tokens] for c in chunks],
+            [c.seq.num_computed for c in chunks], [c.seq.block_table for c in chunks],
+            self.config.block_size, self.kv.device,
+            logits_rows=[[c.num_tokens - 1] if s else [] for c, s in zip(chunks, sampling)])
+        forward_started = time.perf_counter()
+        logits = self.model.forward(batch, self.kv)  # [num sampling chunks, V]
+        forward_s = time.perf_counter() - forward_started
+        self.counters.forward_s += forward_s
+        self.counters.record_prefill(prefill_tokens, forward_s)
+        for chunk in chunks:
+            chunk.seq.num_computed += chunk.num_tokens
+        sampled = [c.seq for c, s in zip(chunks, sampling) if s]
+        if sampled:
+            self._sample_and_emit(sampled, logits)
+
+    def _sample_and_emit(self, seqs: list[Sequence], logits: torch.Tensor) -> None:
+        tokens = sample_tokens(logits, [s.params for s in seqs], [s.generator for s in seqs])
+        if self.config.record_logits:
+            for seq, gap, row in zip(seqs, top2_gaps(logits), logits):
+                seq.gaps.append(gap)
+                seq.logit_rows.append(row.detach().cpu().clone())
+        for seq, token in zip(seqs, tokens):
+            if not seq.prefill_inserted:
+                self._on_prefilled(seq)
+            finish = append_token(seq, token, self.eos_ids, self.max_model_len)
+            if finish is not None:
+                self.finish(seq, finish)
+
+    def _on_prefilled(self, seq: Sequence) -> None:
+        """The tokens present at admission are computed: cache them, move the lock to their
+        node, pin the prompt's breakpoints (once)."""
+        self.blocks.insert_prefilled(seq)
+        seq.prefill_inserted = True
+        if not seq.pins_done:
+            seq.pins_done = True
+            self._pin_breakpoints(seq)
+
+    def _pin_breakpoints(self, seq: Sequence) -> None:
+        """Pins within the tenant's quota and the pin share of the KV budget (conservative:
+        a prefix counts whole even when part of it is pinned already)."""
+        if not self.config.enable_prefix_cache:
+            return
+        quota = self.config.quota_for(seq.tenant).max_pinned_tokens
+        share = self.config.pin_share * self.pool.num_blocks * self.pool.block_size
+        for point in seq.prompt_breakpoints():
+            if quota is not None and self.tree.pinned_tokens(seq.tenant) + point.offset > quota:
+                continue
+            if self.tree.pinned_tokens() + point.offset > share:
+                continue
+            self.blocks.pin(seq, point.offset, point.ttl_s)
+
+    def _maybe_inject_fault(self, chunks: list[Chunk]) -> None:
+        if not self.faults:
+            return
+        hit = [c.seq.request_id for c in chunks if c.seq.request_id in self.faults]
+        if "*" in self.faults or hit:
+            self.faults.discard("*")
+            self.faults.difference_update(hit)
+            raise InjectedFault(f"injected fault (requests {hit or 'of the next step'})")
+
+    # -- reports --------------------------------------------------------------------------
+    def snapshot(self):
+        return take_snapshot(self.tree, self.pool, self.scheduler, self.counters,
+                             top_n=self.config.top_prefixes, draining=self.draining)
+
+    def check_integrity(self) -> dict:
+        """Recounts tree and pool (raises IntegrityError); free + held == total; when idle,
+        nothing may be locked."""
+        tables = [seq.block_table for seq in self.scheduler.running]
+        self.tree.check_integrity(extra_holders=tables)
+        held = self.tree.held_blocks().union(*map(set, tables)) if tables else self.tree.held_blocks()
+        free = self.pool.num_free()
+        if free + len(held) != self.pool.num_blocks:
+            raise AssertionError(f"free {free} + held {len(held)} != total {self.pool.num_blocks}")
+        if not self.scheduler.running and self.tree.handles:
+            raise AssertionError(f"idle engine left {len(self.tree.handles)} locks in the tree")
+        return {"free": free, "held": len(held), "total": self.pool.num_blocks,
+                "locks": len(self.tree.handles), "running": len(self.scheduler.running)}
+
+
+def _make_kv_cache(loaded, config: EngineConfig) -> KVCache:
+    mc = loaded.config
+    if config.num_blocks is not None:
+        kv = KVCache(mc.num_layers, config.num_blocks, config.block_size, mc.num_kv_heads,
+                     mc.head_dim, loaded.dtype, loaded.device)
+    else:
+        kv = KVCache.from_budget(mc, config.kv_cache_bytes, config.block_size, loaded.dtype,
+                                 loaded.device)
+    log.info("KV cache: %d bytes per token, %d blocks of %d = %d tokens fit", kv.bytes_per_token,
+             kv.num_blocks, kv.block_size, kv.num_tokens)
+    return kv

@@ -1,0 +1,250 @@
+"""Engine: one thread running the step loop, fed by a thread-safe command queue.
+
+DESIGN.md section 6. Every call that changes engine state (submit, abort, flush, pin,
+unpin, publish, check_integrity, a fresh snapshot, fault injection, shutdown) is a command
+applied between steps by the engine thread; only that thread touches the tree, the pool
+and the KV tensors. Commands return ``concurrent.futures.Future``. When nothing runs or
+waits, the thread blocks on the queue (no polling). ``snapshot()`` returns the latest
+immutable ``EngineSnapshot``, published between steps.
+
+Usage::
+
+    engine = Engine(load_model(tiny=True), EngineConfig(num_blocks=256)).start()
+    async for event in engine.submit(request): ...     # inside an asyncio loop
+    finished = engine.generate(request)                # blocking helper
+    engine.shutdown(grace_s=5)
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+
+from .api import Breakpoint, ErrorKind, Event, Finished, FinishReason, Request, SamplingParams, Usage
+from .core import EngineCore
+from .engine_config import EngineConfig
+from .handle import AsyncSink, BlockingSink, RequestHandle
+from .output import Finish
+from .stats import EngineSnapshot, empty_snapshot
+from .trace import RequestTrace
+
+log = logging.getLogger(__name__)
+
+PUBLIC_OWNER = "public"
+
+
+class Engine:
+    def __init__(self, loaded, config: EngineConfig):
+        self.loaded = loaded
+        self.config = config
+        self.core = EngineCore(loaded, config)
+        self.tokenizer = loaded.tokenizer
+        self.block_size = config.block_size
+        self.num_blocks = self.core.pool.num_blocks
+        self.max_model_len = self.core.max_model_len
+        self._commands: queue.SimpleQueue = queue.SimpleQueue()
+        self._state_lock = threading.Lock()
+        self._stopped = False
+        self._thread: threading.Thread | None = None
+        self._drain_deadline: float | None = None
+        self._snapshot = empty_snapshot(self.num_blocks, self.block_size)
+        self._last_publish = 0.0
+
+    # -- lifecycle ------------------------------------------------------------------------
+    def start(self) -> "Engine":
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="radixgate-engine", daemon=True)
+            self._thread.start()
+        return self
+
+    def shutdown(self, grace_s: float = 10.0) -> None:
+        """Stops admitting (new requests get OVERLOADED), lets running and queued requests
+        finish for up to ``grace_s`` seconds, aborts the rest, stops the thread."""
+        if self._thread is None or not self._thread.is_alive():
+            self._mark_stopped()
+            return
+        self._command(self._begin_drain, time.monotonic() + grace_s)
+        self._thread.join()
+
+    def __enter__(self) -> "Engine":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown(grace_s=0)
+
+    # -- requests -------------------------------------------------------------------------
+    def submit(self, request: Request) -> RequestHandle:
+        """Queues a request; call from a running asyncio loop. Its events arrive on the
+        returned handle (TextDelta..., then one Finished). Never raises for a bad request:
+        the handle yields a Finished with reason error instead."""
+        sink = AsyncSink(asyncio.get_running_loop())
+        self._enqueue_request(request, sink)
+        return RequestHandle(request.request_id, sink, self.abort)
+
+    def generate(self, request: Request, on_event: Callable[[Event], None] | None = None,
+                 timeout: float | None = None) -> Finished:
+        """Blocking submit: returns the Finished event (``on_event`` sees every event on the
+        engine thread as it is produced)."""
+        sink = BlockingSink(on_event)
+        self._enqueue_request(request, sink)
+        finished = sink.wait(timeout)
+        if finished is None:
+            self.abort(request.request_id).result()
+            finished = sink.wait()
+        return finished
+
+    def abort(self, request_id: str) -> Future:
+        """Future[bool]: True when the request was still running or waiting."""
+        return self._command(self.core.abort, request_id)
+
+    def _enqueue_request(self, request: Request, sink) -> None:
+        with self._state_lock:
+            if not self._stopped:
+                self._commands.put((self.core.add_request, (request, sink), None))
+                return
+        sink.put(_rejected(request, ErrorKind.OVERLOADED, "the engine is not running"))
+
+    # -- commands -------------------------------------------------------------------------
+    def flush(self, namespace: str | None = None) -> Future:
+        """Future[int]: evicts every unlocked node (pins included); returns freed blocks."""
+        return self._command(self.core.tree.flush, namespace)
+
+    def pin(self, namespace: str, tokens: Sequence[int], ttl_s: float, owner: str = "") -> Future:
+        """Future[int]: pins the longest cached prefix of tokens; returns the pinned length."""
+        return self._command(self.core.tree.pin, namespace, list(tokens), ttl_s, owner)
+
+    def unpin(self, namespace: str, tokens: Sequence[int]) -> Future:
+        return self._command(self.core.tree.unpin, namespace, list(tokens))
+
+    def publish(self, tokens: Sequence[int], ttl_s: float, owner: str = PUBLIC_OWNER) -> Future:
+        """Future[Finished]: computes ``tokens`` into the ``public`` namespace and pins them
+        for ``ttl_s`` (tenants with ``use_public`` then reuse them)."""
+        done: Future = Future()
+        request = Request(list(tokens), SamplingParams(max_tokens=1, temperature=0.0),
+                          tenant=owner, namespace="public",
+                          breakpoints=(Breakpoint(len(tokens), ttl_s),))
+        sink = BlockingSink(lambda e: done.set_result(e) if isinstance(e, Finished) else None)
+        self._enqueue_request(request, sink)
+        return done
+
+    def check_integrity(self) -> Future:
+        """Future[dict]: recounts tree and pool (IntegrityError/AssertionError on mismatch)."""
+        return self._command(self.core.check_integrity)
+
+    def inject_fault(self, request_id: str | None = None) -> Future:
+        """The next step that includes ``request_id`` (any next step when None) raises."""
+        return self._command(self.core.faults.add, request_id or "*")
+
+    def request_snapshot(self) -> Future:
+        """Future[EngineSnapshot] taken now (between steps), also published."""
+        return self._command(self._publish)
+
+    def snapshot(self) -> EngineSnapshot:
+        """The latest published snapshot (never blocks)."""
+        return self._snapshot
+
+    def debug_trace(self, request_id: str) -> RequestTrace | None:
+        """Per-step top-2 gaps and logits of a finished request (``record_logits`` only)."""
+        return self.core.traces.get(request_id)
+
+    def _command(self, fn: Callable, *args) -> Future:
+        future: Future = Future()
+        with self._state_lock:
+            if not self._stopped:
+                self._commands.put((fn, args, future))
+                return future
+        future.set_exception(RuntimeError("the engine is not running"))
+        return future
+
+    # -- the engine thread ----------------------------------------------------------------
+    def _run(self) -> None:
+        core = self.core
+        try:
+            while True:
+                self._apply_commands(block=not core.has_work())
+                if self._drain_deadline is not None and self._drain_done():
+                    break
+                core.expire_deadlines(time.monotonic())
+                if not core.has_work():
+                    self._on_idle()
+                    continue
+                if not core.step():
+                    self._apply_commands(block=True, timeout=0.05)
+                self._maybe_publish()
+        finally:
+            self._stop_thread()
+
+    def _apply_commands(self, block: bool, timeout: float | None = None) -> None:
+        try:
+            item = self._commands.get(timeout=timeout) if block else self._commands.get_nowait()
+        except queue.Empty:
+            return
+        while True:
+            self._apply(*item)
+            try:
+                item = self._commands.get_nowait()
+            except queue.Empty:
+                return
+
+    @staticmethod
+    def _apply(fn: Callable, args: tuple, future: Future | None) -> None:
+        try:
+            result = fn(*args)
+        except BaseException as exc:  # noqa: BLE001 - the caller receives it
+            if future is None:
+                log.exception("engine command %s failed", getattr(fn, "__name__", fn))
+            else:
+                future.set_exception(exc)
+            return
+        if future is not None:
+            future.set_result(result)
+
+    def _on_idle(self) -> None:
+        self._publish()
+        if self.config.debug_integrity:
+            try:
+                self.core.check_integrity()
+            except AssertionError:
+                log.exception("integrity check failed while idle")
+
+    def _publish(self) -> EngineSnapshot:
+        self._snapshot = self.core.snapshot()
+        self._last_publish = time.monotonic()
+        return self._snapshot
+
+    def _maybe_publish(self) -> None:
+        if time.monotonic() - self._last_publish >= self.config.snapshot_interval_s:
+            self._publish()
+
+    def _begin_drain(self, deadline: float) -> None:
+        self.core.draining = True
+        self._drain_deadline = deadline
+
+    def _drain_done(self) -> bool:
+        if not self.core.has_work():
+            return True
+        if time.monotonic() >= self._drain_deadline:
+            self.core.abort_all(Finish(FinishReason.ABORTED, message="the engine shut down"))
+            return True
+        return False
+
+    def _stop_thread(self) -> None:
+        self._mark_stopped()
+        self.core.draining = True
+        self.core.abort_all(Finish(FinishReason.ABORTED, message="the engine shut down"))
+        self._apply_commands(block=False)   # late commands: requests get OVERLOADED
+        self._publish()
+
+    def _mark_stopped(self) -> None:
+        with self._state_lock:
+            self._stopped = True
+
+
+def _rejected(request: Request, kind: ErrorKind, message: str) -> Finished:
+    return Finished(FinishReason.ERROR, Usage(prompt_tokens=len(request.tokens),
+                                              uncached_tokens=len(request.tokens)),
+                    error_kind=kind, error_message=message, request_id=request.request_id)

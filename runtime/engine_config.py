@@ -1,0 +1,84 @@
+"""Engine configuration: plain frozen values, no side effects (STYLE.md rule 5)."""
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class TenantQuota:
+    """Per-tenant limits. ``None`` means unlimited.
+
+    max_running: requests of this tenant running at once (more wait in the queue).
+    max_queued: requests of this tenant waiting at once (more are rejected: OVER_CAPACITY).
+    max_pinned_tokens: tokens this tenant may keep pinned (breakpoint pins beyond it are skipped).
+    """
+
+    max_running: int | None = None
+    max_queued: int | None = None
+    max_pinned_tokens: int | None = None
+
+
+QuotaSource = Mapping[str, TenantQuota] | Callable[[str], TenantQuota] | None
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    """How the engine sizes its KV cache and schedules steps.
+
+    KV size: ``num_blocks`` when given, else ``kv_cache_bytes`` divided by the bytes one
+    block takes (2 x layers x kv_heads x head_dim x dtype bytes x block_size).
+    ``max_step_tokens`` is the per-step token budget shared by decodes and prefill chunks;
+    ``prefill_chunk`` caps one request's prefill tokens per step.
+    ``page_rounded_match`` rounds reuse down to whole blocks (a baseline for benchmarks).
+    ``debug_integrity`` runs the tree/pool integrity check whenever the engine goes idle.
+    ``record_logits`` keeps each request's per-step logits and top-2 gaps for
+    ``Engine.debug_trace`` (tests of the near-tie rule; costs memory).
+    ``pin_share`` bounds all pinned tokens together to this share of the KV budget.
+    ``share_wait_min_tokens``: a waiting request whose prompt shares at least this many more
+    tokens with a prompt being prefilled than it matches in the tree waits for that prefill
+    (``None``: one block).
+    """
+
+    kv_cache_bytes: int | None = None
+    num_blocks: int | None = None
+    block_size: int = 16
+    max_model_len: int | None = None
+    max_num_seqs: int = 64
+    max_step_tokens: int = 512
+    max_queue: int = 256
+    prefill_chunk: int | None = None
+    enable_prefix_cache: bool = True
+    page_rounded_match: bool = False
+    debug_integrity: bool = False
+    record_logits: bool = False
+    tenant_quotas: QuotaSource = None
+    default_quota: TenantQuota = field(default_factory=TenantQuota)
+    pin_share: float = 0.5
+    share_wait_min_tokens: int | None = None
+    snapshot_interval_s: float = 0.25
+    top_prefixes: int = 10
+
+    def __post_init__(self) -> None:
+        if self.num_blocks is None and self.kv_cache_bytes is None:
+            raise ValueError("EngineConfig needs num_blocks or kv_cache_bytes")
+        if self.block_size <= 0 or self.max_step_tokens <= 0 or self.max_num_seqs <= 0:
+            raise ValueError("block_size, max_step_tokens and max_num_seqs must be positive")
+        if not 0.0 <= self.pin_share <= 1.0:
+            raise ValueError("pin_share must lie in [0, 1]")
+
+    def quota_for(self, tenant: str) -> TenantQuota:
+        source = self.tenant_quotas
+        if source is None:
+            return self.default_quota
+        if callable(source):
+            return source(tenant)
+        return source.get(tenant, self.default_quota)
+
+    @property
+    def chunk_tokens(self) -> int:
+        return min(self.prefill_chunk or self.max_step_tokens, self.max_step_tokens)
+
+    @property
+    def share_wait_tokens(self) -> int:
+        return self.share_wait_min_tokens or self.block_size

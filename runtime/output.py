@@ -1,0 +1,112 @@
+"""A sequence's output side: new tokens -> finish checks -> text deltas -> the final event.
+
+Token-level stops (EOS unless ``ignore_eos``, ``stop_token_ids``) end the request before the
+token is detokenized: its text never appears. Stop strings are found in the detokenized text
+(``StopMatcher``), which holds back any tail that could start one, so the text sent never
+contains a stop string and ``Finished.text`` ends before it.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from .api import ErrorKind, Finished, FinishReason, TextDelta, Usage
+from .sequence import Sequence
+
+ONE_HOUR_S = 3600.0
+
+
+@dataclass(frozen=True, slots=True)
+class Finish:
+    reason: FinishReason
+    stop: str | None = None
+    kind: ErrorKind | None = None
+    message: str = ""
+
+
+def account_admission(seq: Sequence) -> None:
+    """Records prompt usage at the first admission (seq.num_computed is the reuse now).
+
+    cache_read = reuse; cache_creation = prompt tokens in [reuse, last breakpoint) computed
+    now (1h breakpoints come first, the tokens up to the last 1h one count as 1h, the rest
+    up to the last breakpoint as 5m); the last prompt token is always recomputed and counts
+    as uncached.
+    """
+    if seq.admitted_once:
+        return
+    seq.admitted_once = True
+    seq.timing.first_scheduled = time.monotonic()
+    reuse = seq.num_computed
+    last = seq.num_prompt - 1
+    offsets_1h = [b.offset for b in seq.request.breakpoints if b.ttl_s >= ONE_HOUR_S]
+    offsets_all = [b.offset for b in seq.request.breakpoints]
+    end_1h = min(max(offsets_1h, default=0), last)
+    end_all = min(max(offsets_all, default=0), last)
+    acc = seq.accounting
+    acc.cache_read = reuse
+    acc.creation_1h = max(0, end_1h - reuse)
+    acc.creation_5m = max(0, end_all - max(reuse, end_1h))
+
+
+def append_token(seq: Sequence, token: int, eos_ids: set[int], max_model_len: int) -> Finish | None:
+    """Adds a sampled token, sends the text it completes, returns a Finish when it ends seq."""
+    seq.tokens.append(token)
+    if seq.timing.first_token is None:
+        seq.timing.first_token = time.monotonic()
+    params = seq.params
+    if (token in eos_ids and not params.ignore_eos) or token in params.stop_token_ids:
+        return Finish(FinishReason.EOS)
+    seq.pending_ids.append(token)
+    result = seq.stops.feed(seq.detok.feed(token))
+    emit_text(seq, result.emit)
+    if result.stop is not None:
+        return Finish(FinishReason.STOP_SEQUENCE, stop=result.stop)
+    if seq.num_output >= params.max_tokens or len(seq.tokens) >= max_model_len:
+        return Finish(FinishReason.LENGTH)
+    return None
+
+
+def emit_text(seq: Sequence, text: str) -> None:
+    if text:
+        seq.text_parts.append(text)
+        seq.sink.put(TextDelta(text, tuple(seq.pending_ids)))
+        seq.pending_ids.clear()
+
+
+def flush_text(seq: Sequence) -> None:
+    """Sends held-back text at the end (nothing after a stop string)."""
+    if seq.stops.stopped is not None:
+        return
+    tail = seq.stops.feed(seq.detok.flush())
+    emit_text(seq, tail.emit + seq.stops.flush())
+
+
+def usage_of(seq: Sequence, now: float) -> Usage:
+    acc, timing = seq.accounting, seq.timing
+    creation = acc.creation_5m + acc.creation_1h
+    started = timing.first_scheduled if timing.first_scheduled is not None else now
+    return Usage(
+        prompt_tokens=seq.num_prompt,
+        cache_read_tokens=acc.cache_read,
+        cache_creation_tokens=creation,
+        cache_creation_5m_tokens=acc.creation_5m,
+        cache_creation_1h_tokens=acc.creation_1h,
+        uncached_tokens=seq.num_prompt - acc.cache_read - creation,
+        output_tokens=seq.num_output,
+        ttft_s=None if timing.first_token is None else timing.first_token - timing.submitted,
+        queue_s=started - timing.submitted,
+        total_s=now - timing.submitted,
+    )
+
+
+def finished_event(seq: Sequence, finish: Finish) -> Finished:
+    return Finished(
+        reason=finish.reason,
+        usage=usage_of(seq, time.monotonic()),
+        output_token_ids=tuple(seq.output_ids),
+        text="".join(seq.text_parts),
+        stop_sequence=finish.stop,
+        error_kind=finish.kind,
+        error_message=finish.message,
+        request_id=seq.request_id,
+    )

@@ -1,0 +1,85 @@
+"""Token sampling: greedy, temperature, top-k, top-p, per-request seeded generators.
+
+Each request owns a ``torch.Generator`` (seeded from ``SamplingParams.seed`` or at random),
+so a seeded request samples the same tokens whatever else shares its batch.
+"""
+from __future__ import annotations
+
+import random
+
+import torch
+
+from .api import SamplingParams
+
+
+def validate_sampling(params: SamplingParams, vocab_size: int) -> str | None:
+    """Returns a message describing the first invalid value, or None when all are valid."""
+    if params.max_tokens < 1:
+        return "max_tokens must be at least 1"
+    if params.temperature < 0 or params.temperature != params.temperature:
+        return "temperature must be >= 0"
+    if not 0.0 < params.top_p <= 1.0:
+        return "top_p must lie in (0, 1]"
+    if params.top_k < 0:
+        return "top_k must be >= 0"
+    if any(not isinstance(s, str) or not s for s in params.stop):
+        return "stop strings must be non-empty strings"
+    if any(not 0 <= t < vocab_size for t in params.stop_token_ids):
+        return "stop_token_ids must be token ids of the model's vocabulary"
+    return None
+
+
+def make_generator(params: SamplingParams) -> torch.Generator | None:
+    """A CPU generator for sampled requests (None for greedy ones: they need no randomness)."""
+    if params.temperature == 0:
+        return None
+    seed = params.seed if params.seed is not None else random.getrandbits(63)
+    generator = torch.Generator(device="cpu")
+    generator.manual_seed(seed)
+    return generator
+
+
+def sample_tokens(logits: torch.Tensor, params: list[SamplingParams],
+                  generators: list[torch.Generator | None]) -> list[int]:
+    """Picks one token per row. logits: [n, vocab]; returns n token ids."""
+    n = logits.shape[0]
+    greedy_rows = [i for i in range(n) if params[i].temperature == 0]
+    result = [0] * n
+    if greedy_rows:
+        if len(greedy_rows) == n:
+            return logits.argmax(dim=-1).tolist()
+        picked = logits[greedy_rows].argmax(dim=-1).tolist()
+        for row, token in zip(greedy_rows, picked):
+            result[row] = token
+    for row in range(n):
+        if params[row].temperature != 0:
+            result[row] = _sample_row(logits[row], params[row], generators[row])
+    return result
+
+
+def _sample_row(row: torch.Tensor, params: SamplingParams,
+                generator: torch.Generator | None) -> int:
+    """row: [vocab]. Temperature, then top-k, then top-p, then a draw from the generator."""
+    scaled = row.float().cpu() / params.temperature  # [V]
+    if 0 < params.top_k < scaled.shape[0]:
+        kth = torch.topk(scaled, params.top_k).values[-1]
+        scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+    probs = torch.softmax(scaled, dim=-1)  # [V]
+    if params.top_p < 1.0:
+        probs = _top_p_filter(probs, params.top_p)
+    return int(torch.multinomial(probs, 1, generator=generator).item())
+
+
+def _top_p_filter(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Keeps the smallest set of most likely tokens whose mass reaches top_p (at least one)."""
+    sorted_probs, order = torch.sort(probs, descending=True)  # [V], [V]
+    mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
+    sorted_probs[mass_before >= top_p] = 0.0
+    filtered = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
+    return filtered / filtered.sum()
+
+
+def top2_gaps(logits: torch.Tensor) -> list[float]:
+    """Difference between the best and second-best logit of each row (near-tie detection)."""
+    top = torch.topk(logits.float(), 2, dim=-1).values  # [n, 2]
+    return (top[:, 0] - top[:, 1]).tolist()

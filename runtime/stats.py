@@ -1,0 +1,128 @@
+"""``EngineSnapshot``: an immutable picture of the engine, published between steps.
+
+HTTP handlers read the latest snapshot without touching the tree or the pool (which belong
+to the engine thread). Block states are disjoint, by precedence in_use > pinned > cached >
+free, and add up to ``total``.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Mapping
+
+
+@dataclass(frozen=True, slots=True)
+class BlockCounts:
+    total: int
+    free: int
+    cached: int      # held by tree nodes only (evictable cache)
+    pinned: int      # on paths to unexpired pins, not used by a running request
+    in_use: int      # in a running request's block table
+
+
+@dataclass(frozen=True, slots=True)
+class TreeCounts:
+    nodes: int
+    cached_tokens: int
+    evictable_tokens: int
+    pinned_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class TenantCounts:
+    running: int = 0
+    waiting: int = 0
+    pinned_tokens: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixEntry:
+    tenant: str          # the pin's owner, else the tenant whose requests use the namespace
+    namespace: str
+    length: int
+    hits: int
+    pin_ttl_s: float
+    token_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSnapshot:
+    time: float                      # time.monotonic() when taken
+    block_size: int
+    blocks: BlockCounts
+    tree: TreeCounts
+    running: int
+    waiting: int
+    tenants: Mapping[str, TenantCounts]
+    evictions: Mapping[str, int]     # evicted nodes by reason: lru / ttl / flush
+    top_prefixes: tuple[PrefixEntry, ...]
+    prefill_tokens_per_s: float      # measured over recent prefill steps (0 before any)
+    steps: int = 0
+    finished: int = 0
+    errors: int = 0
+    draining: bool = False
+    step_time_s: float = 0.0         # total time inside steps since start
+    forward_time_s: float = 0.0      # of which in the model forward (overhead = the rest)
+
+
+def empty_snapshot(total_blocks: int, block_size: int) -> EngineSnapshot:
+    return EngineSnapshot(time.monotonic(), block_size, BlockCounts(total_blocks, total_blocks, 0, 0, 0),
+                          TreeCounts(0, 0, 0, 0), 0, 0, MappingProxyType({}),
+                          MappingProxyType({}), (), 0.0)
+
+
+@dataclass(slots=True)
+class EngineCounters:
+    """Mutable counters the engine thread keeps; frozen into each snapshot."""
+
+    steps: int = 0
+    finished: int = 0
+    errors: int = 0
+    prefill_rate: float = 0.0   # exponential moving average, tokens/s
+    step_s: float = 0.0         # wall time inside steps
+    forward_s: float = 0.0      # of which inside the model's forward
+    namespace_tenant: dict[str, str] = field(default_factory=dict)
+
+    def record_prefill(self, tokens: int, seconds: float) -> None:
+        if tokens <= 0 or seconds <= 0:
+            return
+        rate = tokens / seconds
+        self.prefill_rate = rate if self.prefill_rate == 0 else 0.8 * self.prefill_rate + 0.2 * rate
+
+
+def take_snapshot(tree, pool, scheduler, counters: EngineCounters, *, top_n: int,
+                  draining: bool) -> EngineSnapshot:
+    """Reads tree, pool and scheduler (engine thread only) into an immutable snapshot."""
+    in_use = {b for seq in scheduler.running for b in seq.block_table}
+    pinned = tree.pinned_blocks() - in_use
+    cached = tree.held_blocks() - in_use - pinned
+    blocks = BlockCounts(pool.num_blocks, pool.num_free(), len(cached), len(pinned), len(in_use))
+    stats = tree.stats()
+    tree_counts = TreeCounts(stats.nodes, stats.cached_tokens, stats.evictable_tokens,
+                             stats.pinned_tokens)
+    return EngineSnapshot(
+        time=time.monotonic(), block_size=pool.block_size, blocks=blocks, tree=tree_counts,
+        running=len(scheduler.running), waiting=scheduler.num_waiting,
+        tenants=MappingProxyType(_tenant_counts(tree, scheduler)),
+        evictions=MappingProxyType(dict(stats.evictions)),
+        top_prefixes=tuple(_prefix_entries(tree, top_n, counters.namespace_tenant)),
+        prefill_tokens_per_s=counters.prefill_rate, steps=counters.steps,
+        finished=counters.finished, errors=counters.errors, draining=draining,
+        step_time_s=counters.step_s, forward_time_s=counters.forward_s)
+
+
+def _tenant_counts(tree, scheduler) -> dict[str, TenantCounts]:
+    tenants = set(scheduler.running_by_tenant) | set(scheduler.waiting)
+    tenants |= {node.pin.owner for node in tree.pinned_nodes if node.pin is not None and node.pin.owner}
+    return {t: TenantCounts(running=scheduler.running_by_tenant.get(t, 0),
+                            waiting=scheduler.waiting_of(t),
+                            pinned_tokens=tree.pinned_tokens(t))
+            for t in sorted(tenants)}
+
+
+def _prefix_entries(tree, top_n: int, namespace_tenant: Mapping[str, str]) -> list[PrefixEntry]:
+    return [PrefixEntry(tenant=info.owner or namespace_tenant.get(info.namespace, ""),
+                        namespace=info.namespace, length=info.length, hits=info.hits,
+                        pin_ttl_s=info.pin_ttl_s, token_ids=tuple(info.tokens))
+            for info in tree.top_prefixes(top_n)]
