@@ -41,7 +41,7 @@ function rateAxis(x0, x1, y) {
   let out = '';
   for (const pct of [0, 25, 50, 75, 100]) {
     const yi = r1(y(pct / 100));
-    out += `<line class="grid${pct % 50 ? ' faint' : ''}" x1="${x0}" x2="${x1}" y1="${yi}" y2="${yi}"/>`;
+    out += `<line class="grid${pct % 50 ? ' faint' : ''}" data-pct="${pct}" x1="${x0}" x2="${x1}" y1="${yi}" y2="${yi}"/>`;
     if (pct % 50 === 0) out += `<text class="axis" x="${x0 - 6}" y="${yi + 4}" text-anchor="end">${pct}%</text>`;
   }
   return out;

@@ -16,13 +16,16 @@ export function fmtMs(ms) {
   return ms < 100 ? ms.toFixed(1) + ' ms' : fmtInt(ms) + ' ms';
 }
 
-// Seconds as "0.42 s", "12.5 s", "3m 05s", "2h 03m".
+// Seconds as "0.42 s", "12.5 s", "3m 05s", "2h 03m" (rounded to the last shown unit).
 export function fmtSeconds(s) {
-  if (s < 10) return s.toFixed(2) + ' s';
-  if (s < 60) return s.toFixed(1) + ' s';
-  const whole = Math.floor(s);
-  if (whole < 3600) return `${Math.floor(whole / 60)}m ${String(whole % 60).padStart(2, '0')}s`;
-  return `${Math.floor(whole / 3600)}h ${String(Math.floor(whole / 60) % 60).padStart(2, '0')}m`;
+  if (s < 9.995) return s.toFixed(2) + ' s';
+  if (s < 59.95) return s.toFixed(1) + ' s';
+  if (s < 3599.5) {
+    const whole = Math.round(s);
+    return `${Math.floor(whole / 60)}m ${String(whole % 60).padStart(2, '0')}s`;
+  }
+  const minutes = Math.round(s / 60);
+  return `${Math.floor(minutes / 60)}h ${String(minutes % 60).padStart(2, '0')}m`;
 }
 
 // Dollars with enough digits to show small amounts: "$12.34", "$0.0123", "$0.000042".

@@ -33,6 +33,7 @@ function renderHeader(doc, stats) {
   scope.dataset.value = tenant ? `tenant:${tenant}` : 'server';
   scope.textContent = tenant ? `tenant ${tenant}` : 'all tenants';
   scope.classList.toggle('tenant', !!tenant);
+  doc.body.classList.toggle('tenant-scope', !!tenant);
   setStat(doc, 'model', stats.model, String);
   setStat(doc, 'block_size', stats.block_size, fmtInt);
   setStat(doc, 'uptime_s', stats.uptime_s, fmtSeconds);
@@ -118,13 +119,14 @@ function renderTenants(doc, stats, tenantHistory) {
 }
 
 function prefixRow(p, i, showPreview) {
+  const length = typeof p.tokens === 'number' ? p.tokens : (p.length ?? 0);
   const ttl = typeof p.pin_ttl_s === 'number' && p.pin_ttl_s > 0 ? p.pin_ttl_s : 0;
   const preview = showPreview
     ? `<td class="preview" data-stat="preview">${escapeHtml(p.preview || '')}</td>` : '';
   return `<tr data-prefix-index="${i}">`
     + `<td class="rank">${i + 1}</td>`
-    + `<td data-stat="tenant" data-value="${escapeHtml(p.tenant ?? '')}">${escapeHtml(p.tenant ?? '')}</td>`
-    + `<td class="num" data-stat="tokens" data-value="${p.tokens ?? 0}">${fmtInt(p.tokens ?? 0)}</td>`
+    + `<td class="tenant-col" data-stat="tenant" data-value="${escapeHtml(p.tenant ?? '')}">${escapeHtml(p.tenant ?? '')}</td>`
+    + `<td class="num" data-stat="tokens" data-value="${length}">${fmtInt(length)}</td>`
     + `<td class="num" data-stat="hits" data-value="${p.hits ?? 0}">${fmtInt(p.hits ?? 0)}</td>`
     + `<td class="num" data-stat="pin_ttl_s" data-value="${ttl}">${ttl > 0 ? fmtSeconds(ttl) : '—'}</td>`
     + preview + '</tr>';
