@@ -109,10 +109,14 @@ class Usage:
 
 @dataclass(frozen=True, slots=True)
 class TextDelta:
-    """New output text (UTF-8 safe; text that could begin a stop string is held back)."""
+    """New output text (UTF-8 safe; text that could begin a stop string is held back).
+
+    The first delta of a request carries ``usage`` (prompt accounting is final once the
+    prompt is prefilled; output counts so far) so a stream can report it up front."""
 
     text: str
     token_ids: tuple[int, ...] = ()
+    usage: Usage | None = None
 
 
 @dataclass(frozen=True, slots=True)

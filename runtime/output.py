@@ -68,8 +68,9 @@ def append_token(seq: Sequence, token: int, eos_ids: set[int], max_model_len: in
 
 def emit_text(seq: Sequence, text: str) -> None:
     if text:
+        usage = None if seq.text_parts else usage_of(seq, time.monotonic())
         seq.text_parts.append(text)
-        seq.sink.put(TextDelta(text, tuple(seq.pending_ids)))
+        seq.sink.put(TextDelta(text, tuple(seq.pending_ids), usage))
         seq.pending_ids.clear()
 
 
