@@ -245,3 +245,15 @@ def block_accounting_violation(stats: dict) -> str | None:
     if b["free"] + b["cached"] + b["pinned"] != b["total"]:
         return f"block states do not add up to total: {b}"
     return None
+
+
+INTEGRITY_PATH = "/v1/admin/integrity"
+
+
+async def integrity_violation(session: aiohttp.ClientSession, base: str, admin_key: str
+                              ) -> str | None:
+    """Run the engine's check_integrity() through the admin endpoint; None when clean."""
+    status, body = await get_json(session, base + INTEGRITY_PATH, admin_key)
+    if status != 200 or not isinstance(body, dict) or body.get("ok") is not True:
+        return f"integrity check failed ({status}): {str(body)[:300]}"
+    return None
