@@ -65,18 +65,21 @@ function ratePath(points, x, y) {
   return points.map((p, i) => `${i ? 'L' : 'M'}${r1(x(p.t))},${r1(y(p.rate))}`).join(' ');
 }
 
-// points: [{t, prompt, read, rate}] oldest first (see format.historyPoints).
-// Draws the per-sample hit rate as a line over stacked token bars; returns how many
-// samples carried a hit rate (the line's vertices).
-export function drawHitChart(svg, points) {
+// The time window a chart shows: ends at `now`, at least a minute, at most `maxSpanS`.
+export function chartWindow(points, now, maxSpanS) {
+  const tMax = Math.max(now, points.length ? points[points.length - 1].t : now);
+  const first = points.length ? points[0].t : tMax;
+  return { tMin: Math.max(tMax - maxSpanS, Math.min(first, tMax - 60)), tMax };
+}
+
+// points: [{t, prompt, read, rate}] oldest first (see format.historyPoints), `now` on the
+// same clock as t. Draws the per-sample hit rate as a line over stacked token bars; returns
+// how many samples carried a hit rate (the line's vertices).
+export function drawHitChart(svg, allPoints, now, maxSpanS = 600) {
   const { w, h } = fitViewBox(svg, 640, 260);
+  const { tMin, tMax } = chartWindow(allPoints, now, maxSpanS);
+  const points = allPoints.filter((p) => p.t >= tMin);
   const rated = points.filter((p) => p.rate !== null);
-  if (!points.length) {
-    svg.innerHTML = '';
-    return 0;
-  }
-  const tMax = points[points.length - 1].t;
-  const tMin = Math.min(points[0].t, tMax - 60);
   const x0 = MARGIN.left, x1 = w - MARGIN.right;
   const plotH = h - MARGIN.top - MARGIN.bottom;
   const lineH = plotH * 0.64, barsH = plotH * 0.28;

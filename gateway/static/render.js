@@ -5,7 +5,9 @@ import {
   fmtInt, fmtPct, fmtMs, fmtSeconds, fmtUsd, fmtRate, tokenSplit, cacheCost,
   prefillSavedSeconds, historyPoints, escapeHtml,
 } from './format.js';
-import { drawHitChart, drawSparkline } from './charts.js';
+import { chartWindow, drawHitChart, drawSparkline } from './charts.js';
+
+const HISTORY_WINDOW_S = 600;   // the server keeps ten minutes of per-second samples
 
 function setStat(root, key, value, format) {
   for (const el of root.querySelectorAll(`[data-stat="${key}"]`)) {
@@ -92,6 +94,7 @@ function tenantRow(name, info) {
     + cell('tokens.cache_read', tokens.cache_read ?? 0, fmtInt(tokens.cache_read ?? 0))
     + cell('pinned_tokens', info.pinned_tokens ?? 0, fmtInt(info.pinned_tokens ?? 0))
     + cell('running', info.running ?? 0, fmtInt(info.running ?? 0))
+    + cell('waiting', info.waiting ?? 0, fmtInt(info.waiting ?? 0))
     + '<td><svg class="sparkline" preserveAspectRatio="none"></svg></td></tr>';
 }
 
@@ -107,7 +110,7 @@ function renderTenants(doc, stats, tenantHistory) {
   const names = Object.keys(stats.tenants || {}).sort();
   tbody.innerHTML = names.length
     ? names.map((n) => tenantRow(n, stats.tenants[n])).join('')
-    : '<tr class="empty-row"><td colspan="7">No tenant traffic yet.</td></tr>';
+    : '<tr class="empty-row"><td colspan="8">No tenant traffic yet.</td></tr>';
   applyMeterWidths(tbody);
   for (const name of names) {
     const row = tbody.querySelector(`tr[data-tenant="${CSS.escape(name)}"]`);
@@ -144,12 +147,13 @@ function renderPrefixes(doc, stats) {
 
 function renderChart(doc, stats) {
   const points = historyPoints(stats.history);
+  const now = stats.uptime_s ?? (points.length ? points[points.length - 1].t : 0);
   const svg = doc.getElementById('hit-chart');
-  const rated = drawHitChart(svg, points);
-  svg.dataset.samples = String(points.length);
+  const rated = drawHitChart(svg, points, now, HISTORY_WINDOW_S);
+  const { tMin, tMax } = chartWindow(points, now, HISTORY_WINDOW_S);
+  svg.dataset.samples = String(points.filter((p) => p.t >= tMin).length);
   doc.getElementById('chart-empty').hidden = rated > 0;
-  const span = points.length ? Math.max(60, points[points.length - 1].t - points[0].t) : 0;
-  doc.getElementById('chart-window').textContent = points.length ? `last ${fmtSeconds(span)}` : '';
+  doc.getElementById('chart-window').textContent = `last ${fmtSeconds(tMax - tMin)}`;
 }
 
 // Render a snapshot. ctx: {basePrice: $/MTok, tenantHistory: name -> [{t, rate}]}.
