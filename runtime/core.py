@@ -53,6 +53,7 @@ class EngineCore:
         self.eos_ids = set(loaded.tokenizer.eos_token_ids) | set(loaded.config.eos_token_ids)
         self.vocab_size = loaded.config.vocab_size
         self._token_bytes = token_bytes_function(loaded.tokenizer)
+        self._token_bytes(0)   # builds the tokenizer's byte table now, not in a first request
         self.sequences: dict[str, Sequence] = {}
         self.counters = EngineCounters()
         self.traces: dict[str, RequestTrace] = {}
