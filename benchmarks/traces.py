@@ -1,8 +1,7 @@
 """Token traces: each workload request rendered to the token ids the server would prefill.
 
-Rendering goes through the gateway's own segment-wise renderer
-(``radixgate.gateway.render.render_prompt``) with the documented tool formats
-(``radixgate.gateway.tools``), and the default model's tokenizer, so a trace's shared
+Rendering goes through the gateway's own Anthropic converter and segment-wise renderer
+(``convert_messages_request`` + ``render_prompt``) and the default model's tokenizer, so a trace's shared
 prefixes are exactly what the server's radix tree sees. The namespace is the tenant.
 """
 from __future__ import annotations
@@ -12,10 +11,11 @@ import sysconfig
 from dataclasses import dataclass
 from functools import lru_cache
 
-from radixgate.gateway.render import ChatMessage, Conversation, Piece, render_prompt
-from radixgate.gateway.tools import (TOOLS_HEADER, ToolSpec, tool_call_text,
-                                     tool_definition_text, tool_result_text)
+from radixgate.gateway.convert_anthropic import convert_messages_request
+from radixgate.gateway.render import Conversation, render_prompt
+from radixgate.gateway.schemas_anthropic import MessagesRequest
 
+from benchmarks.bodies import anthropic_body
 from benchmarks.workloads import ChatRequest, Workload
 
 
@@ -42,32 +42,11 @@ def load_tokenizer(path: str | None = None):
     return tokenizer_from_gguf(GGUFFile(path or default_gguf_path(), load_tensors=False).metadata)
 
 
-def _block_text(block: dict) -> str:
-    kind = block["type"]
-    if kind == "text":
-        return block["text"]
-    if kind == "tool_use":
-        return tool_call_text(block["id"], block["name"], block["input"])
-    if kind == "tool_result":
-        return tool_result_text(block["tool_use_id"], block["content"])
-    raise ValueError(f"unsupported content block {kind!r}")
-
-
 def to_conversation(req: ChatRequest) -> Conversation:
-    """The request as the gateway renders it: tool definitions, then system text, then
-    messages with one piece per content block."""
-    system = []
-    if req.tools:
-        system.append(Piece(TOOLS_HEADER))
-        system += [Piece(tool_definition_text(ToolSpec(t["name"], t.get("description"),
-                                                       t["input_schema"]))) for t in req.tools]
-    system.append(Piece(req.system))
-    messages = []
-    for message in req.messages:
-        content = message["content"]
-        blocks = [{"type": "text", "text": content}] if isinstance(content, str) else content
-        messages.append(ChatMessage(message["role"], tuple(Piece(_block_text(b)) for b in blocks)))
-    return Conversation(system=tuple(system), messages=tuple(messages))
+    """The request's Anthropic body parsed and converted exactly as ``POST /v1/messages``
+    does (tool definitions, then system text, then one piece per content block)."""
+    body = MessagesRequest.model_validate(anthropic_body(req, "bench", stream=False))
+    return convert_messages_request(body).conversation
 
 
 class _MemoTokenizer:

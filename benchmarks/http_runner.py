@@ -1,0 +1,232 @@
+"""Drive a running radixgate server over HTTP with a workload, streaming, with concurrency.
+
+Sessions (see ``benchmarks.workloads``) run concurrently, up to ``concurrency`` at once, in
+the order they first appear; the requests of one session go one after the other (a turn
+is sent when the previous one finished). Every request streams (``POST /v1/messages`` with
+``stream: true``, or ``/v1/chat/completions`` with ``--api openai``) so time to first
+token and inter-token latency are measured on the client. Prompt and cached token counts
+come from each response's usage; KV blocks in use from ``GET /v1/cache/stats``, sampled
+while the workload runs.
+
+Run against a server you started: ``python -m benchmarks.http_runner --url http://127.0.0.1:8080``.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+from dataclasses import asdict, dataclass, field
+
+import aiohttp
+
+from benchmarks.bodies import anthropic_body, openai_body
+from benchmarks.stats import summarize
+from benchmarks.workloads import ChatRequest, Workload, make_workloads
+
+
+@dataclass
+class RequestResult:
+    session: str
+    ok: bool
+    status: int = 0
+    error: str = ""
+    prompt_tokens: int = 0
+    cache_read_tokens: int = 0
+    output_tokens: int = 0
+    ttft_s: float | None = None
+    itl_s: float | None = None       # mean gap between output tokens after the first
+    latency_s: float = 0.0
+
+
+@dataclass
+class ClientConfig:
+    base_url: str
+    model: str = "claude-3-5-haiku-latest"
+    api: str = "anthropic"                          # or "openai"
+    concurrency: int = 4
+    api_keys: dict[str, str] = field(default_factory=dict)   # tenant -> key
+    admin_key: str | None = None
+    cache_control: bool = False
+    timeout_s: float = 1800.0
+
+
+def _headers(key: str | None) -> dict[str, str]:
+    h = {"content-type": "application/json", "anthropic-version": "2023-06-01"}
+    if key:
+        h["x-api-key"] = key
+        h["authorization"] = f"Bearer {key}"
+    return h
+
+
+async def _sse_events(response: aiohttp.ClientResponse):
+    """(event name or None, parsed data) for each SSE event; stops at ``[DONE]``."""
+    name, data = None, []
+    async for raw in response.content:
+        line = raw.decode("utf-8").rstrip("\r\n")
+        if line.startswith("event:"):
+            name = line[6:].strip()
+        elif line.startswith("data:"):
+            data.append(line[5:].strip())
+        elif not line and data:
+            text = "\n".join(data)
+            if text == "[DONE]":
+                return
+            yield name, json.loads(text)
+            name, data = None, []
+
+
+def _anthropic_usage(result: RequestResult, usage: dict) -> None:
+    read = usage.get("cache_read_input_tokens") or 0
+    created = usage.get("cache_creation_input_tokens") or 0
+    if "input_tokens" in usage:
+        result.prompt_tokens = usage["input_tokens"] + read + created
+        result.cache_read_tokens = read
+    if usage.get("output_tokens"):
+        result.output_tokens = usage["output_tokens"]
+
+
+def _openai_usage(result: RequestResult, usage: dict) -> None:
+    result.prompt_tokens = usage.get("prompt_tokens", 0)
+    details = usage.get("prompt_tokens_details") or {}
+    result.cache_read_tokens = details.get("cached_tokens") or 0
+    result.output_tokens = usage.get("completion_tokens", 0)
+
+
+def _is_token_event(api: str, name: str | None, data: dict) -> bool:
+    if api == "anthropic":
+        return name == "content_block_delta"
+    return any((c.get("delta") or {}).get("content") or (c.get("delta") or {}).get("tool_calls")
+               for c in data.get("choices") or [])
+
+
+async def send(http: aiohttp.ClientSession, cfg: ClientConfig, req: ChatRequest) -> RequestResult:
+    """One streamed request; timings from the client's clock."""
+    result = RequestResult(req.session, ok=False)
+    if cfg.api == "anthropic":
+        path, body = "/v1/messages", anthropic_body(req, cfg.model, True, cfg.cache_control)
+    else:
+        path, body = "/v1/chat/completions", openai_body(req, cfg.model, True)
+    started = time.perf_counter()
+    first = last = None
+    try:
+        async with http.post(cfg.base_url + path, json=body,
+                             headers=_headers(cfg.api_keys.get(req.tenant))) as response:
+            result.status = response.status
+            if response.status != 200:
+                result.error = (await response.text())[:300]
+                return result
+            async for name, data in _sse_events(response):
+                now = time.perf_counter()
+                if name == "error" or (cfg.api == "openai" and "error" in data):
+                    result.error = json.dumps(data)[:300]
+                    return result
+                if _is_token_event(cfg.api, name, data):
+                    first = first or now
+                    last = now
+                if cfg.api == "anthropic":
+                    usage = (data.get("message") or {}).get("usage") or data.get("usage")
+                    if usage:
+                        _anthropic_usage(result, usage)
+                elif data.get("usage"):
+                    _openai_usage(result, data["usage"])
+    except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+        result.error = f"{type(e).__name__}: {e}"
+        return result
+    result.latency_s = time.perf_counter() - started
+    result.ttft_s = None if first is None else first - started
+    if first is not None and result.output_tokens > 1:
+        result.itl_s = (last - first) / (result.output_tokens - 1)
+    result.ok = True
+    return result
+
+
+async def cache_stats(http: aiohttp.ClientSession, cfg: ClientConfig) -> dict:
+    async with http.get(cfg.base_url + "/v1/cache/stats", headers=_headers(cfg.admin_key)) as r:
+        return await r.json() if r.status == 200 else {}
+
+
+async def flush_cache(http: aiohttp.ClientSession, cfg: ClientConfig) -> None:
+    async with http.post(cfg.base_url + "/v1/cache/flush", headers=_headers(cfg.admin_key)) as r:
+        await r.read()
+
+
+def blocks_used(stats: dict) -> int:
+    blocks = stats.get("blocks") or {}
+    return int(blocks.get("total", 0)) - int(blocks.get("free", 0))
+
+
+async def _sample_blocks(http, cfg: ClientConfig, peak: list[int], stop: asyncio.Event) -> None:
+    while not stop.is_set():
+        try:
+            peak[0] = max(peak[0], blocks_used(await cache_stats(http, cfg)))
+        except (aiohttp.ClientError, ValueError):
+            pass
+        try:
+            await asyncio.wait_for(stop.wait(), timeout=0.5)
+        except asyncio.TimeoutError:
+            pass
+
+
+async def run_workload(cfg: ClientConfig, workload: Workload, progress=None,
+                       flush_first: bool = True) -> dict:
+    """Send every request of ``workload``; returns the summary (see ``benchmarks.stats``)."""
+    timeout = aiohttp.ClientTimeout(total=cfg.timeout_s)
+    connector = aiohttp.TCPConnector(limit=cfg.concurrency + 2)
+    async with aiohttp.ClientSession(timeout=timeout, connector=connector) as http:
+        if flush_first:
+            await flush_cache(http, cfg)
+        before = await cache_stats(http, cfg)
+        limit = asyncio.Semaphore(cfg.concurrency)
+        results: list[RequestResult] = []
+
+        async def run_session(requests: list[ChatRequest]) -> None:
+            async with limit:
+                for req in requests:
+                    results.append(await send(http, cfg, req))
+                    if progress is not None:
+                        progress.update(1)
+
+        peak, stop = [0], asyncio.Event()
+        sampler = asyncio.create_task(_sample_blocks(http, cfg, peak, stop))
+        started = time.perf_counter()
+        await asyncio.gather(*(run_session(s) for s in workload.sessions().values()))
+        wall_s = time.perf_counter() - started
+        stop.set()
+        await sampler
+        after = await cache_stats(http, cfg)
+    summary = summarize([asdict(r) for r in results], wall_s)
+    summary["kv_blocks_peak"] = max(peak[0], blocks_used(after))
+    summary["kv_blocks_cached_after"] = (after.get("blocks") or {}).get("cached")
+    summary["server_hit_rate"] = _hit_rate_delta(before, after)
+    return summary
+
+
+def _hit_rate_delta(before: dict, after: dict) -> float | None:
+    tb, ta = before.get("tokens") or {}, after.get("tokens") or {}
+    prompt = ta.get("prompt", 0) - tb.get("prompt", 0)
+    read = ta.get("cache_read", 0) - tb.get("cache_read", 0)
+    return read / prompt if prompt > 0 else None
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="Drive a running radixgate server")
+    parser.add_argument("--url", default="http://127.0.0.1:8080")
+    parser.add_argument("--full", action="store_true")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--api", choices=("anthropic", "openai"), default="anthropic")
+    parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument("--admin-key", default=None)
+    parser.add_argument("--workload", action="append", help="only these workloads")
+    args = parser.parse_args(argv)
+    cfg = ClientConfig(args.url, api=args.api, concurrency=args.concurrency,
+                       admin_key=args.admin_key)
+    for workload in make_workloads(quick=not args.full, seed=args.seed):
+        if args.workload and workload.name not in args.workload:
+            continue
+        summary = asyncio.run(run_workload(cfg, workload))
+        print(json.dumps({"workload": workload.name, **summary}))
+
+
+if __name__ == "__main__":
+    main()

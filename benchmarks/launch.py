@@ -1,0 +1,123 @@
+"""Start ``radixgate serve`` as a subprocess on a free loopback port, for the benchmarks.
+
+``BenchServer(variant_args, tenants).start()`` writes a TOML config (DESIGN.md section 8)
+with an admin key and one key per tenant, spawns the server with the default real model
+(or ``--tiny``), waits for ``GET /health`` and hands back the base URL; ``stop()`` sends
+SIGTERM (then SIGKILL after a grace period). Logs go to ``workdir/server.log``.
+"""
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ADMIN_KEY = "sk-admin-bench-0001"
+
+# The server variants compared side by side (extra CLI flags of ``radixgate serve``).
+VARIANTS = {
+    "radixgate": (),
+    "cache_off": ("--no-prefix-cache",),
+    "page_rounded": ("--page-rounded-match",),
+}
+
+
+def tenant_key(tenant: str) -> str:
+    return f"sk-bench-{tenant}"
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def config_toml(tenants: list[str], kv_cache_gb: float, max_model_len: int) -> str:
+    lines = ["[server]", "max_queue = 1024", "request_timeout_s = 1800",
+             "[model]", 'aliases = ["claude-*", "gpt-*"]', f"max_model_len = {max_model_len}",
+             f"kv_cache_gb = {kv_cache_gb}", "[admin]", f"api_keys = [{json.dumps(ADMIN_KEY)}]"]
+    for tenant in tenants:
+        lines += [f"[tenants.{tenant}]", f"api_keys = [{json.dumps(tenant_key(tenant))}]",
+                  "max_running = 64", "max_pinned_tokens = 200000", "requests_per_minute = 0"]
+    return "\n".join(lines) + "\n"
+
+
+def radixgate_command() -> list[str]:
+    script = Path(sys.executable).with_name("radixgate")
+    if script.exists():
+        return [str(script)]
+    return [sys.executable, "-c", "from radixgate.gateway.cli import main; main()"]
+
+
+@dataclass
+class BenchServer:
+    extra_args: tuple[str, ...] = ()
+    tenants: list[str] = field(default_factory=lambda: ["default"])
+    tiny: bool = False
+    kv_cache_gb: float = 1.0
+    max_model_len: int = 8192
+    workdir: Path | None = None
+    port: int = 0
+    proc: subprocess.Popen | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout_s: float = 300.0) -> "BenchServer":
+        self.workdir = self.workdir or Path(tempfile.mkdtemp(prefix="radixgate-bench-"))
+        config = self.workdir / "radixgate.toml"
+        config.write_text(config_toml(self.tenants, self.kv_cache_gb, self.max_model_len))
+        self.port = free_port()
+        command = radixgate_command() + ["serve", "--config", str(config), "--host",
+                                         "127.0.0.1", "--port", str(self.port),
+                                         *(["--tiny"] if self.tiny else []), *self.extra_args]
+        with open(self.workdir / "server.log", "wb") as log:
+            self.proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
+                                         cwd=self.workdir)
+        self._wait_healthy(timeout_s)
+        return self
+
+    def _wait_healthy(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log_tail()}")
+            try:
+                with urllib.request.urlopen(self.base_url + "/health", timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except (urllib.error.URLError, OSError):
+                pass
+            time.sleep(0.3)
+        self.stop()
+        raise TimeoutError(f"server not healthy after {timeout_s}s:\n{self.log_tail()}")
+
+    def stop(self, grace_s: float = 20.0) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+
+    def log_tail(self, n_chars: int = 3000) -> str:
+        try:
+            return (self.workdir / "server.log").read_text(errors="replace")[-n_chars:]
+        except OSError:
+            return "<no log>"
+
+    def __enter__(self) -> "BenchServer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

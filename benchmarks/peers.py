@@ -1,0 +1,117 @@
+"""What a Python user would otherwise run, on the same model and the same prompt tokens.
+
+- ``transformers_baseline``: ``transformers`` ``generate`` on the default GGUF (dequantised
+  to float32 by transformers), one request after the other, full recompute each time;
+- ``llama_cpp_baseline``: ``llama-cpp-python`` on the same GGUF with its RAM prompt cache,
+  one request after the other (only when ``llama_cpp`` is importable; never a test
+  dependency).
+
+Both take the token ids the server would prefill (``benchmarks.traces``), time the first
+and later tokens with a streamer, and summarise like the HTTP runner (``benchmarks.stats``).
+"""
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Sequence
+
+from benchmarks.stats import summarize
+from benchmarks.traces import TraceEntry, default_gguf_path
+from benchmarks.workloads import Workload
+
+
+class _TimingStreamer:
+    """transformers streamer: ``put`` gets the prompt first, then each new token."""
+
+    def __init__(self):
+        self.prompt_seen = False
+        self.times: list[float] = []
+
+    def put(self, value) -> None:
+        if not self.prompt_seen:
+            self.prompt_seen = True
+            return
+        self.times.extend([time.perf_counter()] * int(value.numel()))
+
+    def end(self) -> None:
+        pass
+
+
+def _result(session: str, prompt_tokens: int, started: float, times: list[float],
+            cache_read_tokens: int = 0) -> dict:
+    n = len(times)
+    return {"session": session, "ok": n > 0, "error": "" if n else "no output",
+            "prompt_tokens": prompt_tokens, "cache_read_tokens": cache_read_tokens,
+            "output_tokens": n, "ttft_s": times[0] - started if n else None,
+            "itl_s": (times[-1] - times[0]) / (n - 1) if n > 1 else None}
+
+
+def load_transformers_model(gguf_path: str | None = None):
+    import torch
+    from transformers import AutoModelForCausalLM
+    path = Path(gguf_path or default_gguf_path())
+    model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
+                                                 dtype=torch.float32)
+    return model.eval()
+
+
+def transformers_baseline(workloads: Sequence[Workload], traces: dict[str, list[TraceEntry]],
+                          progress=None) -> dict:
+    """{"load_s": ..., "workloads": {name: summary}}; requests run sequentially."""
+    import torch
+    torch.set_num_threads(os.cpu_count() or 1)
+    started = time.perf_counter()
+    model = load_transformers_model()
+    out = {"load_s": round(time.perf_counter() - started, 1), "workloads": {}}
+    eos = model.generation_config.eos_token_id
+    for workload in workloads:
+        results, wall_start = [], time.perf_counter()
+        for req, entry in zip(workload.requests, traces[workload.name]):
+            ids = torch.tensor([list(entry.tokens)], dtype=torch.long)
+            streamer = _TimingStreamer()
+            t0 = time.perf_counter()
+            with torch.inference_mode():
+                model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                               max_new_tokens=req.max_tokens, streamer=streamer,
+                               pad_token_id=eos if isinstance(eos, int) else eos[0])
+            results.append(_result(req.session, len(entry.tokens), t0, streamer.times))
+            if progress is not None:
+                progress.update(1)
+        out["workloads"][workload.name] = summarize(results, time.perf_counter() - wall_start)
+    return out
+
+
+def llama_cpp_available() -> bool:
+    try:
+        import llama_cpp  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def llama_cpp_baseline(workloads: Sequence[Workload], traces: dict[str, list[TraceEntry]],
+                       n_ctx: int = 8192, cache_bytes: int = 2 << 30, progress=None) -> dict:
+    """llama.cpp with ``LlamaRAMCache``; llama.cpp reports no cached-token counts, so
+    ``hit_rate`` and ``prefill_tokens`` are None."""
+    from llama_cpp import Llama, LlamaRAMCache
+    started = time.perf_counter()
+    llm = Llama(model_path=default_gguf_path(), n_ctx=n_ctx, n_threads=os.cpu_count() or 1,
+                verbose=False)
+    llm.set_cache(LlamaRAMCache(capacity_bytes=cache_bytes))
+    out = {"load_s": round(time.perf_counter() - started, 1), "workloads": {}}
+    for workload in workloads:
+        results, wall_start = [], time.perf_counter()
+        for req, entry in zip(workload.requests, traces[workload.name]):
+            times: list[float] = []
+            t0 = time.perf_counter()
+            for _ in llm.create_completion(prompt=list(entry.tokens), max_tokens=req.max_tokens,
+                                           temperature=0.0, stream=True):
+                times.append(time.perf_counter())
+            results.append(_result(req.session, len(entry.tokens), t0, times))
+            if progress is not None:
+                progress.update(1)
+        summary = summarize(results, time.perf_counter() - wall_start)
+        summary.update(hit_rate=None, prefill_tokens=None, cache_read_tokens=None)
+        out["workloads"][workload.name] = summary
+    return out

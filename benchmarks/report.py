@@ -1,0 +1,158 @@
+"""Markdown tables and PNG plots of a ``run_all`` result (``benchmarks/out/workloads.md``)."""
+from __future__ import annotations
+
+import os
+import platform
+from pathlib import Path
+
+from benchmarks.memory_sweep import SweepPoint, WorkloadSweep, markdown as sweep_markdown
+
+SYSTEM_LABELS = {"radixgate": "radixgate (cache on)", "cache_off": "radixgate --no-prefix-cache",
+                 "page_rounded": "radixgate --page-rounded-match",
+                 "upper_bound": "offline upper bound", "transformers": "transformers generate",
+                 "llama_cpp": "llama.cpp + RAM cache"}
+
+
+def machine_info() -> dict:
+    cpu = platform.processor() or ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"cpus": os.cpu_count(), "cpu": cpu, "python": platform.python_version()}
+
+
+def systems(results: dict) -> dict[str, dict]:
+    """system name -> {workload name: summary}, in table order."""
+    out: dict[str, dict] = {}
+    for variant, run in (results.get("http") or {}).items():
+        out[variant] = run.get("workloads") or {}
+    if results.get("upper_bound"):
+        out["upper_bound"] = results["upper_bound"]
+    for peer in ("transformers", "llama_cpp"):
+        if (results.get(peer) or {}).get("workloads"):
+            out[peer] = results[peer]["workloads"]
+    return out
+
+
+def _fmt(value, pattern: str = "{}") -> str:
+    return "-" if value is None else pattern.format(value)
+
+
+def _row(label: str, s: dict) -> str:
+    ttft, itl, tput = s.get("ttft_ms") or {}, s.get("itl_ms") or {}, s.get("throughput") or {}
+    return (f"| {label} | {s.get('prompt_tokens', '-')} | {_fmt(s.get('prefill_tokens'))} | "
+            f"{_fmt(s.get('hit_rate'), '{:.1%}')} | {_fmt(ttft.get('p50'))} | "
+            f"{_fmt(ttft.get('p95'))} | {_fmt(ttft.get('p99'))} | {_fmt(itl.get('mean'))} | "
+            f"{_fmt(tput.get('requests_per_s'))} | {_fmt(tput.get('output_tok_per_s'))} | "
+            f"{_fmt(s.get('kv_blocks_peak'))} | {s.get('errors', 0)} |")
+
+
+def http_tables(results: dict) -> str:
+    table = systems(results)
+    names = [w["name"] for w in results["sweep"]["workloads"]]
+    lines = []
+    for name in names:
+        lines += [f"\n#### {name}\n",
+                  "| system | prompt tok | prefill tok | hit rate | TTFT p50 ms | p95 | p99 | "
+                  "ITL ms | req/s | out tok/s | KV blocks peak | errors |",
+                  "|---|" + "---:|" * 11]
+        lines += [_row(SYSTEM_LABELS.get(k, k), v[name]) for k, v in table.items() if name in v]
+    return "\n".join(lines) + "\n"
+
+
+def _ratio(a, b) -> str:
+    return f"{a / b:.2f}x" if a and b else "-"
+
+
+def ratio_table(results: dict) -> str:
+    """Side-by-side ratios from the same run: what the cache buys."""
+    table = systems(results)
+    on, off = table.get("radixgate", {}), table.get("cache_off", {})
+    page, hf = table.get("page_rounded", {}), table.get("transformers", {})
+    lines = ["| workload | hit rate (on / page-rounded / upper bound) | prefill tokens off / on | "
+             "TTFT p50 off / on | TTFT p50 transformers / on | req/s on / off |",
+             "|---|---|---:|---:|---:|---:|"]
+    for name, ub in (results.get("upper_bound") or {}).items():
+        o, f, p, h = on.get(name, {}), off.get(name, {}), page.get(name, {}), hf.get(name, {})
+        hits = " / ".join(_fmt(x, "{:.1%}") for x in (o.get("hit_rate"), p.get("hit_rate"),
+                                                     ub.get("hit_rate")))
+        p50 = lambda s: (s.get("ttft_ms") or {}).get("p50")  # noqa: E731
+        rps = lambda s: (s.get("throughput") or {}).get("requests_per_s")  # noqa: E731
+        lines.append(f"| {name} | {hits} | {_ratio(f.get('prefill_tokens'), o.get('prefill_tokens'))}"
+                     f" | {_ratio(p50(f), p50(o))} | {_ratio(p50(h), p50(o))} | "
+                     f"{_ratio(rps(o), rps(f))} |")
+    return "\n".join(lines) + "\n"
+
+
+def _sweeps(results: dict) -> list[WorkloadSweep]:
+    out = []
+    for w in results["sweep"]["workloads"]:
+        points = [SweepPoint(**p) for p in w["points"]]
+        out.append(WorkloadSweep(**{**w, "points": points}))
+    return out
+
+
+def plot_http(results: dict, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    table = systems(results)
+    names = [w["name"] for w in results["sweep"]["workloads"]]
+    metrics = (("hit rate (%)", lambda s: 100 * (s.get("hit_rate") or 0)),
+               ("TTFT p50 (ms)", lambda s: (s.get("ttft_ms") or {}).get("p50") or 0),
+               ("prefill tokens computed", lambda s: s.get("prefill_tokens") or 0))
+    fig, axes = plt.subplots(1, len(metrics), figsize=(6 * len(metrics), 4))
+    width = 0.8 / max(1, len(table))
+    for ax, (title, get) in zip(axes, metrics):
+        for i, (system, per_workload) in enumerate(table.items()):
+            xs = [j + i * width for j in range(len(names))]
+            ax.bar(xs, [get(per_workload.get(n, {})) for n in names], width,
+                   label=SYSTEM_LABELS.get(system, system))
+        ax.set_xticks([j + 0.4 - width / 2 for j in range(len(names))], names, rotation=20)
+        ax.set_title(title)
+        ax.grid(axis="y", alpha=0.3)
+    axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def workloads_markdown(results: dict) -> str:
+    m = results["machine"]
+    parts = [f"## Workload benchmarks ({results['mode']} mode)\n",
+             f"Run {results['date']} with `{results['command']}` (seed {results['seed']}) on "
+             f"{m['cpus']} CPUs ({m['cpu']}), Python {m['python']}; "
+             f"total {results.get('elapsed_s', '-')} s. Every figure below comes from this "
+             "one run, systems side by side on the same prompts.\n"]
+    if results.get("http") or results.get("transformers"):
+        parts += ["### Ratios (same run)\n", ratio_table(results),
+                  "### Per workload (HTTP, streaming; transformers/llama.cpp in-process, "
+                  "sequential)\n", http_tables(results)]
+        errors = {v: r["error"][-300:] for v, r in (results.get("http") or {}).items()
+                  if r.get("error")}
+        if errors:
+            parts.append("Server variants that failed to start: " + "; ".join(
+                f"`{v}`: {e!r}" for v, e in errors.items()) + "\n")
+    goals = results["sweep"]["goals"]
+    parts += ["### Memory-pressure sweep (RadixTree replay, no model)\n",
+              "Hit rate (prompt tokens reused) vs KV budget as a share of each workload's "
+              "working set; plot `sweep.png`.\n", sweep_markdown(_sweeps(results)),
+              "\nGoal checks: " + ", ".join(f"{k}: " + ", ".join(
+                  f"{w}={'yes' if ok else 'NO'}" for w, ok in v.items())
+                  for k, v in goals.items()) + "\n"]
+    scripts = {k: v for k, v in (results.get("scripts") or {}).items() if v}
+    if scripts:
+        parts.append("### Other benchmark scripts\n")
+        parts += [f"- `{k}`: exit {v.get('returncode')}, log `{v.get('log', '-')}`"
+                  for k, v in scripts.items()]
+    return "\n".join(parts) + "\n"
+
+
+def write_all(results: dict, out_dir: Path) -> None:
+    if systems(results):
+        plot_http(results, out_dir / "http.png")
+    (out_dir / "workloads.md").write_text(workloads_markdown(results))

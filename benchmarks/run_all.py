@@ -1,0 +1,160 @@
+"""Run the whole benchmark suite: ``python -m benchmarks.run_all --quick|--full``.
+
+1. memory sweep (``benchmarks.memory_sweep``: RadixTree alone, no model);
+2. the five workloads over HTTP against ``radixgate serve`` subprocesses with the default
+   real model, one variant after the other: cache on, ``--no-prefix-cache``,
+   ``--page-rounded-match``; plus the offline upper bound from the token traces;
+3. ``transformers`` ``generate`` on the same model and prompts (sequential, full recompute);
+4. with ``--peers``, llama.cpp (llama-cpp-python + RAM prompt cache) when installed;
+5. the other helpers' scripts when present (``runtime_bench``, ``radix_ops``, ``kernels_bench``).
+
+Writes ``benchmarks/out/results.json``, ``sweep.png``, ``http.png`` and ``workloads.md``.
+Quick mode (``make bench``) keeps prefixes under ~512 tokens and requests few and short.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+from tqdm import tqdm
+
+from benchmarks import report
+from benchmarks.http_runner import ClientConfig, run_workload
+from benchmarks.launch import ADMIN_KEY, VARIANTS, BenchServer, tenant_key
+from benchmarks.memory_sweep import replay_radix, run_sweep
+from benchmarks.traces import load_tokenizer, workload_trace
+from benchmarks.workloads import make_workloads
+
+OTHER_SCRIPTS = ("runtime_bench", "radix_ops", "kernels_bench")
+
+
+def upper_bounds(traces: dict, block_size: int = 16) -> dict:
+    """Offline upper bound per workload: unlimited memory, every reusable prefix reused."""
+    out = {}
+    for name, entries in traces.items():
+        replay = replay_radix([(e.namespace, e.tokens) for e in entries], block_size, None)
+        out[name] = {"requests": len(entries), "prompt_tokens": replay.prompt_tokens,
+                     "cache_read_tokens": replay.reused_tokens,
+                     "prefill_tokens": replay.prompt_tokens - replay.reused_tokens,
+                     "hit_rate": replay.hit_rate, "kv_blocks_peak": replay.peak_blocks}
+    return out
+
+
+def run_variant(variant: str, workloads, args) -> dict:
+    """Start one server variant, run every workload against it, stop it."""
+    tenants = sorted({r.tenant for w in workloads for r in w.requests})
+    server = BenchServer(VARIANTS[variant], tenants, tiny=args.tiny,
+                         kv_cache_gb=args.kv_cache_gb)
+    out: dict = {"args": list(VARIANTS[variant]), "workloads": {}}
+    started = time.perf_counter()
+    try:
+        server.start()
+    except (RuntimeError, TimeoutError) as e:
+        out["error"] = str(e)[-2000:]
+        return out
+    out["startup_s"] = round(time.perf_counter() - started, 1)
+    cfg = ClientConfig(server.base_url, concurrency=args.concurrency, admin_key=ADMIN_KEY,
+                       api_keys={t: tenant_key(t) for t in tenants})
+    try:
+        total = sum(len(w.requests) for w in workloads)
+        with tqdm(total=total, desc=f"http {variant}", unit="req") as bar:
+            for workload in workloads:
+                out["workloads"][workload.name] = asyncio.run(run_workload(cfg, workload, bar))
+    finally:
+        server.stop()
+    return out
+
+
+def run_other_script(name: str, quick: bool, out_dir: Path, timeout_s: float) -> dict | None:
+    """``python -m benchmarks.<name> --quick|--full`` (retried without the flag if refused)."""
+    if not (Path(__file__).parent / f"{name}.py").exists():
+        return None
+    log_path = out_dir / f"{name}.log"
+    for flags in (["--quick" if quick else "--full"], []):
+        started = time.perf_counter()
+        try:
+            proc = subprocess.run([sys.executable, "-m", f"benchmarks.{name}", *flags],
+                                  capture_output=True, text=True, timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            return {"returncode": None, "error": f"timed out after {timeout_s}s"}
+        if proc.returncode == 2 and "unrecognized arguments" in proc.stderr:
+            continue
+        log_path.write_text(proc.stdout + "\n--- stderr ---\n" + proc.stderr)
+        return {"returncode": proc.returncode, "flags": flags, "log": str(log_path),
+                "elapsed_s": round(time.perf_counter() - started, 1),
+                "stdout_tail": proc.stdout[-3000:]}
+    return None
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--quick", action="store_true", help="small sizes (default)")
+    mode.add_argument("--full", action="store_true", help="the issue's full sizes")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/out"))
+    parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument("--variants", default=",".join(VARIANTS),
+                        help="server variants to run (comma separated; empty for none)")
+    parser.add_argument("--no-transformers", action="store_true")
+    parser.add_argument("--peers", action="store_true", help="also llama.cpp when installed")
+    parser.add_argument("--no-scripts", action="store_true", help="skip the other scripts")
+    parser.add_argument("--tiny", action="store_true", help="servers with --tiny weights")
+    parser.add_argument("--kv-cache-gb", type=float, default=None)
+    args = parser.parse_args(argv)
+    args.quick = not args.full
+    if args.kv_cache_gb is None:
+        args.kv_cache_gb = 1.0 if args.quick else 4.0
+    return args
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
+    command = "python -m benchmarks.run_all " + " ".join(argv if argv is not None else sys.argv[1:])
+    args.out.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    results: dict = {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+                     "command": command.strip(), "mode": "quick" if args.quick else "full",
+                     "seed": args.seed, "machine": report.machine_info()}
+    results["sweep"] = run_sweep(args.quick, args.seed, args.out)
+    workloads = make_workloads(quick=args.quick, seed=args.seed)
+    tokenizer = load_tokenizer()
+    traces = {w.name: workload_trace(w, tokenizer) for w in workloads}
+    results["upper_bound"] = upper_bounds(traces)
+    results["http"] = {}
+    for variant in [v for v in args.variants.split(",") if v]:
+        results["http"][variant] = run_variant(variant, workloads, args)
+        _save(results, args.out)
+    if not args.no_transformers:
+        from benchmarks.peers import transformers_baseline
+        with tqdm(total=sum(len(w.requests) for w in workloads), desc="transformers",
+                  unit="req") as bar:
+            results["transformers"] = transformers_baseline(workloads, traces, bar)
+        _save(results, args.out)
+    if args.peers:
+        from benchmarks.peers import llama_cpp_available, llama_cpp_baseline
+        results["llama_cpp"] = (llama_cpp_baseline(workloads, traces) if llama_cpp_available()
+                                else {"error": "llama_cpp is not installed"})
+    if not args.no_scripts:
+        results["scripts"] = {name: run_other_script(name, args.quick, args.out,
+                                                     600 if args.quick else 3600)
+                              for name in OTHER_SCRIPTS}
+    results["elapsed_s"] = round(time.perf_counter() - started, 1)
+    _save(results, args.out)
+    report.write_all(results, args.out)
+    print((args.out / "workloads.md").read_text())
+    return results
+
+
+def _save(results: dict, out_dir: Path) -> None:
+    (out_dir / "results.json").write_text(json.dumps(results, indent=1, default=str))
+
+
+if __name__ == "__main__":
+    main()
