@@ -131,6 +131,7 @@ class EngineCore:
         chunks: list[Chunk] = []
         try:
             plan = self.scheduler.schedule()
+            self.counters.preemptions += len(plan.preempted)
             if plan.unfit is not None:
                 self.finish(plan.unfit, Finish(FinishReason.ERROR, kind=ErrorKind.TOO_LONG,
                                                message="the request does not fit the KV cache"

@@ -27,7 +27,7 @@ from concurrent.futures import Future
 from .api import Breakpoint, ErrorKind, Event, Finished, FinishReason, Request, SamplingParams, Usage
 from .core import EngineCore
 from .engine_config import EngineConfig
-from .handle import AsyncSink, BlockingSink, RequestHandle
+from .handle import AsyncSink, RequestHandle
 from .output import Finish
 from .stats import EngineSnapshot, empty_snapshot
 from .trace import RequestTrace
@@ -88,14 +88,28 @@ class Engine:
     def generate(self, request: Request, on_event: Callable[[Event], None] | None = None,
                  timeout: float | None = None) -> Finished:
         """Blocking submit: returns the Finished event (``on_event`` sees every event on the
-        engine thread as it is produced)."""
-        sink = BlockingSink(on_event)
-        self._enqueue_request(request, sink)
-        finished = sink.wait(timeout)
-        if finished is None:
+        engine thread as it is produced). After ``timeout`` seconds the request is aborted."""
+        future = self.submit_future(request, on_event)
+        try:
+            return future.result(timeout)
+        except TimeoutError:
             self.abort(request.request_id).result()
-            finished = sink.wait()
-        return finished
+            return future.result()
+
+    def submit_future(self, request: Request,
+                      on_event: Callable[[Event], None] | None = None) -> Future:
+        """Thread-safe submit without an event loop: Future[Finished]. The request is queued
+        before this returns (requests submitted in a row are seen in that order)."""
+        future: Future = Future()
+
+        def deliver(event: Event) -> None:
+            if on_event is not None:
+                on_event(event)
+            if isinstance(event, Finished):
+                future.set_result(event)
+
+        self._enqueue_request(request, _CallbackSink(deliver))
+        return future
 
     def abort(self, request_id: str) -> Future:
         """Future[bool]: True when the request was still running or waiting."""
@@ -123,13 +137,10 @@ class Engine:
     def publish(self, tokens: Sequence[int], ttl_s: float, owner: str = PUBLIC_OWNER) -> Future:
         """Future[Finished]: computes ``tokens`` into the ``public`` namespace and pins them
         for ``ttl_s`` (tenants with ``use_public`` then reuse them)."""
-        done: Future = Future()
         request = Request(list(tokens), SamplingParams(max_tokens=1, temperature=0.0),
                           tenant=owner, namespace="public",
                           breakpoints=(Breakpoint(len(tokens), ttl_s),))
-        sink = BlockingSink(lambda e: done.set_result(e) if isinstance(e, Finished) else None)
-        self._enqueue_request(request, sink)
-        return done
+        return self.submit_future(request)
 
     def check_integrity(self) -> Future:
         """Future[dict]: recounts tree and pool (IntegrityError/AssertionError on mismatch)."""
@@ -242,6 +253,11 @@ class Engine:
     def _mark_stopped(self) -> None:
         with self._state_lock:
             self._stopped = True
+
+
+class _CallbackSink:
+    def __init__(self, deliver: Callable[[Event], None]):
+        self.put = deliver
 
 
 def _rejected(request: Request, kind: ErrorKind, message: str) -> Finished:

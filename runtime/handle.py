@@ -1,4 +1,4 @@
-"""Where a request's events go: an asyncio queue (``RequestHandle``) or a blocking waiter.
+"""Where a request's events go when submitted from asyncio: ``AsyncSink`` + ``RequestHandle``.
 
 The engine thread calls ``sink.put(event)``; it never blocks and never raises (a closed
 event loop just drops the event: its consumer is gone).
@@ -6,7 +6,6 @@ event loop just drops the event: its consumer is gone).
 from __future__ import annotations
 
 import asyncio
-import threading
 from collections.abc import Callable
 
 from .api import Event, Finished
@@ -24,28 +23,6 @@ class AsyncSink:
             self.loop.call_soon_threadsafe(self.queue.put_nowait, event)
         except RuntimeError:   # the loop is closed: nobody is listening any more
             pass
-
-
-class BlockingSink:
-    """Collects events for a caller blocked in ``Engine.generate``."""
-
-    def __init__(self, on_event: Callable[[Event], None] | None = None):
-        self.events: list[Event] = []
-        self.finished: Finished | None = None
-        self._done = threading.Event()
-        self._on_event = on_event
-
-    def put(self, event: Event) -> None:
-        self.events.append(event)
-        if self._on_event is not None:
-            self._on_event(event)
-        if isinstance(event, Finished):
-            self.finished = event
-            self._done.set()
-
-    def wait(self, timeout: float | None = None) -> Finished | None:
-        self._done.wait(timeout)
-        return self.finished
 
 
 class RequestHandle:

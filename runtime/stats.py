@@ -62,6 +62,7 @@ class EngineSnapshot:
     finished: int = 0
     errors: int = 0
     draining: bool = False
+    preemptions: int = 0
     step_time_s: float = 0.0         # total time inside steps since start
     forward_time_s: float = 0.0      # of which in the model forward (overhead = the rest)
 
@@ -79,6 +80,7 @@ class EngineCounters:
     steps: int = 0
     finished: int = 0
     errors: int = 0
+    preemptions: int = 0
     prefill_rate: float = 0.0   # exponential moving average, tokens/s
     step_s: float = 0.0         # wall time inside steps
     forward_s: float = 0.0      # of which inside the model's forward
@@ -109,6 +111,7 @@ def take_snapshot(tree, pool, scheduler, counters: EngineCounters, *, top_n: int
         top_prefixes=tuple(_prefix_entries(tree, top_n, counters.namespace_tenant)),
         prefill_tokens_per_s=counters.prefill_rate, steps=counters.steps,
         finished=counters.finished, errors=counters.errors, draining=draining,
+        preemptions=counters.preemptions,
         step_time_s=counters.step_s, forward_time_s=counters.forward_s)
 
 

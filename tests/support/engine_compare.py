@@ -1,0 +1,76 @@
+"""Helpers for the engine tests: hold the engine thread, run requests, compare greedy runs
+under the near-tie rule of DESIGN.md section 9, check integrity after a scenario."""
+from __future__ import annotations
+
+import contextlib
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import torch
+
+from radixgate.runtime.api import Finished, Request, SamplingParams
+from radixgate.runtime.engine import Engine
+
+NEAR_TIE = 1e-3
+
+
+@contextlib.contextmanager
+def held(engine: Engine):
+    """Blocks the engine thread inside a command: everything submitted meanwhile is applied
+    together before the next step (so several requests wait at once)."""
+    gate, entered = threading.Event(), threading.Event()
+    engine._command(lambda: (entered.set(), gate.wait(60)))
+    assert entered.wait(60), "the engine thread did not pick up the gate command"
+    try:
+        yield
+    finally:
+        gate.set()
+
+
+def greedy(tokens, max_tokens: int = 8, **request_fields) -> Request:
+    return Request(list(tokens), SamplingParams(max_tokens=max_tokens, temperature=0.0,
+                                                ignore_eos=True), **request_fields)
+
+
+def generate_all(engine: Engine, requests: list[Request], timeout: float = 300) -> list[Finished]:
+    """Runs requests concurrently (one blocking generate per thread) and returns in order."""
+    with ThreadPoolExecutor(max_workers=len(requests)) as pool:
+        return list(pool.map(lambda r: engine.generate(r, timeout=timeout), requests))
+
+
+def assert_clean(engine: Engine) -> dict:
+    """Integrity after a scenario: tree/pool recount, free + held == total, nothing locked."""
+    counts = engine.check_integrity().result(timeout=60)
+    assert counts["running"] == 0 and counts["locks"] == 0, counts
+    assert counts["free"] + counts["held"] == counts["total"], counts
+    return counts
+
+
+@dataclass
+class Comparison:
+    full_match: bool      # every token equal (no near tie cut the comparison short)
+    compared: int         # tokens compared before a near tie (or all)
+    max_logit_diff: float
+
+
+def compare_greedy(engine: Engine, got: Finished, reference_engine: Engine, ref: Finished,
+                   logit_tol: float) -> Comparison:
+    """Tokens must agree up to the first step whose reference top-2 gap is below NEAR_TIE;
+    logits must agree within logit_tol up to there (both engines record_logits=True)."""
+    mine, theirs = engine.debug_trace(got.request_id), reference_engine.debug_trace(ref.request_id)
+    assert mine is not None and theirs is not None, "engines need record_logits=True"
+    worst = 0.0
+    for step, (a, b) in enumerate(zip(got.output_token_ids, ref.output_token_ids)):
+        diff = float((mine.logits[step] - theirs.logits[step]).abs().max())
+        worst = max(worst, diff)
+        assert diff < logit_tol, f"step {step}: logits differ by {diff} (tolerance {logit_tol})"
+        if theirs.gaps[step] < NEAR_TIE or mine.gaps[step] < NEAR_TIE:
+            return Comparison(False, step, worst)
+        assert a == b, f"step {step}: token {a} != reference {b} (gap {theirs.gaps[step]:.4f})"
+    assert len(got.output_token_ids) == len(ref.output_token_ids)
+    return Comparison(True, len(ref.output_token_ids), worst)
+
+
+def logits_close(a: torch.Tensor, b: torch.Tensor, tol: float) -> bool:
+    return float((a - b).abs().max()) < tol
