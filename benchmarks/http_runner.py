@@ -4,7 +4,11 @@ Sessions (see ``benchmarks.workloads``) run concurrently, up to ``concurrency`` 
 the order they first appear; the requests of one session go one after the other (a turn
 is sent when the previous one finished). Every request streams (``POST /v1/messages`` with
 ``stream: true``, or ``/v1/chat/completions`` with ``--api openai``) so time to first
-token and inter-token latency are measured on the client. Prompt and cached token counts
+token and inter-token latency are measured on the client: radixgate sends the 200 and the
+first SSE event only once the first output token exists (gateway/anthropic_api.py), so
+TTFT = time to the first event; ITL = (last event - first event) / (output tokens - 1),
+which does not depend on how the server groups text into deltas (a tool call's text is
+held back until it closes). Prompt and cached token counts
 come from each response's usage; KV blocks in use from ``GET /v1/cache/stats``, sampled
 while the workload runs.
 
@@ -93,13 +97,6 @@ def _openai_usage(result: RequestResult, usage: dict) -> None:
     result.output_tokens = usage.get("completion_tokens", 0)
 
 
-def _is_token_event(api: str, name: str | None, data: dict) -> bool:
-    if api == "anthropic":
-        return name == "content_block_delta"
-    return any((c.get("delta") or {}).get("content") or (c.get("delta") or {}).get("tool_calls")
-               for c in data.get("choices") or [])
-
-
 async def send(http: aiohttp.ClientSession, cfg: ClientConfig, req: ChatRequest) -> RequestResult:
     """One streamed request; timings from the client's clock."""
     result = RequestResult(req.session, ok=False)
@@ -121,9 +118,8 @@ async def send(http: aiohttp.ClientSession, cfg: ClientConfig, req: ChatRequest)
                 if name == "error" or (cfg.api == "openai" and "error" in data):
                     result.error = json.dumps(data)[:300]
                     return result
-                if _is_token_event(cfg.api, name, data):
-                    first = first or now
-                    last = now
+                first = first or now
+                last = now
                 if cfg.api == "anthropic":
                     usage = (data.get("message") or {}).get("usage") or data.get("usage")
                     if usage:
