@@ -3,11 +3,10 @@ under the near-tie rule of DESIGN.md section 9, check integrity after a scenario
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-
-import torch
 
 from radixgate.runtime.api import Finished, Request, SamplingParams
 from radixgate.runtime.engine import Engine
@@ -72,5 +71,8 @@ def compare_greedy(engine: Engine, got: Finished, reference_engine: Engine, ref:
     return Comparison(True, len(ref.output_token_ids), worst)
 
 
-def logits_close(a: torch.Tensor, b: torch.Tensor, tol: float) -> bool:
-    return float((a - b).abs().max()) < tol
+@functools.lru_cache(maxsize=1)
+def real_model():
+    """The default SmolLM2 model, loaded once per test process."""
+    from radixgate.runtime.loader import load_model
+    return load_model("default", max_model_len=2048)
