@@ -1,0 +1,151 @@
+"""KV capacity planner: bytes per token, tokens and concurrent conversations that fit a
+memory budget, for a model config (loaded or read from a file) or a named preset.
+
+    bytes per token = 2 (K and V) x layers x kv_heads x head_dim x bytes per number
+
+Units are binary (KiB = 1024 B, GiB = 2**30 B), so Llama 2 7B at fp16 is 512 KiB/token and
+8,192 tokens take 4 GiB. No torch import: the CLI can plan without loading a model.
+"""
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+GiB, KiB = 2**30, 2**10
+
+
+@dataclass(frozen=True)
+class KVShape:
+    """The three numbers the KV size depends on."""
+    name: str
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+
+    def kv_bytes_per_token(self, dtype_bytes: int = 2) -> int:
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * dtype_bytes
+
+
+PRESETS: dict[str, KVShape] = {s.name: s for s in [
+    KVShape("llama-2-7b", 32, 32, 128), KVShape("llama-2-13b", 40, 40, 128),
+    KVShape("llama-2-70b", 80, 8, 128), KVShape("llama-3-8b", 32, 8, 128),
+    KVShape("llama-3-70b", 80, 8, 128), KVShape("llama-3.1-405b", 126, 8, 128),
+    KVShape("mistral-7b", 32, 8, 128), KVShape("qwen2-0.5b", 24, 2, 64),
+    KVShape("qwen2-7b", 28, 4, 128), KVShape("qwen2-72b", 80, 8, 128),
+    KVShape("smollm2-135m", 30, 3, 64), KVShape("smollm2-360m", 32, 5, 64),
+    KVShape("smollm2-1.7b", 24, 32, 64),
+]}
+
+
+@dataclass(frozen=True)
+class Plan:
+    name: str
+    dtype_bytes: int
+    bytes_per_token: int
+    memory_bytes: int
+    context_tokens: int
+    max_tokens: int                  # tokens of KV that fit in memory_bytes
+    bytes_per_conversation: int      # context_tokens x bytes_per_token
+    max_conversations: int           # whole conversations of context_tokens that fit
+
+    def memory_for(self, conversations: int, tokens: int | None = None) -> int:
+        """Bytes needed to hold ``conversations`` x ``tokens`` (default: context_tokens)."""
+        return conversations * (tokens or self.context_tokens) * self.bytes_per_token
+
+
+def shape_of(config_or_name) -> KVShape:
+    """A preset name, a ``ModelConfig`` (or anything with num_layers/num_kv_heads/head_dim),
+    a GGUF file or an HF directory."""
+    if isinstance(config_or_name, KVShape):
+        return config_or_name
+    if isinstance(config_or_name, (str, Path)):
+        key = str(config_or_name).lower()
+        if key in PRESETS:
+            return PRESETS[key]
+        return shape_of_path(Path(config_or_name))
+    c = config_or_name
+    return KVShape(getattr(c, "arch", "model"), c.num_layers, c.num_kv_heads, c.head_dim)
+
+
+def shape_of_path(path: Path) -> KVShape:
+    if str(path) == "default":
+        from radixgate.runtime.loader import default_model_path
+        path = default_model_path()
+    if path.is_dir():
+        from radixgate.runtime.loader_hf import read_hf_config
+        return replace(shape_of(read_hf_config(path)), name=path.name)
+    if path.is_file():
+        from radixgate.runtime.loader_gguf import read_gguf_config
+        return replace(shape_of(read_gguf_config(path)), name=path.stem)
+    raise ValueError(f"unknown model {str(path)!r}: not a preset ({', '.join(PRESETS)}), "
+                     f"a GGUF file or an HF directory")
+
+
+def plan(config_or_name, memory_gb: float, context_tokens: int, dtype_bytes: int = 2) -> Plan:
+    """How much KV fits in ``memory_gb`` GiB for conversations of ``context_tokens``."""
+    shape = shape_of(config_or_name)
+    per_token = shape.kv_bytes_per_token(dtype_bytes)
+    memory = int(memory_gb * GiB)
+    max_tokens = memory // per_token
+    return Plan(shape.name, dtype_bytes, per_token, memory, context_tokens, max_tokens,
+                per_token * context_tokens, max_tokens // context_tokens if context_tokens else 0)
+
+
+def _size(num_bytes: float) -> str:
+    for unit, scale in (("GiB", GiB), ("MiB", 2**20), ("KiB", KiB)):
+        if num_bytes >= scale:
+            return f"{num_bytes / scale:,.1f} {unit}".replace(".0 ", " ")
+    return f"{num_bytes:,.0f} B"
+
+
+def format_plan_table(plans: list[Plan], conversations: int | None = None) -> str:
+    """A fixed-width table: one row per plan; with ``conversations``, the memory they need."""
+    header = ["model", "KV/token", f"per {plans[0].context_tokens:,} tok" if plans else "per ctx",
+              "budget", "tokens fit", "conversations fit"]
+    if conversations:
+        header.append(f"{conversations} conv need")
+    rows = [header]
+    for p in plans:
+        row = [p.name, _size(p.bytes_per_token), _size(p.bytes_per_conversation),
+               _size(p.memory_bytes), f"{p.max_tokens:,}", f"{p.max_conversations:,}"]
+        if conversations:
+            row.append(_size(p.memory_for(conversations)))
+        rows.append(row)
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    lines = ["  ".join(cell.ljust(w) if i == 0 else cell.rjust(w)
+                       for i, (cell, w) in enumerate(zip(r, widths))) for r in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
+    parser = parser or argparse.ArgumentParser(prog="radixgate plan", description=__doc__.split("\n")[0])
+    parser.add_argument("models", nargs="*", default=None,
+                        help="preset names, GGUF files or HF dirs ('default' = SmolLM2); "
+                             "default: every preset")
+    parser.add_argument("--memory-gb", type=float, default=80.0, help="KV budget in GiB (default 80)")
+    parser.add_argument("--context", type=int, default=8192, help="tokens per conversation (default 8192)")
+    parser.add_argument("--conversations", type=int, default=None,
+                        help="also show the memory this many conversations need")
+    parser.add_argument("--dtype-bytes", type=int, default=2, help="bytes per number (2 = fp16/bf16)")
+    return parser
+
+
+def planner_main(argv: list[str] | None = None) -> int:
+    """``radixgate plan`` entry point; prints the table, returns the exit code."""
+    args = build_parser().parse_args(argv)
+    names = args.models or list(PRESETS)
+    try:
+        plans = [plan(n, args.memory_gb, args.context, args.dtype_bytes) for n in names]
+    except ValueError as exc:
+        print(f"error: {exc}")
+        return 2
+    print(format_plan_table(plans, args.conversations))
+    return 0
+
+
+main = planner_main   # gateway/cli.py delegates ``radixgate plan ARGS`` to ``module.main(argv)``
+
+if __name__ == "__main__":
+    raise SystemExit(planner_main())
