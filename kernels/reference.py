@@ -70,14 +70,16 @@ def reference_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: t
     """
     check_attention_inputs(q, k_cache, v_cache, block_tables, cu_q_lens, seq_lens)
     q_lens, lens = _validated_lengths(q, k_cache, block_tables, cu_q_lens, seq_lens)
+    if all(n == 1 for n in q_lens):  # pure decode batch: no scatter needed
+        return _decode_attention(q, k_cache, v_cache, block_tables, seq_lens, max(lens), scale)
     out = torch.empty_like(q)
     starts = cu_q_lens.tolist()
     decode = [b for b, n in enumerate(q_lens) if n == 1]
     if decode:
-        rows = torch.tensor([starts[b] for b in decode], device=q.device)
         pick = torch.tensor(decode, device=q.device)
-        out[rows] = _decode_attention(q[rows], k_cache, v_cache, block_tables[pick],
-                                      [lens[b] for b in decode], scale)
+        rows = cu_q_lens[pick].to(torch.int64)
+        out[rows] = _decode_attention(q[rows], k_cache, v_cache, block_tables[pick], seq_lens[pick],
+                                      max(lens[b] for b in decode), scale)
     for b, n in enumerate(q_lens):
         if n > 1:
             begin = starts[b]
@@ -109,18 +111,17 @@ def _gather_blocks(cache: torch.Tensor, tables: torch.Tensor, num_blocks: int) -
     return gathered.view(tables.shape[0], num_blocks * cache.shape[1], *cache.shape[2:])
 
 
-def _decode_attention(q, k_cache, v_cache, tables, lens: list[int], scale: float) -> torch.Tensor:
-    """One query per sequence. q: [n, Hq, D]; tables: [n, M] -> [n, Hq, D]."""
+def _decode_attention(q, k_cache, v_cache, tables, lens: torch.Tensor, max_len: int,
+                      scale: float) -> torch.Tensor:
+    """One query per sequence. q: [n, Hq, D]; tables: [n, M]; lens: [n] -> [n, Hq, D]."""
     n, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
-    block_size = k_cache.shape[1]
-    num_blocks = -(-max(lens) // block_size)
+    num_blocks = -(-max_len // k_cache.shape[1])
     k = _gather_blocks(k_cache, tables, num_blocks).transpose(1, 2)        # [n, Hkv, L, D]
     v = _gather_blocks(v_cache, tables, num_blocks).transpose(1, 2)        # [n, Hkv, L, D]
     positions = torch.arange(k.shape[2], device=q.device)                 # [L]
-    len_t = torch.tensor(lens, device=q.device)
-    mask = (positions[None, :] < len_t[:, None])[:, None, None, :]        # [n, 1, 1, L]
-    grouped = q.view(n, num_kv_heads, num_heads // num_kv_heads, head_dim)  # [n, Hkv, G, D]
+    mask = (positions[None, :] < lens[:, None])[:, None, None, :]         # [n, 1, 1, L]
+    grouped = q.reshape(n, num_kv_heads, num_heads // num_kv_heads, head_dim)  # [n, Hkv, G, D]
     out = F.scaled_dot_product_attention(grouped, k, v, attn_mask=mask, scale=scale)
     return out.reshape(n, num_heads, head_dim)
 
