@@ -1,0 +1,102 @@
+"""GET /v1/cache/stats: the JSON of DESIGN.md section 8, scoped to the caller.
+
+An admin sees the whole server and every tenant, with a text ``preview`` of each hot
+prefix. A tenant sees only itself: its tokens, hit rate, TTFT, history, running requests,
+pinned tokens and its own prefixes (no preview). Server-wide block, tree and eviction
+counts describe every tenant's traffic, so a tenant gets them as zeros (``total`` blocks,
+the capacity, is configuration and stays). Extra keys beyond the design: ``tenant`` (the
+scope, null for admin) and ``prefill_tokens_per_s``.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from radixgate.gateway.usage_book import UsageBook, percentile
+
+PREVIEW_TOKENS = 48
+PREVIEW_CHARS = 160
+
+
+def build_stats(snapshot, book: UsageBook, *, model: str, tenant: str | None,
+                decode: Callable[[list[int]], str] | None) -> dict:
+    """``tenant`` None = admin view; ``decode`` renders previews (admin only)."""
+    totals = book.totals(tenant)
+    admin = tenant is None
+    running, waiting = _queue_counts(snapshot, tenant)
+    return {
+        "model": model,
+        "tenant": tenant,
+        "block_size": snapshot.block_size,
+        "uptime_s": round(book.uptime_s(), 3),
+        "blocks": _blocks(snapshot, admin),
+        "tree": _tree(snapshot, tenant),
+        "requests": {"running": running, "waiting": waiting,
+                     "finished": totals.finished, "errors": totals.errors},
+        "tokens": totals.tokens(),
+        "hit_rate": round(totals.hit_rate, 6),
+        "ttft_ms": {"hit": _quantiles(totals.ttft_hit_ms), "miss": _quantiles(totals.ttft_miss_ms)},
+        "evictions": {reason: (snapshot.evictions.get(reason, 0) if admin else 0)
+                      for reason in ("lru", "ttl", "flush")},
+        "tenants": _tenants(snapshot, book, tenant),
+        "top_prefixes": _prefixes(snapshot, tenant, decode if admin else None),
+        "history": book.history(tenant),
+        "prefill_tokens_per_s": round(snapshot.prefill_tokens_per_s, 1) if admin else 0.0,
+    }
+
+
+def _quantiles(samples) -> dict:
+    return {"p50": percentile(samples, 50) or 0, "p95": percentile(samples, 95) or 0}
+
+
+def _queue_counts(snapshot, tenant: str | None) -> tuple[int, int]:
+    if tenant is None:
+        return snapshot.running, snapshot.waiting
+    counts = snapshot.tenants.get(tenant)
+    return (counts.running, counts.waiting) if counts else (0, 0)
+
+
+def _blocks(snapshot, admin: bool) -> dict:
+    b = snapshot.blocks
+    if not admin:
+        return {"total": b.total, "free": 0, "cached": 0, "pinned": 0, "in_use": 0}
+    return {"total": b.total, "free": b.free, "cached": b.cached, "pinned": b.pinned,
+            "in_use": b.in_use}
+
+
+def _tree(snapshot, tenant: str | None) -> dict:
+    if tenant is None:
+        t = snapshot.tree
+        return {"nodes": t.nodes, "cached_tokens": t.cached_tokens,
+                "evictable_tokens": t.evictable_tokens, "pinned_tokens": t.pinned_tokens}
+    counts = snapshot.tenants.get(tenant)
+    return {"nodes": 0, "cached_tokens": 0, "evictable_tokens": 0,
+            "pinned_tokens": counts.pinned_tokens if counts else 0}
+
+
+def _tenants(snapshot, book: UsageBook, tenant: str | None) -> dict:
+    names = set(book.tenants) | set(snapshot.tenants)
+    if tenant is not None:
+        names = {tenant}
+    out = {}
+    for name in sorted(names):
+        usage = book.totals(name)
+        counts = snapshot.tenants.get(name)
+        out[name] = {"tokens": usage.tokens(), "hit_rate": round(usage.hit_rate, 6),
+                     "pinned_tokens": counts.pinned_tokens if counts else 0,
+                     "running": counts.running if counts else 0,
+                     "waiting": counts.waiting if counts else 0}
+    return out
+
+
+def _prefixes(snapshot, tenant: str | None, decode) -> list[dict]:
+    out = []
+    for entry in snapshot.top_prefixes:
+        if tenant is not None and entry.tenant != tenant:
+            continue
+        item = {"tenant": entry.tenant, "tokens": entry.length, "hits": entry.hits,
+                "pin_ttl_s": round(entry.pin_ttl_s, 1)}
+        if decode is not None:
+            text = decode(list(entry.token_ids[:PREVIEW_TOKENS]))
+            item["preview"] = text[:PREVIEW_CHARS]
+        out.append(item)
+    return out

@@ -1,0 +1,140 @@
+"""The ``radixgate`` command: ``serve``, ``generate``, ``plan``, ``bench``.
+
+    radixgate serve [--config radixgate.toml] [--host H] [--port P] [--model PATH] [--tiny]
+                    [--kv-cache-gb G] [--block-size B] [--max-model-len N] [--log-level L]
+    radixgate generate "prompt" [--chat] [--system S] [--max-tokens N] [--temperature T]
+                    [--repeat K] [--tiny] [--model PATH]
+    radixgate plan [planner args...]       # runtime/planner.py's CLI
+    radixgate bench [benchmark args...]    # benchmarks/run_all.py
+
+Flags override the config file. Without API keys ``serve`` refuses a non-loopback host.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+
+from radixgate.gateway.config import ConfigError, GatewayConfig, load_config
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="radixgate", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="run the HTTP gateway")
+    serve.add_argument("--config", help="TOML config file (DESIGN.md section 8)")
+    serve.add_argument("--host")
+    serve.add_argument("--port", type=int)
+    _model_flags(serve)
+    serve.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    gen = sub.add_parser("generate", help="run one prompt through the engine (no HTTP)")
+    gen.add_argument("prompt")
+    gen.add_argument("--chat", action="store_true", help="render the prompt as a user message")
+    gen.add_argument("--system", help="system prompt (implies --chat)")
+    gen.add_argument("--max-tokens", type=int, default=64)
+    gen.add_argument("--temperature", type=float, default=0.0)
+    gen.add_argument("--repeat", type=int, default=1, help="run K times (shows cache reuse)")
+    _model_flags(gen)
+    for name, text in (("plan", "KV/memory planner (runtime/planner.py)"),
+                       ("bench", "benchmarks (benchmarks/run_all.py)")):
+        p = sub.add_parser(name, help=text, add_help=False)
+        p.add_argument("args", nargs=argparse.REMAINDER)
+    return parser
+
+
+def _model_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", help="GGUF file or HF directory (default: SmolLM2-135M-Instruct)")
+    p.add_argument("--tiny", action="store_true", default=None,
+                   help="small random weights with the default tokenizer (tests)")
+    p.add_argument("--kv-cache-gb", type=float)
+    p.add_argument("--block-size", type=int)
+    p.add_argument("--max-model-len", type=int)
+
+
+def config_from_args(args: argparse.Namespace) -> GatewayConfig:
+    overrides = {"model": args.model, "tiny": args.tiny, "kv_cache_gb": args.kv_cache_gb,
+                 "block_size": args.block_size, "max_model_len": args.max_model_len}
+    for name in ("host", "port", "log_level"):
+        overrides[name] = getattr(args, name, None)
+    return load_config(getattr(args, "config", None), overrides)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "serve":
+            return serve(config_from_args(args))
+        if args.command == "generate":
+            return generate(args, config_from_args(args))
+        if args.command == "plan":
+            return _delegate("radixgate.runtime.planner", args.args)
+        return _delegate("benchmarks.run_all", args.args)
+    except ConfigError as e:
+        print(f"radixgate: {e}", file=sys.stderr)
+        return 2
+
+
+def serve(config: GatewayConfig) -> int:
+    from aiohttp import web
+
+    from radixgate.gateway.app import create_app
+    config.check_host_allowed()
+    _setup_logging(config.server.log_level)
+    logging.getLogger("radixgate.gateway").info(
+        "serving %s on http://%s:%d (%s)", config.model.name, config.server.host,
+        config.server.port, "tiny random weights" if config.model.tiny else config.model.path)
+    web.run_app(create_app(config), host=config.server.host, port=config.server.port,
+                handler_cancellation=True, access_log=None, print=None,
+                shutdown_timeout=config.server.shutdown_grace_s + 5.0)
+    return 0
+
+
+def _setup_logging(level: str) -> None:
+    logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def generate(args: argparse.Namespace, config: GatewayConfig) -> int:
+    from radixgate.gateway.render import ChatMessage, Conversation, Piece, render_prompt
+    from radixgate.gateway.state import default_engine_factory
+    from radixgate.runtime.api import Request, SamplingParams
+    _setup_logging("warning")
+    engine = default_engine_factory(config)
+    try:
+        if args.chat or args.system:
+            system = (Piece(args.system),) if args.system else ()
+            conversation = Conversation(system, (ChatMessage("user", (Piece(args.prompt),)),))
+            tokens = render_prompt(engine.tokenizer, conversation).tokens
+        else:
+            tokens = engine.tokenizer.encode(args.prompt)
+        sampling = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature)
+        for _ in range(max(1, args.repeat)):
+            finished = engine.generate(Request(list(tokens), sampling))
+            if finished.error_kind is not None:
+                print(f"error ({finished.error_kind.value}): {finished.error_message}",
+                      file=sys.stderr)
+                return 1
+            print(finished.text)
+            u = finished.usage
+            ttft = f"{u.ttft_s * 1000:.1f} ms" if u.ttft_s is not None else "-"
+            print(f"[usage] prompt={u.prompt_tokens} cached={u.cache_read_tokens} "
+                  f"uncached={u.uncached_tokens} output={u.output_tokens} "
+                  f"finish={finished.reason.value} ttft={ttft}")
+    finally:
+        engine.shutdown(grace_s=0)
+    return 0
+
+
+def _delegate(module_name: str, argv: list[str]) -> int:
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as e:
+        print(f"radixgate: {module_name} is not available ({e})", file=sys.stderr)
+        return 2
+    result = module.main(argv)
+    return int(result or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,85 @@
+"""Request-side helpers shared by the route modules: typed app state, body parsing.
+
+``parse_body`` turns any bad body (not JSON, NaN, lone surrogates, wrong types, missing
+fields) into one ``ApiError(BAD_REQUEST)`` whose message names the field; the error
+middleware renders it in the route's envelope. An oversized body raises aiohttp's 413
+while reading, which the middleware maps too.
+"""
+from __future__ import annotations
+
+import json
+from typing import TypeVar
+
+from aiohttp import web
+from pydantic import BaseModel, ValidationError
+
+from radixgate.gateway.auth import Principal
+from radixgate.gateway.errors import ApiError, Kind
+from radixgate.gateway.state import GatewayState
+
+STATE = web.AppKey("radixgate_state", GatewayState)
+M = TypeVar("M", bound=BaseModel)
+
+
+def state_of(request: web.Request) -> GatewayState:
+    return request.app[STATE]
+
+
+def principal_of(request: web.Request) -> Principal:
+    return request["principal"]
+
+
+def request_id_of(request: web.Request) -> str:
+    return request["request_id"]
+
+
+def _reject_constant(name: str):
+    raise ValueError(f"{name} is not valid JSON")
+
+
+async def read_json(request: web.Request) -> object:
+    raw = await request.read()
+    if not raw:
+        raise ApiError(Kind.BAD_REQUEST, "request body is empty; expected a JSON object")
+    try:
+        data = json.loads(raw, parse_constant=_reject_constant)
+        json.dumps(data, ensure_ascii=False).encode("utf-8")   # lone surrogates fail here
+    except UnicodeError:
+        raise ApiError(Kind.BAD_REQUEST, "request body contains invalid Unicode") from None
+    except ValueError as e:
+        raise ApiError(Kind.BAD_REQUEST, f"request body is not valid JSON: {e}") from None
+    return data
+
+
+async def parse_body(request: web.Request, model: type[M]) -> M:
+    data = await read_json(request)
+    if not isinstance(data, dict):
+        raise ApiError(Kind.BAD_REQUEST, "request body must be a JSON object")
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        raise ApiError(Kind.BAD_REQUEST, validation_message(e),
+                       param=_first_loc(e)) from None
+
+
+def validation_message(error: ValidationError) -> str:
+    parts = []
+    for item in error.errors(include_url=False)[:3]:
+        loc = ".".join(str(p) for p in item["loc"]) or "body"
+        parts.append(f"{loc}: {item['msg']}")
+    more = len(error.errors()) - len(parts)
+    return "; ".join(parts) + (f" (and {more} more errors)" if more > 0 else "")
+
+
+def _first_loc(error: ValidationError) -> str | None:
+    errors = error.errors(include_url=False)
+    if not errors:
+        return None
+    return ".".join(str(p) for p in errors[0]["loc"]) or None
+
+
+def require_admin(request: web.Request) -> Principal:
+    principal = principal_of(request)
+    if not principal.is_admin:
+        raise ApiError(Kind.PERMISSION, "this endpoint needs an admin API key")
+    return principal

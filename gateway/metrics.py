@@ -1,0 +1,153 @@
+"""Prometheus metrics: one ``CollectorRegistry`` per app (tests build many apps).
+
+Event-driven series (updated by handlers): prefix-cache queries and hit tokens per tenant,
+prompt/generation token counters, request outcomes, TTFT and inter-token latency
+histograms. Snapshot series (read from the latest ``EngineSnapshot`` at scrape time): KV
+blocks by state, running/waiting requests, evictions by reason, pinned tokens, plus
+vLLM-named gauges (``vllm:num_requests_running``, ``vllm:num_requests_waiting``,
+``vllm:kv_cache_usage_perc``, ``vllm:gpu_cache_usage_perc``) for routers that read those.
+
+``render(tenant)`` gives the exposition text; a tenant sees only series labelled with its
+own tenant, the admin everything.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import prometheus_client
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from radixgate.runtime.api import Usage
+
+prometheus_client.disable_created_metrics()   # no *_created series: less noise per tenant
+
+_TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+_ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+
+
+class GatewayMetrics:
+    def __init__(self, snapshot: Callable[[], object | None]):
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.cache_queries = Counter("radixgate_prefix_cache_queries", "Prompts matched against "
+                                     "the prefix cache", ["tenant"], registry=r)
+        self.cache_query_tokens = Counter("radixgate_prefix_cache_query_tokens", "Prompt tokens "
+                                          "looked up in the prefix cache", ["tenant"], registry=r)
+        self.cache_hit_tokens = Counter("radixgate_prefix_cache_hit_tokens", "Prompt tokens "
+                                        "served from the prefix cache", ["tenant"], registry=r)
+        self.prompt_tokens = Counter("radixgate_prompt_tokens", "Prompt tokens by cache outcome",
+                                     ["tenant", "kind"], registry=r)
+        self.generation_tokens = Counter("radixgate_generation_tokens", "Generated tokens",
+                                         ["tenant"], registry=r)
+        self.requests = Counter("radixgate_requests", "Finished HTTP generation requests",
+                                ["tenant", "api", "outcome"], registry=r)
+        self.ttft = Histogram("radixgate_time_to_first_token_seconds", "Time to first token",
+                              ["tenant", "cache"], buckets=_TTFT_BUCKETS, registry=r)
+        self.itl = Histogram("radixgate_inter_token_latency_seconds", "Time between output "
+                             "tokens", ["tenant"], buckets=_ITL_BUCKETS, registry=r)
+        self.vllm_hits = Counter("vllm:prefix_cache_hits", "Prefix cache hit tokens (vLLM name)",
+                                 ["tenant"], registry=r)
+        self.vllm_queries = Counter("vllm:prefix_cache_queries", "Prefix cache query tokens "
+                                    "(vLLM name)", ["tenant"], registry=r)
+        r.register(_SnapshotCollector(snapshot))
+
+    def observe_finished(self, tenant: str, api: str, outcome: str, usage: Usage) -> None:
+        self.requests.labels(tenant, api, outcome).inc()
+        if usage.prompt_tokens <= 0 or outcome.startswith("error"):
+            return
+        self.cache_queries.labels(tenant).inc()
+        self.cache_query_tokens.labels(tenant).inc(usage.prompt_tokens)
+        self.cache_hit_tokens.labels(tenant).inc(usage.cache_read_tokens)
+        self.vllm_queries.labels(tenant).inc(usage.prompt_tokens)
+        self.vllm_hits.labels(tenant).inc(usage.cache_read_tokens)
+        for kind, value in (("cache_read", usage.cache_read_tokens),
+                            ("cache_creation", usage.cache_creation_tokens),
+                            ("uncached", usage.uncached_tokens)):
+            self.prompt_tokens.labels(tenant, kind).inc(value)
+        self.generation_tokens.labels(tenant).inc(usage.output_tokens)
+        if usage.ttft_s is not None:
+            cache = "hit" if usage.cache_read_tokens > 0 else "miss"
+            self.ttft.labels(tenant, cache).observe(usage.ttft_s)
+
+    def observe_gap(self, tenant: str, seconds: float, tokens: int) -> None:
+        """An output delta of ``tokens`` tokens arrived ``seconds`` after the previous one."""
+        per_token = seconds / max(1, tokens)
+        for _ in range(max(1, tokens)):
+            self.itl.labels(tenant).observe(per_token)
+
+    def render(self, tenant: str | None = None) -> bytes:
+        """Exposition text; ``tenant`` set = only series carrying ``tenant="<tenant>"``."""
+        if tenant is None:
+            return generate_latest(self.registry)
+        return generate_latest(_TenantView(self.registry, tenant))
+
+
+class _SnapshotCollector(Collector):
+    def __init__(self, snapshot: Callable[[], object | None]):
+        self._snapshot = snapshot
+
+    def collect(self):
+        snap = self._snapshot()
+        if snap is None:
+            return
+        blocks = GaugeMetricFamily("radixgate_kv_blocks", "KV blocks by state (disjoint)",
+                                   labels=["state"])
+        for state in ("free", "cached", "pinned", "in_use"):
+            blocks.add_metric([state], getattr(snap.blocks, state))
+        yield blocks
+        yield GaugeMetricFamily("radixgate_kv_blocks_total", "KV blocks in the pool",
+                                value=snap.blocks.total)
+        usage = (snap.blocks.in_use + snap.blocks.pinned) / max(1, snap.blocks.total)
+        yield GaugeMetricFamily("radixgate_kv_cache_usage_ratio", "Share of KV blocks in use "
+                                "or pinned (not reclaimable)", value=usage)
+        yield GaugeMetricFamily("radixgate_requests_running", "Running requests", value=snap.running)
+        yield GaugeMetricFamily("radixgate_requests_waiting", "Waiting requests", value=snap.waiting)
+        yield GaugeMetricFamily("radixgate_cached_tokens", "Tokens held in the radix tree",
+                                value=snap.tree.cached_tokens)
+        evictions = CounterMetricFamily("radixgate_cache_evictions", "Evicted tree nodes by "
+                                        "reason", labels=["reason"])
+        for reason in ("lru", "ttl", "flush"):
+            evictions.add_metric([reason], snap.evictions.get(reason, 0))
+        yield evictions
+        yield from _tenant_gauges(snap)
+        yield GaugeMetricFamily("vllm:num_requests_running", "Running requests (vLLM name)",
+                                value=snap.running)
+        yield GaugeMetricFamily("vllm:num_requests_waiting", "Waiting requests (vLLM name)",
+                                value=snap.waiting)
+        yield GaugeMetricFamily("vllm:kv_cache_usage_perc", "KV usage ratio 0..1 (vLLM name)",
+                                value=usage)
+        yield GaugeMetricFamily("vllm:gpu_cache_usage_perc", "KV usage ratio 0..1 (old vLLM "
+                                "name)", value=usage)
+
+
+def _tenant_gauges(snap):
+    running = GaugeMetricFamily("radixgate_tenant_requests_running", "Running requests per "
+                                "tenant", labels=["tenant"])
+    waiting = GaugeMetricFamily("radixgate_tenant_requests_waiting", "Waiting requests per "
+                                "tenant", labels=["tenant"])
+    pinned = GaugeMetricFamily("radixgate_tenant_pinned_tokens", "Pinned tokens per tenant",
+                               labels=["tenant"])
+    for name, counts in snap.tenants.items():
+        running.add_metric([name], counts.running)
+        waiting.add_metric([name], counts.waiting)
+        pinned.add_metric([name], counts.pinned_tokens)
+    return running, waiting, pinned
+
+
+class _TenantView(Collector):
+    """The registry's families with only the samples labelled with one tenant."""
+
+    def __init__(self, registry: CollectorRegistry, tenant: str):
+        self._registry = registry
+        self._tenant = tenant
+
+    def collect(self):
+        for family in self._registry.collect():
+            samples = [s for s in family.samples if s.labels.get("tenant") == self._tenant]
+            if not samples:
+                continue
+            scoped = Metric(family.name, family.documentation, family.type, family.unit)
+            scoped.samples = samples
+            yield scoped

@@ -1,0 +1,288 @@
+"""POST /v1/chat/completions, POST /v1/completions, GET /v1/models (OpenAI API).
+
+``usage.prompt_tokens_details.cached_tokens`` is the exact count of prompt tokens read from
+the cache. ``prompt_cache_key`` is accepted as a routing hint only; ``cache_salt`` (vLLM)
+selects a separate namespace within the caller's tenant. A stream waits for the first
+engine event before sending the 200 (refusals arrive as plain errors); an error after the
+200 is sent as a ``data: {"error": ...}`` chunk.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+from aiohttp import web
+
+from radixgate.gateway.anthropic_api import render
+from radixgate.gateway.convert_openai import convert_chat_request
+from radixgate.gateway.errors import Api, ApiError, Kind, from_engine
+from radixgate.gateway.http_util import parse_body, principal_of, request_id_of, state_of
+from radixgate.gateway.prompt_parts import ConvertedPrompt
+from radixgate.gateway.schemas_openai import ChatCompletionRequest, CompletionRequest
+from radixgate.gateway.service import (Generation, default_max_tokens, engine_request,
+                                       sampling_params)
+from radixgate.gateway.sse import open_stream, send_event
+from radixgate.gateway.tools import ToolCallParser, split_output
+from radixgate.runtime.api import Finished, FinishReason, TextDelta, Usage
+
+_FINISH = {FinishReason.EOS: "stop", FinishReason.STOP_SEQUENCE: "stop",
+           FinishReason.LENGTH: "length"}
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_post("/v1/completions", completions)
+    app.router.add_get("/v1/models", list_models)
+    app.router.add_get("/v1/models/{model_id}", get_model)
+
+
+def _reject_unsupported(body) -> None:
+    if body.n != 1:
+        raise ApiError(Kind.BAD_REQUEST, "n > 1 is not supported: request one choice at a time",
+                       param="n")
+    if body.logprobs:
+        raise ApiError(Kind.BAD_REQUEST, "logprobs are not supported", param="logprobs")
+
+
+def usage_body(usage: Usage) -> dict:
+    return {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.output_tokens,
+            "total_tokens": usage.prompt_tokens + usage.output_tokens,
+            "prompt_tokens_details": {"cached_tokens": usage.cache_read_tokens},
+            "completion_tokens_details": {"reasoning_tokens": 0}}
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    state, principal = state_of(request), principal_of(request)
+    body = await parse_body(request, ChatCompletionRequest)
+    _reject_unsupported(body)
+    state.resolve_model(body.model)
+    state.require_engine()
+    converted = convert_chat_request(body)
+    rendered = await render(state, converted)
+    max_tokens = body.max_completion_tokens or body.max_tokens or default_max_tokens(
+        state, len(rendered.tokens))
+    sampling = sampling_params(max_tokens=max_tokens, temperature=body.temperature,
+                               top_p=body.top_p, top_k=body.top_k, seed=body.seed, stop=body.stop)
+    state.check_rate(principal)
+    engine_req = engine_request(state, principal, request_id_of(request), rendered.tokens,
+                                rendered.breakpoints, sampling, body.cache_salt)
+    generation = Generation(state, request, principal, "openai", engine_req)
+    completion_id = "chatcmpl-" + request_id_of(request).removeprefix("req_")
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    if body.stream:
+        chunks = _ChatChunks(completion_id, body.model, converted, include_usage)
+        return await _stream(request, generation, chunks)
+    async with generation:
+        finished = await generation.result()
+    return web.json_response(_chat_body(completion_id, body.model, converted, finished))
+
+
+def _chat_body(completion_id: str, model: str, converted: ConvertedPrompt,
+               finished: Finished) -> dict:
+    text = converted.output_prefix + finished.text
+    items = split_output(text, converted.tool_names, "call_") if converted.tool_names else (
+        [("text", text)])
+    content = "".join(v for k, v in items if k == "text")
+    calls = [_tool_call(v) for k, v in items if k == "tool"]
+    message = {"role": "assistant", "content": content if (content or not calls) else None,
+               "refusal": None}
+    if calls:
+        message["tool_calls"] = calls
+    choice = {"index": 0, "message": message, "logprobs": None,
+              "finish_reason": "tool_calls" if calls else _FINISH.get(finished.reason, "stop")}
+    return {"id": completion_id, "object": "chat.completion", "created": int(time.time()),
+            "model": model, "choices": [choice], "usage": usage_body(finished.usage),
+            "system_fingerprint": None}
+
+
+def _tool_call(call, index: int | None = None) -> dict:
+    out = {"id": call.id, "type": "function",
+           "function": {"name": call.name, "arguments": json.dumps(call.arguments)}}
+    if index is not None:
+        out["index"] = index
+    return out
+
+
+class _ChatChunks:
+    """chat.completion.chunk objects for one streamed completion."""
+
+    def __init__(self, completion_id: str, model: str, converted: ConvertedPrompt,
+                 include_usage: bool):
+        self.base = {"id": completion_id, "object": "chat.completion.chunk",
+                     "created": int(time.time()), "model": model, "system_fingerprint": None}
+        self.include_usage = include_usage
+        self.parser = ToolCallParser(converted.tool_names, "call_") if converted.tool_names else None
+        self.prefix = converted.output_prefix
+        self.num_calls = 0
+
+    def _chunk(self, delta: dict, finish_reason=None) -> dict:
+        chunk = {**self.base, "choices": [{"index": 0, "delta": delta, "logprobs": None,
+                                           "finish_reason": finish_reason}]}
+        if self.include_usage:
+            chunk["usage"] = None
+        return chunk
+
+    def start(self) -> list[dict]:
+        return [self._chunk({"role": "assistant", "content": ""})]
+
+    def text(self, text: str) -> list[dict]:
+        if self.prefix:
+            text, self.prefix = self.prefix + text, ""
+        items = self.parser.feed(text) if self.parser else [("text", text)]
+        return [self._item(k, v) for k, v in items if k != "text" or v]
+
+    def end(self, finished: Finished) -> list[dict]:
+        out = self.text("") if self.prefix else []
+        out += [self._item(k, v) for k, v in (self.parser.finish() if self.parser else [])]
+        reason = "tool_calls" if self.num_calls else _FINISH.get(finished.reason, "stop")
+        out.append(self._chunk({}, reason))
+        if self.include_usage:
+            out.append({**self.base, "choices": [], "usage": usage_body(finished.usage)})
+        return out
+
+    def _item(self, kind: str, value) -> dict:
+        if kind == "text":
+            return self._chunk({"content": value})
+        self.num_calls += 1
+        return self._chunk({"tool_calls": [_tool_call(value, self.num_calls - 1)]})
+
+
+async def _stream(request: web.Request, generation: Generation, chunks) -> web.StreamResponse:
+    async with generation:
+        first = await generation.first_event()
+        response = await open_stream(request)
+        try:
+            for chunk in chunks.start():
+                await send_event(response, chunk)
+            if isinstance(first, TextDelta):
+                for chunk in chunks.text(first.text):
+                    await send_event(response, chunk)
+                async for event in generation.rest():
+                    if isinstance(event, TextDelta):
+                        for chunk in chunks.text(event.text):
+                            await send_event(response, chunk)
+            await _stream_end(response, generation.finished, chunks)
+        except ConnectionResetError:
+            pass
+    return response
+
+
+async def _stream_end(response, finished: Finished, chunks) -> None:
+    if finished.reason is FinishReason.ERROR:
+        error = from_engine(finished.error_kind, finished.error_message)
+        await response.write(error.sse_event(Api.OPENAI).encode())
+    elif finished.reason is FinishReason.ABORTED:
+        error = ApiError(Kind.OVERLOADED, finished.error_message or "request aborted")
+        await response.write(error.sse_event(Api.OPENAI).encode())
+    else:
+        for chunk in chunks.end(finished):
+            await send_event(response, chunk)
+    await send_event(response, "[DONE]")
+
+
+# -- /v1/completions ----------------------------------------------------------------------
+
+def _prompt_tokens(state, body: CompletionRequest) -> list[int]:
+    prompt = body.prompt
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
+        if len(prompt) != 1:
+            raise ApiError(Kind.BAD_REQUEST, "batched prompts are not supported: send one "
+                           "prompt per request", param="prompt")
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        if not prompt:
+            raise ApiError(Kind.BAD_REQUEST, "prompt must not be empty", param="prompt")
+        return state.tokenizer.encode(prompt)
+    if not prompt:
+        raise ApiError(Kind.BAD_REQUEST, "prompt must not be empty", param="prompt")
+    vocab = state.tokenizer.vocab_size
+    if any(t < 0 or t >= vocab for t in prompt):
+        raise ApiError(Kind.BAD_REQUEST, f"prompt token ids must lie in [0, {vocab})",
+                       param="prompt")
+    return list(prompt)
+
+
+async def completions(request: web.Request) -> web.StreamResponse:
+    state, principal = state_of(request), principal_of(request)
+    body = await parse_body(request, CompletionRequest)
+    _reject_unsupported(body)
+    if body.echo or body.suffix:
+        raise ApiError(Kind.BAD_REQUEST, "echo and suffix are not supported",
+                       param="echo" if body.echo else "suffix")
+    state.resolve_model(body.model)
+    state.require_engine()
+    tokens = await asyncio.to_thread(_prompt_tokens, state, body)
+    sampling = sampling_params(max_tokens=body.max_tokens or 16, temperature=body.temperature,
+                               top_p=body.top_p, top_k=body.top_k, seed=body.seed, stop=body.stop)
+    state.check_rate(principal)
+    engine_req = engine_request(state, principal, request_id_of(request), tokens, (), sampling,
+                                body.cache_salt)
+    generation = Generation(state, request, principal, "openai", engine_req)
+    completion_id = "cmpl-" + request_id_of(request).removeprefix("req_")
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    if body.stream:
+        return await _stream(request, generation,
+                             _TextChunks(completion_id, body.model, include_usage))
+    async with generation:
+        finished = await generation.result()
+    choice = {"index": 0, "text": finished.text, "logprobs": None,
+              "finish_reason": _FINISH.get(finished.reason, "stop")}
+    return web.json_response({"id": completion_id, "object": "text_completion",
+                              "created": int(time.time()), "model": body.model,
+                              "choices": [choice], "usage": usage_body(finished.usage),
+                              "system_fingerprint": None})
+
+
+class _TextChunks:
+    def __init__(self, completion_id: str, model: str, include_usage: bool):
+        self.base = {"id": completion_id, "object": "text_completion",
+                     "created": int(time.time()), "model": model, "system_fingerprint": None}
+        self.include_usage = include_usage
+
+    def _chunk(self, text: str, finish_reason=None) -> dict:
+        chunk = {**self.base, "choices": [{"index": 0, "text": text, "logprobs": None,
+                                           "finish_reason": finish_reason}]}
+        if self.include_usage:
+            chunk["usage"] = None
+        return chunk
+
+    def start(self) -> list[dict]:
+        return []
+
+    def text(self, text: str) -> list[dict]:
+        return [self._chunk(text)] if text else []
+
+    def end(self, finished: Finished) -> list[dict]:
+        out = [self._chunk("", _FINISH.get(finished.reason, "stop"))]
+        if self.include_usage:
+            out.append({**self.base, "choices": [], "usage": usage_body(finished.usage)})
+        return out
+
+
+# -- /v1/models ---------------------------------------------------------------------------
+
+def _model_entry(state, anthropic: bool) -> dict:
+    created = int(time.time() - state.book.uptime_s())
+    if anthropic:
+        return {"type": "model", "id": state.model_name, "display_name": state.model_name,
+                "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(created))}
+    return {"id": state.model_name, "object": "model", "created": created,
+            "owned_by": "radixgate", "max_model_len": state.config.model.max_model_len,
+            "aliases": list(state.config.model.aliases)}
+
+
+async def list_models(request: web.Request) -> web.Response:
+    """OpenAI shape; Anthropic's when the client sends ``anthropic-version``."""
+    state = state_of(request)
+    if "anthropic-version" in request.headers:
+        entry = _model_entry(state, True)
+        return web.json_response({"data": [entry], "has_more": False,
+                                  "first_id": entry["id"], "last_id": entry["id"]})
+    return web.json_response({"object": "list", "data": [_model_entry(state, False)]})
+
+
+async def get_model(request: web.Request) -> web.Response:
+    state = state_of(request)
+    state.resolve_model(request.match_info["model_id"])
+    return web.json_response(_model_entry(state, "anthropic-version" in request.headers))

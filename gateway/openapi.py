@@ -1,0 +1,139 @@
+"""GET /openapi.json: an OpenAPI 3.1 document of every endpoint.
+
+Request bodies come straight from the pydantic models (``models_json_schema``), so the
+document cannot drift from what the handlers validate. Responses document the success
+shape and each API's error envelope.
+"""
+from __future__ import annotations
+
+import functools
+
+from aiohttp import web
+from pydantic.json_schema import models_json_schema
+
+from radixgate.gateway.admin import FlushRequest, PrefixRequest
+from radixgate.gateway.schemas_anthropic import CountTokensRequest, MessagesRequest
+from radixgate.gateway.schemas_openai import ChatCompletionRequest, CompletionRequest
+
+_REF = "#/components/schemas/{model}"
+_BODIES = (MessagesRequest, CountTokensRequest, ChatCompletionRequest, CompletionRequest,
+           FlushRequest, PrefixRequest)
+
+_OBJECT = {"type": "object"}
+_ANTHROPIC_ERROR = {"type": "object", "required": ["type", "error"], "properties": {
+    "type": {"const": "error"}, "error": {"type": "object", "required": ["type", "message"],
+                                          "properties": {"type": {"type": "string"},
+                                                         "message": {"type": "string"}}}}}
+_OPENAI_ERROR = {"type": "object", "required": ["error"], "properties": {"error": {
+    "type": "object", "required": ["message", "type"], "properties": {
+        "message": {"type": "string"}, "type": {"type": "string"},
+        "param": {"type": ["string", "null"]}, "code": {"type": ["string", "null"]}}}}}
+_ANTHROPIC_MESSAGE = {"type": "object", "required": ["id", "type", "role", "content", "usage"],
+                      "properties": {"id": {"type": "string"}, "type": {"const": "message"},
+                                     "content": {"type": "array"}, "usage": {
+                                         "type": "object", "required": [
+                                             "input_tokens", "output_tokens",
+                                             "cache_read_input_tokens",
+                                             "cache_creation_input_tokens"]}}}
+_OPENAI_COMPLETION = {"type": "object", "required": ["id", "object", "choices"],
+                      "properties": {"id": {"type": "string"}, "choices": {"type": "array"},
+                                     "usage": {"type": "object"}}}
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_get("/openapi.json", openapi_json)
+
+
+async def openapi_json(request: web.Request) -> web.Response:
+    return web.json_response(build_openapi())
+
+
+@functools.cache
+def build_openapi() -> dict:
+    _, defs = models_json_schema([(m, "validation") for m in _BODIES], ref_template=_REF)
+    schemas = dict(defs.get("$defs", {}))
+    schemas.update({"AnthropicError": _ANTHROPIC_ERROR, "OpenAIError": _OPENAI_ERROR,
+                    "AnthropicMessage": _ANTHROPIC_MESSAGE, "OpenAICompletion": _OPENAI_COMPLETION})
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "radixgate", "version": "0.1.0", "description":
+                 "Prompt-prefix caching inference gateway: Anthropic Messages (cache_control "
+                 "breakpoints) and OpenAI APIs, cache statistics and administration."},
+        "components": {"schemas": schemas, "securitySchemes": {
+            "apiKey": {"type": "apiKey", "in": "header", "name": "x-api-key"},
+            "bearer": {"type": "http", "scheme": "bearer"}}},
+        "security": [{"apiKey": []}, {"bearer": []}],
+        "paths": _paths(),
+    }
+
+
+def _ref(name: str) -> dict:
+    return {"$ref": _REF.format(model=name)}
+
+
+def _json(schema: dict) -> dict:
+    return {"application/json": {"schema": schema}}
+
+
+def _errors(error_schema: str, codes: tuple[int, ...]) -> dict:
+    return {str(code): {"description": "error", "content": _json(_ref(error_schema))}
+            for code in codes}
+
+
+def _post(summary: str, body: str | None, ok: dict, error: str, codes: tuple[int, ...],
+          stream: bool = False, required: bool = True) -> dict:
+    content = _json(ok)
+    if stream:
+        content["text/event-stream"] = {"schema": {"type": "string"}}
+    op = {"summary": summary, "responses": {"200": {"description": "success", "content": content},
+                                            **_errors(error, codes)}}
+    if body is not None:
+        op["requestBody"] = {"required": required, "content": _json(_ref(body))}
+    return op
+
+
+def _get(summary: str, ok: dict, error: str = "OpenAIError", codes=(401, 503),
+         content_type: str = "application/json", auth: bool = True) -> dict:
+    op = {"summary": summary, "responses": {
+        "200": {"description": "success", "content": {content_type: {"schema": ok}}},
+        **_errors(error, codes)}}
+    if not auth:
+        op["security"] = []
+    return op
+
+
+def _paths() -> dict:
+    gen = (400, 401, 404, 413, 429, 503)
+    admin = (400, 401, 403, 503)
+    return {
+        "/v1/messages": {"post": _post("Create a message (Anthropic)", "MessagesRequest",
+                                       _ref("AnthropicMessage"), "AnthropicError",
+                                       gen + (504, 529), stream=True)},
+        "/v1/messages/count_tokens": {"post": _post(
+            "Count prompt tokens (Anthropic)", "CountTokensRequest",
+            {"type": "object", "required": ["input_tokens"],
+             "properties": {"input_tokens": {"type": "integer"}}}, "AnthropicError", gen)},
+        "/v1/chat/completions": {"post": _post("Chat completion (OpenAI)", "ChatCompletionRequest",
+                                               _ref("OpenAICompletion"), "OpenAIError",
+                                               gen + (504,), stream=True)},
+        "/v1/completions": {"post": _post("Text completion (OpenAI)", "CompletionRequest",
+                                          _ref("OpenAICompletion"), "OpenAIError",
+                                          gen + (504,), stream=True)},
+        "/v1/models": {"get": _get("List models", _OBJECT)},
+        "/health": {"get": _get("Liveness and readiness (503 while loading)", _OBJECT,
+                                codes=(503,), auth=False)},
+        "/metrics": {"get": _get("Prometheus metrics", {"type": "string"},
+                                 content_type="text/plain")},
+        "/v1/cache/stats": {"get": _get("Cache statistics (scoped to the caller)", _OBJECT)},
+        "/v1/cache/flush": {"post": _post("Flush the cache (admin)", "FlushRequest", _OBJECT,
+                                          "OpenAIError", admin, required=False)},
+        "/v1/cache/prefixes": {
+            "get": _get("List pinned prefixes (admin)", _OBJECT, codes=(401, 403, 503)),
+            "post": _post("Publish or pin a prefix (admin)", "PrefixRequest", _OBJECT,
+                          "OpenAIError", admin),
+            "delete": _post("Unpin a prefix (admin)", "PrefixRequest", _OBJECT,
+                            "OpenAIError", admin)},
+        "/v1/admin/integrity": {"get": _get("Recount the cache's blocks (admin)", _OBJECT,
+                                            codes=(401, 403, 503))},
+        "/openapi.json": {"get": _get("This document", _OBJECT, codes=(), auth=False)},
+    }

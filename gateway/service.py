@@ -1,0 +1,145 @@
+"""One generation from a handler's point of view: build the engine Request, run it, book it.
+
+``Generation`` is an async context manager around ``engine.submit``: leaving it early (a
+client disconnect cancels the handler) aborts the request so its blocks are freed; every
+finished request is recorded once in the usage book, the metrics and the access log.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+
+from aiohttp import web
+
+from radixgate.gateway.auth import Principal, namespace_for
+from radixgate.gateway.errors import ApiError, Kind, from_engine
+from radixgate.gateway.state import GatewayState
+from radixgate.runtime.api import (Breakpoint, Finished, FinishReason, Request, SamplingParams,
+                                   TextDelta)
+
+DEFAULT_MAX_TOKENS_CAP = 4096
+_background: set[asyncio.Task] = set()
+_SEED_MODULUS = 1 << 63
+
+
+def sampling_params(*, max_tokens: int, temperature: float | None, top_p: float | None,
+                    top_k: int | None, seed: int | None, stop: list[str] | str | None
+                    ) -> SamplingParams:
+    if isinstance(stop, str):
+        stop = [stop]
+    return SamplingParams(
+        max_tokens=max_tokens,
+        temperature=1.0 if temperature is None else float(temperature),
+        top_p=1.0 if top_p is None else float(top_p),
+        top_k=0 if top_k is None or top_k < 0 else int(top_k),
+        seed=None if seed is None else seed % _SEED_MODULUS,
+        stop=tuple(s for s in (stop or []) if s))
+
+
+def default_max_tokens(state: GatewayState, prompt_len: int) -> int:
+    """OpenAI without max_tokens: what is left of the context and of the KV pool, capped."""
+    engine = state.engine
+    room = min(engine.max_model_len, engine.num_blocks * engine.block_size) - prompt_len
+    return max(1, min(room, DEFAULT_MAX_TOKENS_CAP))
+
+
+def engine_request(state: GatewayState, principal: Principal, request_id: str,
+                   tokens: list[int], breakpoints: tuple[Breakpoint, ...],
+                   sampling: SamplingParams, cache_salt: str | None = None) -> Request:
+    """The engine Request: tenant and namespace come from the key, never from the body."""
+    timeout = state.config.server.request_timeout_s
+    return Request(tokens=tokens, sampling=sampling, tenant=principal.tenant,
+                   namespace=namespace_for(principal.tenant, cache_salt),
+                   breakpoints=breakpoints, deadline=time.monotonic() + timeout,
+                   use_public=principal.limits.use_public_prefixes, request_id=request_id)
+
+
+class Generation:
+    """``async with Generation(...) as gen: async for event in gen.events(): ...``"""
+
+    def __init__(self, state: GatewayState, http: web.Request, principal: Principal,
+                 api: str, request: Request):
+        self.state = state
+        self.http = http
+        self.principal = principal
+        self.api = api
+        self.request = request
+        self.finished: Finished | None = None
+        self._handle = None
+        self._last_delta: float | None = None
+
+    async def __aenter__(self) -> "Generation":
+        engine = self.state.require_engine()
+        self._handle = engine.submit(self.request)
+        self.http["access"] = {"tenant": self.principal.tenant}
+        return self
+
+    async def __aexit__(self, exc_type, exc, tb) -> None:
+        if self.finished is None:    # client gone (handler cancelled) or an early error
+            self._handle.abort()
+            task = asyncio.get_running_loop().create_task(self._book_after_abort())
+            _background.add(task)                   # the loop keeps only weak references
+            task.add_done_callback(_background.discard)
+
+    async def _book_after_abort(self) -> None:
+        """The aborted request's Finished still arrives: book it (outcome ``aborted``)."""
+        async for event in self._handle:
+            if isinstance(event, Finished):
+                self.finished = event
+                self._book(event)
+
+    async def events(self):
+        """TextDelta ... then the Finished event (booked before it is yielded)."""
+        async for event in self._handle:
+            if isinstance(event, TextDelta):
+                self._observe_delta(event)
+            elif isinstance(event, Finished):
+                self.finished = event
+                self._book(event)
+            yield event
+
+    async def first_event(self):
+        """The first event; raises the mapped ApiError when the engine refused the request."""
+        self._iterator = self.events()
+        event = await self._iterator.__anext__()
+        if isinstance(event, Finished):
+            raise_if_error(event)
+        return event
+
+    async def rest(self):
+        async for event in self._iterator:
+            yield event
+
+    async def result(self) -> Finished:
+        """Runs to the end; raises ApiError when the request failed."""
+        async for _ in self.events():
+            pass
+        raise_if_error(self.finished)
+        return self.finished
+
+    def _observe_delta(self, event: TextDelta) -> None:
+        now = time.monotonic()
+        if self._last_delta is not None:
+            self.state.metrics.observe_gap(self.principal.tenant, now - self._last_delta,
+                                           len(event.token_ids))
+        self._last_delta = now
+
+    def _book(self, event: Finished) -> None:
+        ok = event.reason is not FinishReason.ERROR
+        usage = event.usage
+        self.state.book.record(self.principal.tenant, usage, ok)
+        outcome = event.reason.value if ok else f"error_{event.error_kind.value if event.error_kind else 'unknown'}"
+        self.state.metrics.observe_finished(self.principal.tenant, self.api, outcome, usage)
+        self.http["access"] = {
+            "tenant": self.principal.tenant, "prompt": usage.prompt_tokens,
+            "cached": usage.cache_read_tokens, "output": usage.output_tokens,
+            "ttft_ms": None if usage.ttft_s is None else round(usage.ttft_s * 1000, 1),
+            "finish": event.reason.value}
+
+
+def raise_if_error(event: Finished) -> None:
+    if event.reason is FinishReason.ERROR:
+        raise from_engine(event.error_kind, event.error_message)
+    if event.reason is FinishReason.ABORTED:
+        raise ApiError(Kind.OVERLOADED,
+                       event.error_message or "the request was aborted (server shutting down)")

@@ -1,0 +1,111 @@
+"""The app's shared state: config, keys, engine (loaded in a background thread), books.
+
+``GatewayState.load()`` runs in a worker thread at startup (GET /health answers 503
+until it is done); HTTP handlers read ``engine`` only after ``ready``. The engine itself is
+imported lazily so importing the gateway never imports torch.
+"""
+from __future__ import annotations
+
+import fnmatch
+import logging
+import time
+from typing import Callable
+
+from radixgate.gateway.auth import ADMIN_TENANT, KeyRing, RateLimiter
+from radixgate.gateway.config import GatewayConfig
+from radixgate.gateway.errors import ApiError, Kind
+from radixgate.gateway.metrics import GatewayMetrics
+from radixgate.gateway.usage_book import UsageBook
+
+log = logging.getLogger("radixgate.gateway")
+
+# (config) -> Engine, started. Tests pass one that reuses a loaded model.
+EngineFactory = Callable[[GatewayConfig], object]
+
+
+def default_engine_factory(config: GatewayConfig):
+    """Loads the configured model and starts an Engine sized by the config."""
+    from radixgate.runtime.engine import Engine
+    from radixgate.runtime.loader import load_model
+    loaded = load_model(config.model.path, tiny=config.model.tiny,
+                        max_model_len=config.model.max_model_len)
+    return Engine(loaded, engine_config(config)).start()
+
+
+def engine_config(config: GatewayConfig):
+    from radixgate.runtime.engine_config import EngineConfig, TenantQuota
+    quotas = {t.name: TenantQuota(max_running=t.max_running, max_pinned_tokens=t.max_pinned_tokens)
+              for t in config.tenants}
+    quotas[ADMIN_TENANT] = TenantQuota()
+    return EngineConfig(kv_cache_bytes=int(config.model.kv_cache_gb * (1 << 30)),
+                        block_size=config.model.block_size,
+                        max_model_len=config.model.max_model_len,
+                        max_queue=config.server.max_queue, tenant_quotas=quotas)
+
+
+class GatewayState:
+    def __init__(self, config: GatewayConfig, engine_factory: EngineFactory | None = None):
+        self.config = config
+        self.keyring = KeyRing(config)
+        self.limiter = RateLimiter()
+        self.book = UsageBook()
+        self.engine = None
+        self.ready = False
+        self.draining = False
+        self.load_error: str | None = None
+        self.model_name = config.model.name
+        self.metrics = GatewayMetrics(self.snapshot)
+        self._factory = engine_factory or default_engine_factory
+
+    # -- lifecycle (worker thread) --------------------------------------------------------
+    def load(self) -> None:
+        start = time.perf_counter()
+        try:
+            self.engine = self._factory(self.config)
+        except Exception as e:  # noqa: BLE001 - reported by /health, logged here
+            log.exception("model load failed")
+            self.load_error = f"{type(e).__name__}: {e}"
+            return
+        self.ready = True
+        log.info("engine ready: model %s (%s), %d KV blocks of %d tokens, context %d, in %.1f s",
+                 self.model_name, getattr(self.engine.loaded, "name", "?"), self.engine.num_blocks,
+                 self.engine.block_size, self.engine.max_model_len, time.perf_counter() - start)
+
+    def shutdown(self, grace_s: float) -> None:
+        if self.engine is not None:
+            self.engine.shutdown(grace_s=grace_s)
+
+    # -- helpers for handlers -------------------------------------------------------------
+    def require_engine(self):
+        """The engine, or a 503 while loading, after a failed load or while draining."""
+        if self.draining:
+            raise ApiError(Kind.OVERLOADED, "the server is shutting down")
+        if not self.ready:
+            message = (f"model failed to load: {self.load_error}" if self.load_error
+                       else "the model is still loading; retry shortly")
+            raise ApiError(Kind.UNAVAILABLE, message)
+        return self.engine
+
+    def snapshot(self):
+        return self.engine.snapshot() if self.ready else None
+
+    @property
+    def tokenizer(self):
+        return self.engine.tokenizer
+
+    def resolve_model(self, name: str) -> str:
+        """The served model id for ``name`` (its id or an alias glob); 404 otherwise."""
+        if name == self.model_name or any(fnmatch.fnmatchcase(name, pattern)
+                                          for pattern in self.config.model.aliases):
+            return self.model_name
+        raise ApiError(Kind.NOT_FOUND, f"model: {name} (this server serves "
+                       f"{self.model_name!r}; aliases {list(self.config.model.aliases)})",
+                       param="model", code="model_not_found")
+
+    def check_rate(self, principal) -> None:
+        wait = self.limiter.try_acquire(principal.tenant, principal.limits.requests_per_minute)
+        if wait is not None:
+            self.book.record_rejected(principal.tenant)
+            raise ApiError(Kind.RATE_LIMIT, f"tenant {principal.tenant!r} is over its limit of "
+                           f"{principal.limits.requests_per_minute} requests per minute",
+                           retry_after_s=wait)
