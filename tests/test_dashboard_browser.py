@@ -51,13 +51,16 @@ def server(tmp_path_factory):
 
 def run_workload(base_url: str) -> None:
     """acmecorp: one long system prompt (with a cache breakpoint) twice; globexinc: once, unique."""
-    import anthropic
-
     def ask(tenant: str, system: str, question: str) -> None:
-        client = anthropic.Anthropic(base_url=base_url, api_key=tenant_key(tenant), max_retries=0)
-        client.messages.create(
-            model="claude-3-5-haiku-latest", max_tokens=4, messages=[{"role": "user", "content": question}],
-            system=[{"type": "text", "text": system, "cache_control": {"type": "ephemeral"}}])
+        body = {"model": "claude-3-5-haiku-latest", "max_tokens": 4,
+                "system": [{"type": "text", "text": system, "cache_control": {"type": "ephemeral"}}],
+                "messages": [{"role": "user", "content": question}]}
+        req = urllib.request.Request(
+            base_url + "/v1/messages", data=json.dumps(body).encode(), method="POST",
+            headers={"x-api-key": tenant_key(tenant), "content-type": "application/json",
+                     "anthropic-version": "2023-06-01"})
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            assert json.load(resp)["type"] == "message"
 
     ask("acmecorp", SYSTEM_PROMPT, "What is a block?")
     ask("acmecorp", SYSTEM_PROMPT, "What is a node?")
@@ -76,6 +79,15 @@ def wait_until_settled(base_url: str, timeout_s: float = 30.0) -> None:
         previous = stats["tokens"]
         time.sleep(0.5)
     raise TimeoutError("stats did not settle after the workload")
+
+
+class LocalModeServer(ServerProcess):
+    """``radixgate serve --tiny`` with no config file: no API keys, loopback only."""
+
+    def command(self) -> list[str]:
+        cmd = super().command()
+        at = cmd.index("--config")
+        return cmd[:at] + cmd[at + 2:]
 
 
 @pytest.fixture(scope="module")
@@ -171,7 +183,7 @@ def open_with_key(page, base_url: str, key: str) -> None:
     assert page.get_attribute("body", "data-state") == "auth"
     page.fill("#key-input", key)
     page.click("#key-submit")
-    wait_for_generation(page, 2)
+    wait_for_generation(page, 1)
 
 
 def displayed_numbers(page) -> dict[str, tuple[str, str]]:
@@ -287,3 +299,20 @@ def test_rejected_key_keeps_the_prompt_open(server, page):
         page.wait_for_timeout(100)
     assert page.get_attribute("body", "data-generation") is None
     assert "sk-not-a-key" not in page.url
+
+
+@pytest.mark.slow   # a second server start (10-30 s on 2 busy cores)
+def test_local_mode_needs_no_key(tmp_path, page):
+    proc = LocalModeServer(SPEC, tmp_path).start()
+    try:
+        page.goto(proc.base_url + "/dashboard")
+        wait_for_generation(page, 1)
+        assert page.get_attribute("#key-dialog", "open") is None
+        assert page.evaluate("sessionStorage.getItem('radixgate.api_key')") is None
+        stats = fetch_stats(proc.base_url, None)
+        assert_numbers_match(displayed_numbers(page), expected_page_numbers(stats))
+        assert page.is_visible("#chart-empty")     # no traffic yet: says so instead of a line
+        stats_requests = [r for r in page.requests_seen if r.url.endswith("/v1/cache/stats")]
+        assert stats_requests and "x-api-key" not in stats_requests[0].headers
+    finally:
+        proc.stop()
