@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import time
 from pathlib import Path
 
@@ -39,7 +38,7 @@ def peak_gbps_for(name: str) -> float | None:
 
 
 def _time_pair(first, second, reps: int) -> tuple[float, float]:
-    """Median seconds of two callables, run alternately so machine load hits both alike."""
+    """Best-of-``reps`` seconds of two callables, run alternately so machine load hits both alike."""
     first(), second()
     times_a, times_b = [], []
     for _ in range(reps):
@@ -47,7 +46,7 @@ def _time_pair(first, second, reps: int) -> tuple[float, float]:
             start = time.perf_counter()
             fn()
             times.append(time.perf_counter() - start)
-    return statistics.median(times_a), statistics.median(times_b)
+    return min(times_a), min(times_b)
 
 
 def _contiguous_batch(case):

@@ -212,6 +212,9 @@ def triton_paged_attention(q, k_cache, v_cache, block_tables, cu_q_lens, seq_len
         raise ValueError("block_tables must be contiguous along max_blocks (stride(1) == 1)")
     if k_cache.stride() != v_cache.stride():
         raise ValueError(f"k_cache strides {k_cache.stride()} differ from v_cache strides {v_cache.stride()}")
+    for name, tile in (("block_m", block_m), ("block_n", block_n)):
+        if tile is not None and (tile < 16 or tile & (tile - 1)):
+            raise ValueError(f"{name} must be a power of two >= 16 (tl.dot minimum), got {tile}")
     out = torch.empty_like(q)
     if q.shape[0] == 0:
         return out

@@ -158,6 +158,7 @@ def test_copy_blocks_kernel_matches_reference_for_partial_blocks():
 
 
 def test_launchers_reject_mismatched_cache_and_query_dtypes():
+    """Inputs and tile sizes are checked before launching."""
     case = _case([2], [5], 1, 64, 16, torch.float32, seed=1)
     with pytest.raises(ValueError, match="q dtype"):
         triton_paged_attention(case.q.half(), case.k_cache, case.v_cache, case.block_tables,
@@ -165,3 +166,6 @@ def test_launchers_reject_mismatched_cache_and_query_dtypes():
     with pytest.raises(ValueError, match="slot_mapping must be torch.int64"):
         store_kv(case.q[:, :2], case.q[:, :2], case.k_cache, case.v_cache,
                  case.slot_mapping.int(), backend="triton")
+    with pytest.raises(ValueError, match="block_n must be a power of two"):
+        triton_paged_attention(case.q, case.k_cache, case.v_cache, case.block_tables,
+                               case.cu_q_lens, case.seq_lens, 0.125, block_n=24)
