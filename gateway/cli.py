@@ -15,6 +15,7 @@ import argparse
 import importlib
 import logging
 import sys
+from pathlib import Path
 
 from radixgate.gateway.config import ConfigError, GatewayConfig, load_config
 
@@ -127,6 +128,8 @@ def generate(args: argparse.Namespace, config: GatewayConfig) -> int:
 
 
 def _delegate(module_name: str, argv: list[str]) -> int:
+    if module_name.startswith("benchmarks"):
+        _add_repo_root_to_path()
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as e:
@@ -134,6 +137,16 @@ def _delegate(module_name: str, argv: list[str]) -> int:
         return 2
     result = module.main(argv)
     return int(result or 0)
+
+
+def _add_repo_root_to_path() -> None:
+    """benchmarks/ is a folder of the checkout, not an installed package: find it next to
+    the gateway sources (editable install) or in the working directory."""
+    for root in (Path(__file__).resolve().parents[1], Path.cwd()):
+        if (root / "benchmarks" / "run_all.py").is_file():
+            if str(root) not in sys.path:
+                sys.path.insert(0, str(root))
+            return
 
 
 if __name__ == "__main__":

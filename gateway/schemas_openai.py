@@ -14,7 +14,7 @@ from radixgate.gateway.schemas_anthropic import CacheControl
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)   # "yes" is not a bool, "4" not an int
 
 
 class TextPart(_Model):

@@ -1,0 +1,79 @@
+"""A client that disconnects (streaming or not) aborts its request and its blocks are freed:
+checked through the admin stats (nothing running, no block in use), the integrity endpoint
+and the ``aborted`` outcome counter."""
+from __future__ import annotations
+
+import re
+import time
+
+import httpx2 as httpx   # the HTTP client the anthropic/openai SDKs install
+import pytest
+
+from tests.support.server import ADMIN_KEY, ServerSpec, shared_server, tenant_key
+
+SPEC = ServerSpec()
+ADMIN = {"x-api-key": ADMIN_KEY}
+TENANT = "gamma"
+KEY = {"x-api-key": tenant_key(TENANT)}
+LONG = 400          # tokens: seconds of decoding on the tiny model, so the abort comes first
+
+
+@pytest.fixture(scope="module")
+def server(pytestconfig):
+    return shared_server(pytestconfig, SPEC)
+
+
+def aborted_count(base_url: str) -> float:
+    text = httpx.get(base_url + "/metrics", headers=ADMIN).text
+    pattern = (r'radixgate_requests_total\{api="(?:anthropic|openai)",outcome="aborted",'
+               rf'tenant="{TENANT}"\}} ([0-9.e+]+)')
+    return sum(float(m) for m in re.findall(pattern, text))
+
+
+def wait_until_idle(base_url: str, timeout_s: float = 20.0) -> dict:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        stats = httpx.get(base_url + "/v1/cache/stats", headers=ADMIN).json()
+        if stats["requests"]["running"] == 0 and stats["blocks"]["in_use"] == 0:
+            return stats
+        assert time.monotonic() < deadline, f"still busy: {stats['requests']} {stats['blocks']}"
+        time.sleep(0.1)
+
+
+def assert_freed(base_url: str, aborted_before: float) -> None:
+    stats = wait_until_idle(base_url)
+    assert stats["requests"]["waiting"] == 0
+    report = httpx.get(base_url + "/v1/admin/integrity", headers=ADMIN).json()
+    assert report["ok"] is True and report["running"] == 0 and report["locks"] == 0
+    deadline = time.monotonic() + 5
+    while aborted_count(base_url) < aborted_before + 1:
+        assert time.monotonic() < deadline, "the request was not aborted"
+        time.sleep(0.1)
+
+
+@pytest.mark.parametrize("path, body", [
+    ("/v1/messages", {"model": "claude-3-x", "max_tokens": LONG, "stream": True,
+                      "messages": [{"role": "user", "content": "tell a long story"}]}),
+    ("/v1/chat/completions", {"model": "gpt-4o", "max_tokens": LONG, "stream": True,
+                              "messages": [{"role": "user", "content": "tell a long story"}]}),
+])
+def test_streaming_client_disconnect_aborts_and_frees_blocks(server, path, body):
+    before = aborted_count(server.base_url)
+    with httpx.Client(base_url=server.base_url, timeout=30) as client:
+        with client.stream("POST", path, json=body, headers=KEY) as response:
+            assert response.status_code == 200
+            lines = response.iter_lines()
+            received = [next(lines) for _ in range(6)]
+            assert any(line.startswith("data:") for line in received)
+            stats = httpx.get(server.base_url + "/v1/cache/stats", headers=ADMIN).json()
+            assert stats["requests"]["running"] >= 1 and stats["blocks"]["in_use"] >= 1
+    assert_freed(server.base_url, before)
+
+
+def test_non_streaming_client_disconnect_aborts_and_frees_blocks(server):
+    before = aborted_count(server.base_url)
+    body = {"model": "claude-3-x", "max_tokens": LONG,
+            "messages": [{"role": "user", "content": "write an essay"}]}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(server.base_url + "/v1/messages", json=body, headers=KEY, timeout=1.0)
+    assert_freed(server.base_url, before)
