@@ -81,19 +81,24 @@ def _hf_name(name: str) -> str | None:
     return None
 
 
+def dequantize_tensor(gguf: GGUFFile, name: str, config: ModelConfig) -> np.ndarray:
+    """One tensor as float32 in HF layout (Q/K rows un-permuted for llama-style archs)."""
+    info = gguf.tensors[name]
+    w = dequantize(info.data, info.qtype, info.shape)
+    if config.arch in _PERMUTED_ARCHS and ".attn_q." in name:
+        w = unpermute_rope_rows(w, config.num_heads)
+    elif config.arch in _PERMUTED_ARCHS and ".attn_k." in name:
+        w = unpermute_rope_rows(w, config.num_kv_heads)
+    return w
+
+
 def weights_from_gguf(gguf: GGUFFile, config: ModelConfig) -> dict[str, torch.Tensor]:
     """Dequantized float32 tensors keyed by HF name."""
     weights = {}
-    for name, info in gguf.tensors.items():
+    for name in gguf.tensors:
         hf = _hf_name(name)
-        if hf is None:
-            continue
-        w = dequantize(info.data, info.qtype, info.shape)
-        if config.arch in _PERMUTED_ARCHS and ".attn_q." in name:
-            w = unpermute_rope_rows(w, config.num_heads)
-        elif config.arch in _PERMUTED_ARCHS and ".attn_k." in name:
-            w = unpermute_rope_rows(w, config.num_kv_heads)
-        weights[hf] = torch.from_numpy(np.ascontiguousarray(w))
+        if hf is not None:
+            weights[hf] = torch.from_numpy(np.ascontiguousarray(dequantize_tensor(gguf, name, config)))
     return weights
 
 

@@ -42,6 +42,8 @@ def config_from_hf(cfg: dict, generation: dict | None = None) -> ModelConfig:
     """ModelConfig from config.json (transformers 4 ``rope_theta``/``rope_scaling`` or 5
     ``rope_parameters``)."""
     arch = _arch(cfg)
+    if cfg.get("mlp_bias") or cfg.get("hidden_act", "silu") != "silu":
+        raise NotImplementedError("only SwiGLU MLPs without bias are supported")
     heads = int(cfg["num_attention_heads"])
     rope = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
     theta = float(cfg.get("rope_theta") or rope.get("rope_theta") or 10000.0)
@@ -101,14 +103,16 @@ def tokenizer_from_hf(path: str | Path, config: ModelConfig | None = None) -> To
     specials = {i for i, t in backend.get_added_tokens_decoder().items() if t.special}
     eos = set(config.eos_token_ids) if config else set()
     eos_text = _token_text(tok_cfg.get("eos_token"))
-    if eos_text is not None and backend.token_to_id(eos_text) is not None:
-        eos.add(backend.token_to_id(eos_text))
+    main_eos = backend.token_to_id(eos_text) if eos_text else None
+    if main_eos is None and config and config.eos_token_ids:
+        main_eos = config.eos_token_ids[0]
     if not eos:
         eos = {i for i in specials if backend.id_to_token(i) in END_MARKERS}
     bos_text = _token_text(tok_cfg.get("bos_token"))
     bos = backend.token_to_id(bos_text) if bos_text else (config.bos_token_id if config else None)
     return Tokenizer(backend, bos_token_id=bos, eos_token_ids=eos,
-                     chat_template=_chat_template(path, tok_cfg), special_token_ids=specials)
+                     chat_template=_chat_template(path, tok_cfg), special_token_ids=specials,
+                     eos_token_id=main_eos)
 
 
 def load_hf_dir(path: str | Path) -> tuple[ModelConfig, dict[str, torch.Tensor], Tokenizer]:

@@ -46,11 +46,16 @@ class Tokenizer:
     """
 
     def __init__(self, backend: HFTokenizer, *, bos_token_id: int | None, eos_token_ids: set[int],
-                 chat_template: str | None, special_token_ids: set[int]):
+                 chat_template: str | None, special_token_ids: set[int],
+                 eos_token_id: int | None = None):
         self.backend = backend
         self.bos_token_id = bos_token_id
         self.eos_token_ids = set(eos_token_ids)
-        self.eos_token_id = min(self.eos_token_ids) if self.eos_token_ids else None
+        if eos_token_id is None and self.eos_token_ids:
+            eos_token_id = min(self.eos_token_ids)
+        self.eos_token_id = eos_token_id          # the model's own EOS (template's eos_token)
+        if eos_token_id is not None:
+            self.eos_token_ids.add(eos_token_id)
         self.chat_template = chat_template or ""
         self.special_token_ids = set(special_token_ids)
         self.vocab_size = backend.get_vocab_size(with_added_tokens=True)

@@ -64,6 +64,7 @@ def tokenizer_from_gguf(meta: dict) -> Tokenizer:
     eos = {int(meta[k]) for k in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id",
                                   "tokenizer.ggml.eom_token_id") if k in meta}
     eos |= {i for i in special_ids if tokens[i] in END_MARKERS}
-    bos = meta.get("tokenizer.ggml.bos_token_id")
+    bos, main_eos = meta.get("tokenizer.ggml.bos_token_id"), meta.get("tokenizer.ggml.eos_token_id")
     return Tokenizer(backend, bos_token_id=None if bos is None else int(bos), eos_token_ids=eos,
-                     chat_template=meta.get("tokenizer.chat_template"), special_token_ids=special_ids)
+                     chat_template=meta.get("tokenizer.chat_template"), special_token_ids=special_ids,
+                     eos_token_id=None if main_eos is None else int(main_eos))
