@@ -5,7 +5,7 @@ See DESIGN.md section 3 for the reference, lock and copy-on-write rules.
 
 from .events import CacheEvent
 from .integrity import IntegrityError
-from .node import LockHandle
+from .node import LockHandle, token_array
 from .pool import BlockPool, BlockPoolError, OutOfBlocks
 from .stats import InsertResult, MatchResult, NamespaceStats, PrefixInfo, TreeStats
 from .tree import RadixTree
@@ -13,4 +13,5 @@ from .tree import RadixTree
 __all__ = [
     "BlockPool", "BlockPoolError", "CacheEvent", "InsertResult", "IntegrityError", "LockHandle",
     "MatchResult", "NamespaceStats", "OutOfBlocks", "PrefixInfo", "RadixTree", "TreeStats",
+    "token_array",
 ]

@@ -1,7 +1,9 @@
 """Tree nodes, lock handles, pins, and the compact token encoding the tree compares on.
 
-Tokens are stored as packed native int32 bytes (``array('i').tobytes()``): an edge matches a
-query slice with one ``bytes.startswith`` (a memcmp), never a per-token Python loop.
+Tokens are stored as packed native int32 bytes (4 bytes a token): an edge matches a query
+slice with one bytes comparison (a memcmp), never a per-token Python loop. A query is packed
+edge by edge with ``struct.pack`` (several times faster than ``array('i', list)``), so only
+the matched part plus one edge is ever packed; an ``array('i')`` query is sliced and copied.
 """
 
 from __future__ import annotations
@@ -16,10 +18,33 @@ assert array("i").itemsize == TOKEN_BYTES, "radix_cache needs a 4-byte C int"
 _first_token = struct.Struct("i").unpack_from
 
 
-def encode_tokens(tokens: Sequence[int]) -> tuple[array, bytes]:
-    """(tokens as array('i') for indexing, the same as packed bytes for comparing)."""
-    arr = tokens if isinstance(tokens, array) and tokens.typecode == "i" else array("i", tokens)
-    return arr, arr.tobytes()
+def pack_tokens(tokens: Sequence[int]) -> bytes:
+    """``tokens`` as packed native int32 bytes (struct.error if a token does not fit)."""
+    if isinstance(tokens, array) and tokens.typecode == "i":
+        return tokens.tobytes()
+    return struct.pack(f"{len(tokens)}i", *tokens)
+
+
+def token_array(tokens: Sequence[int]) -> array:
+    """``tokens`` as ``array('i')``, built via ``struct.pack`` (faster than ``array('i', list)``).
+
+    Pass the same array to ``match`` and ``insert`` (and grow it with ``append``): the tree
+    then compares memory directly instead of packing the Python ints on every call.
+    """
+    if isinstance(tokens, array) and tokens.typecode == "i":
+        return tokens
+    arr = array("i")
+    arr.frombytes(pack_tokens(tokens))
+    return arr
+
+
+def match_edge(key: bytes, tokens: Sequence[int], pos: int) -> int:
+    """How many leading tokens of edge ``key`` equal ``tokens[pos:]`` (>= 1 when the caller
+    found the edge by its first token)."""
+    segment = pack_tokens(tokens[pos:pos + len(key) // TOKEN_BYTES])
+    if segment == key:
+        return len(key) // TOKEN_BYTES
+    return common_prefix_tokens(key, segment, 0)
 
 
 def first_token(key: bytes) -> int:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from .node import TOKEN_BYTES, Pin, TreeNode, common_prefix_tokens, encode_tokens
+from .node import Pin, TreeNode, match_edge
 
 if TYPE_CHECKING:
     from .tree import RadixTree
@@ -19,17 +19,16 @@ if TYPE_CHECKING:
 def walk(root: TreeNode, tokens: Sequence[int]) -> tuple[list[TreeNode], int]:
     """Nodes on the cached path of ``tokens`` and the matched length (the last node may be
     matched only partly: ``length < path[-1].end``). Touches nothing."""
-    arr, data = encode_tokens(tokens)
     path, node, pos = [], root, 0
-    while pos < len(arr):
-        child = node.children.get(arr[pos])
+    while pos < len(tokens):
+        child = node.children.get(tokens[pos])
         if child is None:
             break
         path.append(child)
-        if not data.startswith(child.key, pos * TOKEN_BYTES):
-            pos += common_prefix_tokens(child.key, data, pos * TOKEN_BYTES)
+        pos += match_edge(child.key, tokens, pos)
+        if pos < child.end:
             break
-        node, pos = child, child.end
+        node = child
     return path, pos
 
 

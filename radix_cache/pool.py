@@ -75,21 +75,34 @@ class BlockPool:
         return False
 
     def incref_many(self, blocks: Iterable[int]) -> None:
-        """``incref`` each block (the hot path of match/insert); all-or-nothing on error."""
-        refcounts = self._refcounts
+        """``incref`` each block (the hot path of insert); all-or-nothing on error."""
+        refcounts, num_blocks = self._refcounts, self.num_blocks
         blocks = list(blocks)
         for block in blocks:
-            self._check_id(block)
-            if refcounts[block] == 0:
-                raise BlockPoolError(f"incref of free block {block}: nobody holds it, its contents are gone")
+            if type(block) is not int or not 0 <= block < num_blocks or refcounts[block] == 0:
+                self._raise_for_incref(block)
+        for block in blocks:
+            refcounts[block] += 1
+
+    def incref_held(self, blocks: list[int]) -> None:
+        """``incref`` blocks known to be held already (by tree nodes): no checks."""
+        refcounts = self._refcounts
         for block in blocks:
             refcounts[block] += 1
 
     def decref_many(self, blocks: Iterable[int]) -> int:
-        """``decref`` each block; returns how many went back to the free list."""
+        """``decref`` each block; returns how many went back to the free list. On a bad
+        block it raises, with the blocks before it already released."""
+        refcounts, num_blocks, free = self._refcounts, self.num_blocks, self._free
         freed = 0
         for block in blocks:
-            freed += self.decref(block)
+            if type(block) is not int or not 0 <= block < num_blocks or refcounts[block] == 0:
+                self.decref(block)          # raises the precise error
+            count = refcounts[block]
+            refcounts[block] = count - 1
+            if count == 1:
+                free.append(block)
+                freed += 1
         return freed
 
     def refcount(self, block: int) -> int:
@@ -99,6 +112,10 @@ class BlockPool:
     def free_blocks(self) -> list[int]:
         """A copy of the free list (for integrity checks and tests)."""
         return list(self._free)
+
+    def _raise_for_incref(self, block: int) -> None:
+        self._check_id(block)
+        raise BlockPoolError(f"incref of free block {block}: nobody holds it, its contents are gone")
 
     def _check_id(self, block: int) -> None:
         if not (isinstance(block, int) and 0 <= block < self.num_blocks):

@@ -21,7 +21,7 @@ from . import pins, reports
 from .eviction import EvictionQueue
 from .events import CacheEvent, EventSink
 from .namespaces import Namespace, NamespaceTable
-from .node import TOKEN_BYTES, LockHandle, TreeNode, common_prefix_tokens, encode_tokens, first_token
+from .node import TOKEN_BYTES, LockHandle, TreeNode, first_token, match_edge, pack_tokens
 from .pool import BlockPool
 from .stats import EVICTION_REASONS, InsertResult, MatchResult, PrefixInfo, TreeStats
 
@@ -58,33 +58,28 @@ class RadixTree:
         the last block before writing. Every node touched counts a hit, moves to the back
         of the LRU order and refreshes its pin's expiry.
         """
-        arr, data = encode_tokens(tokens)
         ns = self.namespaces.get_or_create(namespace)
         self.tick += 1
-        node, length, blocks = self._descend_for_match(ns.root, arr, data)
+        node, length, blocks = self._descend_for_match(ns.root, tokens)
         ns.queries += 1
-        ns.query_tokens += len(arr)
+        ns.query_tokens += len(tokens)
         ns.hit_tokens += length
-        self.pool.incref_many(blocks)
+        self.pool.incref_held(blocks)
         handle = LockHandle(node)
         self.lock(handle)
         return MatchResult(length, blocks, handle, length % self.block_size != 0)
 
-    def _descend_for_match(self, node: TreeNode, arr, data: bytes):
-        B, tick, n = self.block_size, self.tick, len(arr)
+    def _descend_for_match(self, node: TreeNode, tokens: Sequence[int]):
+        B, tick, n = self.block_size, self.tick, len(tokens)
         blocks: list[int] = []
         pos = 0
         now = None
         while pos < n:
-            child = node.children.get(arr[pos])
+            child = node.children.get(tokens[pos])
             if child is None:
                 break
-            if data.startswith(child.key, pos * TOKEN_BYTES):
-                pos = child.end
-                take = len(child.blocks)
-            else:
-                pos += common_prefix_tokens(child.key, data, pos * TOKEN_BYTES)
-                take = (pos - 1) // B - child.start // B + 1
+            pos += match_edge(child.key, tokens, pos)
+            take = (pos - 1) // B - child.start // B + 1
             del blocks[child.start // B:]
             blocks.extend(child.blocks[:take])
             child.last_access = tick
@@ -107,8 +102,7 @@ class RadixTree:
         node ending at ``len(tokens)`` is locked (split off if needed) and its handle
         returned: ``unlock`` it exactly once.
         """
-        arr, data = encode_tokens(tokens)
-        n, B = len(arr), self.block_size
+        n, B = len(tokens), self.block_size
         if len(blocks) < -(-n // B):
             raise ValueError(f"{n} tokens need {-(-n // B)} blocks, got {len(blocks)}")
         ns = self.namespaces.get_or_create(namespace)
@@ -116,16 +110,16 @@ class RadixTree:
         node, pos = ns.root, 0
         cached_before = n
         while pos < n:
-            child = node.children.get(arr[pos])
+            child = node.children.get(tokens[pos])
             if child is None:
                 cached_before = pos
-                node = self._add_leaf(node, data[pos * TOKEN_BYTES:], pos, n, blocks)
+                node = self._add_leaf(node, pack_tokens(tokens[pos:]), pos, n, blocks)
                 break
             child.last_access = self.tick
-            if data.startswith(child.key, pos * TOKEN_BYTES):
-                node, pos = child, child.end
+            pos += match_edge(child.key, tokens, pos)
+            if pos == child.end:
+                node = child
                 continue
-            pos += common_prefix_tokens(child.key, data, pos * TOKEN_BYTES)
             if pos == n and not lock:
                 break
             node = self._split(child, pos)

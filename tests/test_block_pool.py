@@ -75,3 +75,15 @@ def test_invalid_sizes_rejected():
         BlockPool(4, 0)
     with pytest.raises(ValueError):
         BlockPool(-1, 16)
+
+
+def test_bulk_operations_reject_bad_blocks_with_pool_errors():
+    pool = BlockPool(4, 16)
+    a, b = pool.allocate(2)
+    with pytest.raises(BlockPoolError, match="unknown block"):
+        pool.incref_many([a, "1"])
+    with pytest.raises(BlockPoolError, match="unknown block"):
+        pool.decref_many([7])
+    assert pool.decref_many([a, b]) == 2
+    with pytest.raises(BlockPoolError, match="double free"):
+        pool.decref_many([a])
