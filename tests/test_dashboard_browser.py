@@ -271,6 +271,18 @@ def test_known_hit_pattern_shows_hits_for_repeated_prompt_only(server, page):
     assert float(globex) == 0.0    # one unique prompt: nothing to hit
 
 
+def test_base_price_input_reprices_the_savings(server, page):
+    open_with_key(page, server, ADMIN_KEY)
+    page.fill("#base-price", "15")
+    stats = fetch_stats(server, ADMIN_KEY)
+    at_3 = expected_page_numbers(stats)
+    shown = displayed_numbers(page)
+    for key in ("cost.with_cache_usd", "cost.without_cache_usd", "cost.saved_usd"):
+        assert float(shown[key][0]) == pytest.approx(at_3[key] * 5, rel=1e-9), key
+    assert float(shown["cost.relative"][0]) == pytest.approx(at_3["cost.relative"], rel=1e-9)
+    assert float(shown["cost.saved_usd"][0]) > 0
+
+
 def test_tenant_key_sees_only_its_own_tenant(server, page):
     open_with_key(page, server, tenant_key("acmecorp"))
     stats = fetch_stats(server, tenant_key("acmecorp"))

@@ -98,7 +98,8 @@ export function drawHitChart(svg, allPoints, now, maxSpanS = 600) {
     body += `<path class="rate-area" d="${area}"/>`;
     body += `<path class="rate-line" id="hit-line" data-points="${rated.length}" d="${d}"/>`;
     body += rated.length <= 120
-      ? rated.map((p) => `<circle class="rate-dot" cx="${r1(x(p.t))}" cy="${r1(y(p.rate))}" r="2.2"/>`).join('')
+      ? rated.map((p) => `<circle class="rate-dot" cx="${r1(x(p.t))}" cy="${r1(y(p.rate))}" r="2.2">`
+        + `<title>${Math.round(tMax - p.t)} s ago: ${(100 * p.rate).toFixed(1)}% of ${p.prompt} prompt tokens</title></circle>`).join('')
       : '';
     body += `<circle class="rate-last" cx="${r1(x(last.t))}" cy="${r1(y(last.rate))}" r="4"/>`;
   }

@@ -12,6 +12,7 @@ const DEFAULT_PRICE = 3;
 
 const state = {
   timer: null,
+  epoch: 0,                  // bumped when the key changes: late answers for the old key are dropped
   lastStats: null,
   generation: 0,
   tenantSeries: new Map(),   // tenant -> [{t, rate}] measured between polls (client side)
@@ -53,7 +54,9 @@ function recordTenantSeries(stats) {
   }
 }
 
-function resetTenantSeries() {
+function keyChanged() {
+  state.epoch += 1;
+  state.lastStats = null;
   state.tenantSeries.clear();
   state.tenantLast.clear();
 }
@@ -74,15 +77,18 @@ function schedule(ms = POLL_MS) {
 async function poll() {
   if (document.hidden) return schedule();
   const key = apiKey();
-  let resp;
+  const epoch = state.epoch;
+  let resp, stats;
   try {
     resp = await fetch(STATS_URL, {
       headers: key ? { 'x-api-key': key } : {}, cache: 'no-store', credentials: 'omit',
     });
+    stats = resp.ok ? await resp.json() : null;
   } catch (err) {
     setLive('offline', 'server unreachable, retrying');
     return schedule(POLL_MS * 2);
   }
+  if (epoch !== state.epoch) return;        // the key changed while this request was out
   if (resp.status === 401 || resp.status === 403) {
     setLive('auth', 'API key needed');
     document.body.dataset.state = 'auth';
@@ -93,15 +99,23 @@ async function poll() {
     setLive('error', `stats: HTTP ${resp.status}, retrying`);
     return schedule(POLL_MS * 2);
   }
-  const stats = await resp.json();
+  show(stats);
+  schedule();
+}
+
+function show(stats) {
   state.lastStats = stats;
   recordTenantSeries(stats);
-  render();
+  try {
+    render();
+  } catch (err) {
+    setLive('error', `cannot show stats: ${err.message}`);
+    return;
+  }
   state.generation += 1;
   document.body.dataset.generation = String(state.generation);
   document.body.dataset.state = 'live';
   setLive('ok', `live · ${new Date().toLocaleTimeString()}`);
-  schedule();
 }
 
 function askForKey(reason) {
@@ -120,16 +134,14 @@ function useKey(event) {
   sessionStorage.setItem(KEY_STORAGE, key);
   $('key-input').value = '';
   $('key-dialog').close();
-  state.lastStats = null;
-  resetTenantSeries();
+  keyChanged();
   poll();
 }
 
 function forgetKey() {
   sessionStorage.removeItem(KEY_STORAGE);
   $('key-dialog').close();
-  state.lastStats = null;
-  resetTenantSeries();
+  keyChanged();
   poll();
 }
 

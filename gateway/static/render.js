@@ -121,11 +121,17 @@ function renderTenants(doc, stats, tenantHistory) {
   }
 }
 
+// Preview text with the chat template's special tokens (<|im_start|> ...) dimmed.
+function previewHtml(text) {
+  return text.split(/(<\|[^|<>]{1,40}\|>)/).map((part, i) => (
+    i % 2 ? `<span class="special">${escapeHtml(part)}</span>` : escapeHtml(part))).join('');
+}
+
 function prefixRow(p, i, showPreview) {
   const length = typeof p.tokens === 'number' ? p.tokens : (p.length ?? 0);
   const ttl = typeof p.pin_ttl_s === 'number' && p.pin_ttl_s > 0 ? p.pin_ttl_s : 0;
   const preview = showPreview
-    ? `<td class="preview" data-stat="preview">${escapeHtml(p.preview || '')}</td>` : '';
+    ? `<td class="preview" data-stat="preview" title="${escapeHtml(p.preview || '')}">${previewHtml(p.preview || '')}</td>` : '';
   return `<tr data-prefix-index="${i}">`
     + `<td class="rank">${i + 1}</td>`
     + `<td class="tenant-col" data-stat="tenant" data-value="${escapeHtml(p.tenant ?? '')}">${escapeHtml(p.tenant ?? '')}</td>`
