@@ -219,14 +219,19 @@ def triton_paged_attention(q, k_cache, v_cache, block_tables, cu_q_lens, seq_len
     if q.shape[0] == 0:
         return out
     if q.shape[0] == block_tables.shape[0]:
-        _launch_decode(q, k_cache, v_cache, block_tables, seq_lens, scale, out, num_splits, block_n)
+        launches = decode_launches(q, k_cache, v_cache, block_tables, seq_lens, scale, out,
+                                   num_splits, block_n)
     else:
-        _launch_prefill(q, k_cache, v_cache, block_tables, cu_q_lens, seq_lens, scale, out,
-                        block_m, block_n)
+        launches = [prefill_launch(q, k_cache, v_cache, block_tables, cu_q_lens, seq_lens, scale, out,
+                                   block_m, block_n)]
+    for kernel, grid, args, meta in launches:
+        kernel[grid](**args, **meta)
     return out
 
 
-def _launch_decode(q, k_cache, v_cache, block_tables, seq_lens, scale, out, num_splits, block_n):
+def decode_launches(q, k_cache, v_cache, block_tables, seq_lens, scale, out, num_splits=None,
+                    block_n=None) -> list[tuple]:
+    """(kernel, grid, args, meta) for the decode kernel and, when split, its reduction."""
     batch, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
     group = num_heads // num_kv_heads
@@ -235,44 +240,53 @@ def _launch_decode(q, k_cache, v_cache, block_tables, seq_lens, scale, out, num_
     max_tiles = triton.cdiv(block_tables.shape[1] * k_cache.shape[1], block_n)
     if num_splits is None:
         num_splits = decode_num_splits(batch, num_kv_heads, max_tiles, q.device)
-    if num_splits & (num_splits - 1):
+    if num_splits < 1 or num_splits & (num_splits - 1):
         raise ValueError(f"num_splits must be a power of two, got {num_splits}")
-    tiles_per_split = triton.cdiv(max_tiles, num_splits)
     part_m = part_l = part_acc = out  # unused placeholders when NUM_SPLITS == 1
     if num_splits > 1:
         part_m = torch.empty(batch, num_heads, num_splits, dtype=torch.float32, device=q.device)
         part_l = torch.empty_like(part_m)
         part_acc = torch.empty(batch, num_heads, num_splits, dim_pad, dtype=torch.float32, device=q.device)
-    _decode_kernel[(batch, num_kv_heads, num_splits)](
-        q, k_cache, v_cache, out, block_tables, seq_lens, part_m, part_l, part_acc,
-        scale * LOG2_E, k_cache.shape[1], tiles_per_split,
-        q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
-        DIM_PAD=dim_pad, BLOCK_N=block_n, NUM_SPLITS=num_splits, DOT_FP32=_dot_fp32(q),
-        num_warps=4, num_stages=2,
+    args = dict(
+        q_ptr=q, k_cache_ptr=k_cache, v_cache_ptr=v_cache, out_ptr=out, block_tables_ptr=block_tables,
+        seq_lens_ptr=seq_lens, part_m_ptr=part_m, part_l_ptr=part_l, part_acc_ptr=part_acc,
+        scale_log2=scale * LOG2_E, block_size=k_cache.shape[1],
+        tiles_per_split=triton.cdiv(max_tiles, num_splits),
+        stride_qt=q.stride(0), stride_qh=q.stride(1), stride_ot=out.stride(0), stride_oh=out.stride(1),
+        stride_bt=block_tables.stride(0), stride_cb=k_cache.stride(0), stride_cs=k_cache.stride(1),
+        stride_ch=k_cache.stride(2),
     )
+    meta = dict(GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
+                DIM_PAD=dim_pad, BLOCK_N=block_n, NUM_SPLITS=num_splits, DOT_FP32=_dot_fp32(q),
+                num_warps=4, num_stages=2)
+    launches = [(_decode_kernel, (batch, num_kv_heads, num_splits), args, meta)]
     if num_splits > 1:
-        _decode_reduce_kernel[(batch, num_heads)](
-            out, part_m, part_l, part_acc, out.stride(0), out.stride(1),
-            HEAD_DIM=head_dim, DIM_PAD=dim_pad, NUM_SPLITS=num_splits,
-        )
+        reduce_args = dict(out_ptr=out, part_m_ptr=part_m, part_l_ptr=part_l, part_acc_ptr=part_acc,
+                           stride_ot=out.stride(0), stride_oh=out.stride(1))
+        reduce_meta = dict(HEAD_DIM=head_dim, DIM_PAD=dim_pad, NUM_SPLITS=num_splits)
+        launches.append((_decode_reduce_kernel, (batch, num_heads), reduce_args, reduce_meta))
+    return launches
 
 
-def _launch_prefill(q, k_cache, v_cache, block_tables, cu_q_lens, seq_lens, scale, out,
-                    block_m, block_n):
+def prefill_launch(q, k_cache, v_cache, block_tables, cu_q_lens, seq_lens, scale, out,
+                   block_m=None, block_n=None) -> tuple:
+    """(kernel, grid, args, meta) for the prefill / prefix-extend kernel."""
     num_tokens, num_heads, head_dim = q.shape
     batch = block_tables.shape[0]
-    block_m = block_m or 64
-    block_n = block_n or (64 if head_dim <= 64 else 32)
-    grid = (num_tokens // block_m + batch, num_heads)
-    _prefill_kernel[grid](
-        q, k_cache, v_cache, out, block_tables, cu_q_lens, seq_lens,
-        scale * LOG2_E, k_cache.shape[1], batch,
-        q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        GROUP=num_heads // k_cache.shape[2], HEAD_DIM=head_dim,
-        DIM_PAD=max(16, triton.next_power_of_2(head_dim)), BLOCK_M=block_m, BLOCK_N=block_n,
-        SEARCH_STEPS=math.ceil(math.log2(batch)) if batch > 1 else 0, DOT_FP32=_dot_fp32(q),
-        num_warps=4, num_stages=2,
+    block_m, block_n = block_m or 64, block_n or 64
+    dim_pad = max(16, triton.next_power_of_2(head_dim))
+    # sm_90 compile (ptxas -v, bf16, d128): 64x64 tiles with 8 warps use 130 registers, no spills.
+    num_warps = 8 if block_m * dim_pad >= 64 * 128 else 4
+    args = dict(
+        q_ptr=q, k_cache_ptr=k_cache, v_cache_ptr=v_cache, out_ptr=out, block_tables_ptr=block_tables,
+        cu_q_lens_ptr=cu_q_lens, seq_lens_ptr=seq_lens, scale_log2=scale * LOG2_E,
+        block_size=k_cache.shape[1], num_seqs=batch,
+        stride_qt=q.stride(0), stride_qh=q.stride(1), stride_ot=out.stride(0), stride_oh=out.stride(1),
+        stride_bt=block_tables.stride(0), stride_cb=k_cache.stride(0), stride_cs=k_cache.stride(1),
+        stride_ch=k_cache.stride(2),
     )
+    meta = dict(GROUP=num_heads // k_cache.shape[2], HEAD_DIM=head_dim, DIM_PAD=dim_pad,
+                BLOCK_M=block_m, BLOCK_N=block_n,
+                SEARCH_STEPS=math.ceil(math.log2(batch)) if batch > 1 else 0, DOT_FP32=_dot_fp32(q),
+                num_warps=num_warps, num_stages=2)
+    return _prefill_kernel, (num_tokens // block_m + batch, num_heads), args, meta

@@ -25,7 +25,7 @@ from radixgate.kernels import (  # noqa: E402
 )
 from radixgate.kernels.testing import make_paged_case  # noqa: E402
 from radixgate.kernels.triton_attention import (  # noqa: E402
-    _launch_prefill, decode_num_splits, triton_paged_attention,
+    decode_num_splits, prefill_launch, triton_paged_attention,
 )
 
 DEVICE = "cuda" if os.environ.get("TRITON_INTERPRET") != "1" else "cpu"
@@ -106,20 +106,25 @@ def test_split_decode_merges_partials_including_empty_splits(num_splits):
     _assert_close(out, _expected(case, 0.125), torch.float32)
 
 
+def _run_prefill_kernel(case, scale, **tiles):
+    """The general kernel, even on batches the dispatcher would send to the decode kernel."""
+    out = torch.empty_like(case.q)
+    kernel, grid, args, meta = prefill_launch(case.q, case.k_cache, case.v_cache, case.block_tables,
+                                              case.cu_q_lens, case.seq_lens, scale, out, **tiles)
+    kernel[grid](**args, **meta)
+    return out
+
+
 def test_prefill_kernel_with_small_tiles_handles_many_tiles_per_sequence():
     # block_m=16 gives several query tiles per sequence and exercises the tile -> sequence search.
     case = _case([1, 37, 16, 5, 1], [9, 50, 16, 40, 2], 3, 64, 16, torch.float32, seed=7)
-    out = torch.empty_like(case.q)
-    _launch_prefill(case.q, case.k_cache, case.v_cache, case.block_tables, case.cu_q_lens,
-                    case.seq_lens, 0.125, out, block_m=16, block_n=16)
+    out = _run_prefill_kernel(case, 0.125, block_m=16, block_n=16)
     _assert_close(out, _expected(case, 0.125), torch.float32)
 
 
 def test_prefill_kernel_on_a_decode_batch_matches_reference():
     case = _case([1, 1], [17, 32], 1, 128, 32, torch.float16, seed=3)
-    out = torch.empty_like(case.q)
-    _launch_prefill(case.q, case.k_cache, case.v_cache, case.block_tables, case.cu_q_lens,
-                    case.seq_lens, 0.1, out, block_m=16, block_n=32)
+    out = _run_prefill_kernel(case, 0.1, block_m=16, block_n=32)
     _assert_close(out, _expected(case, 0.1), torch.float16)
 
 
