@@ -24,7 +24,7 @@ from radixgate.gateway import admin, anthropic_api, openai_api, openapi
 from radixgate.gateway.auth import AuthError
 from radixgate.gateway.config import GatewayConfig
 from radixgate.gateway.errors import ApiError, Kind, api_for_path
-from radixgate.gateway.http_util import STATE
+from radixgate.gateway.http_util import ACCESS, PRINCIPAL, REQUEST_ID, STATE
 from radixgate.gateway.state import EngineFactory, GatewayState
 
 log = logging.getLogger("radixgate.gateway")
@@ -77,9 +77,9 @@ async def _drain(app: web.Application) -> None:
 
 
 async def _add_request_id(request: web.Request, response: web.StreamResponse) -> None:
-    request_id = request.get("request_id")
+    request_id = request.get(REQUEST_ID)
     if request_id is None:
-        request_id = request["request_id"] = _new_request_id()
+        request_id = request[REQUEST_ID] = _new_request_id()
     response.headers["request-id"] = request_id
 
 
@@ -89,7 +89,7 @@ def _new_request_id() -> str:
 
 @web.middleware
 async def gateway_middleware(request: web.Request, handler) -> web.StreamResponse:
-    request["request_id"] = _new_request_id()
+    request[REQUEST_ID] = _new_request_id()
     started = time.monotonic()
     status = 500
     try:
@@ -122,7 +122,7 @@ def _authenticate(request: web.Request) -> None:
     if not (path.startswith(_AUTH_PREFIXES) or path in _AUTH_PATHS):
         return
     try:
-        request["principal"] = request.app[STATE].keyring.authenticate(request.headers)
+        request[PRINCIPAL] = request.app[STATE].keyring.authenticate(request.headers)
     except AuthError as e:
         raise ApiError(Kind.AUTHENTICATION, str(e)) from None
 
@@ -140,16 +140,16 @@ def _http_error(request: web.Request, e: web.HTTPException) -> ApiError:
 
 def _error_response(request: web.Request, error: ApiError) -> web.Response:
     api = api_for_path(request.path)
-    return web.json_response(error.body(api, request.get("request_id")),
+    return web.json_response(error.body(api, request.get(REQUEST_ID)),
                              status=error.status(api), headers=error.headers())
 
 
 def _log_access(request: web.Request, status: int, seconds: float) -> None:
-    info = request.get("access") or {}
-    principal = request.get("principal")
+    info = request.get(ACCESS) or {}
+    principal = request.get(PRINCIPAL)
     tenant = info.get("tenant") or (principal.tenant if principal else "-")
     access_log.info(
         "%s %s %s %d tenant=%s prompt=%s cached=%s output=%s ttft_ms=%s dur_ms=%.1f",
-        request["request_id"], request.method, request.path, status, tenant,
+        request[REQUEST_ID], request.method, request.path, status, tenant,
         info.get("prompt", "-"), info.get("cached", "-"), info.get("output", "-"),
         info.get("ttft_ms", "-"), seconds * 1000)

@@ -18,6 +18,16 @@ from radixgate.gateway.errors import ApiError, Kind
 from radixgate.gateway.state import GatewayState
 
 STATE = web.AppKey("radixgate_state", GatewayState)
+_RequestKey = getattr(web, "RequestKey", None)     # aiohttp >= 3.12; plain strings before
+
+
+def _request_key(name: str, kind: type):
+    return _RequestKey(name, kind) if _RequestKey is not None else name
+
+
+REQUEST_ID = _request_key("radixgate_request_id", str)
+PRINCIPAL = _request_key("radixgate_principal", Principal)
+ACCESS = _request_key("radixgate_access", dict)     # fields of the access-log line
 M = TypeVar("M", bound=BaseModel)
 
 
@@ -26,11 +36,11 @@ def state_of(request: web.Request) -> GatewayState:
 
 
 def principal_of(request: web.Request) -> Principal:
-    return request["principal"]
+    return request[PRINCIPAL]
 
 
 def request_id_of(request: web.Request) -> str:
-    return request["request_id"]
+    return request[REQUEST_ID]
 
 
 def _reject_constant(name: str):

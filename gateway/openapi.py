@@ -120,6 +120,9 @@ def _paths() -> dict:
                                           _ref("OpenAICompletion"), "OpenAIError",
                                           gen + (504,), stream=True)},
         "/v1/models": {"get": _get("List models", _OBJECT)},
+        "/v1/models/{model_id}": {"get": {**_get("Get a model (id or alias)", _OBJECT,
+                                                 codes=(401, 404, 503)), "parameters": [
+            {"name": "model_id", "in": "path", "required": True, "schema": {"type": "string"}}]}},
         "/health": {"get": _get("Liveness and readiness (503 while loading)", _OBJECT,
                                 codes=(503,), auth=False)},
         "/metrics": {"get": _get("Prometheus metrics", {"type": "string"},

@@ -13,6 +13,7 @@ from aiohttp import web
 
 from radixgate.gateway.auth import Principal, namespace_for
 from radixgate.gateway.errors import ApiError, Kind, from_engine
+from radixgate.gateway.http_util import ACCESS
 from radixgate.gateway.state import GatewayState
 from radixgate.runtime.api import (Breakpoint, Finished, FinishReason, Request, SamplingParams,
                                    TextDelta)
@@ -71,7 +72,7 @@ class Generation:
     async def __aenter__(self) -> "Generation":
         engine = self.state.require_engine()
         self._handle = engine.submit(self.request)
-        self.http["access"] = {"tenant": self.principal.tenant}
+        self.http[ACCESS] = {"tenant": self.principal.tenant}
         return self
 
     async def __aexit__(self, exc_type, exc, tb) -> None:
@@ -130,7 +131,7 @@ class Generation:
         self.state.book.record(self.principal.tenant, usage, ok)
         outcome = event.reason.value if ok else f"error_{event.error_kind.value if event.error_kind else 'unknown'}"
         self.state.metrics.observe_finished(self.principal.tenant, self.api, outcome, usage)
-        self.http["access"] = {
+        self.http[ACCESS] = {
             "tenant": self.principal.tenant, "prompt": usage.prompt_tokens,
             "cached": usage.cache_read_tokens, "output": usage.output_tokens,
             "ttft_ms": None if usage.ttft_s is None else round(usage.ttft_s * 1000, 1),

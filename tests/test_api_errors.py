@@ -14,8 +14,12 @@ CHAT = "/v1/chat/completions"
 
 
 @pytest.fixture(scope="module")
-def http(pytestconfig):
-    server = shared_server(pytestconfig, SPEC)
+def server(pytestconfig):
+    return shared_server(pytestconfig, SPEC)
+
+
+@pytest.fixture(scope="module")
+def http(server):
     with httpx.Client(base_url=server.base_url, timeout=60) as client:
         yield client
 
@@ -146,3 +150,19 @@ def test_admin_key_is_accepted_everywhere(http):
     admin = {"x-api-key": ADMIN_KEY}
     assert http.post(MESSAGES, json=anthropic_body(), headers=admin).status_code == 200
     assert http.get("/v1/admin/integrity", headers=admin).json()["ok"] is True
+
+
+def test_one_access_log_line_per_request_with_tenant_and_tokens(http, server):
+    ok = http.post(MESSAGES, json=anthropic_body(), headers=KEY)
+    rid = ok.headers["request-id"]
+    bad = http.post(CHAT, json=chat_body(n=2), headers=KEY).headers["request-id"]
+    log = server.log_path.read_text(errors="replace")
+    (line,) = [line for line in log.splitlines() if rid in line]
+    assert "POST /v1/messages 200 tenant=gamma" in line
+    usage = ok.json()["usage"]
+    prompt = sum(usage[k] for k in ("input_tokens", "cache_read_input_tokens",
+                                    "cache_creation_input_tokens"))
+    assert f"prompt={prompt} cached={usage['cache_read_input_tokens']} output=" in line
+    assert "ttft_ms=" in line and "ttft_ms=-" not in line
+    (error_line,) = [line for line in log.splitlines() if bad in line]
+    assert "POST /v1/chat/completions 400 tenant=gamma" in error_line
