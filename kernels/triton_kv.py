@@ -60,8 +60,10 @@ def _copy_blocks_kernel(
     tl.store(v_cache_ptr + dst_off, tl.load(v_cache_ptr + src_off, mask=mask), mask=mask)
 
 
-def _pads(k_cache: torch.Tensor) -> tuple[int, int]:
-    return triton.next_power_of_2(k_cache.shape[2]), triton.next_power_of_2(k_cache.shape[3])
+def head_pads(k_cache: torch.Tensor) -> dict:
+    """Power-of-two tile sizes covering [Hkv, D] (meta-parameters of both kernels here)."""
+    return dict(HEADS_PAD=triton.next_power_of_2(k_cache.shape[2]),
+                DIM_PAD=triton.next_power_of_2(k_cache.shape[3]))
 
 
 def _check_same_strides(k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
@@ -76,13 +78,12 @@ def triton_store_kv(k, v, k_cache, v_cache, slot_mapping) -> None:
     num_tokens = k.shape[0]
     if num_tokens == 0:
         return
-    heads_pad, dim_pad = _pads(k_cache)
     _store_kv_kernel[(num_tokens,)](
         k, v, k_cache, v_cache, slot_mapping,
         k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         k_cache.shape[1], k_cache.shape[2], k_cache.shape[3],
-        HEADS_PAD=heads_pad, DIM_PAD=dim_pad,
+        **head_pads(k_cache),
     )
 
 
@@ -93,10 +94,9 @@ def triton_copy_blocks(k_cache, v_cache, pairs, num_slots) -> None:
     if pairs.shape[0] == 0:
         return
     pairs = pairs.contiguous()
-    heads_pad, dim_pad = _pads(k_cache)
     _copy_blocks_kernel[(pairs.shape[0], k_cache.shape[1])](
         k_cache, v_cache, pairs, num_slots,
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         k_cache.shape[2], k_cache.shape[3],
-        HEADS_PAD=heads_pad, DIM_PAD=dim_pad,
+        **head_pads(k_cache),
     )
