@@ -96,12 +96,30 @@ class _Node:
     blocks: list[int]                 # physical blocks for block indices start//B .. (end-1)//B
     parent: "_Node | None" = None
     children: dict[int, "_Node"] = field(default_factory=dict)
+    last_access: int = 0              # logical clock, as RadixTree's LRU
+    hits: int = 0
+    priority: float = 0.0             # GreedyDual-Size-Frequency value (policy "gdsf")
+
+
+POLICIES = ("belady", "lru", "gdsf")
 
 
 class BeladyCache:
-    """Radix-tree KV cache simulator with offline furthest-next-use leaf eviction."""
+    """Radix-tree KV cache simulator; evicts leaves by ``policy``:
 
-    def __init__(self, trace: Sequence[tuple[str, Sequence[int]]], block_size: int):
+    - ``belady`` (default): offline, the leaf whose next use is furthest in the future;
+    - ``lru``: least recently matched or inserted (what RadixTree does; a cross-check);
+    - ``gdsf``: GreedyDual-Size-Frequency with cost = size, i.e. priority = L + hits where
+      L is the priority of the last evicted leaf (an online, frequency-aware comparison).
+    """
+
+    def __init__(self, trace: Sequence[tuple[str, Sequence[int]]], block_size: int,
+                 policy: str = "belady"):
+        if policy not in POLICIES:
+            raise ValueError(f"unknown policy {policy!r}; one of {POLICIES}")
+        self.policy = policy
+        self.tick = 0
+        self.inflation = 0.0
         self.oracle = FutureOracle(trace)
         self.tokens = self.oracle.tokens
         self.block_size = block_size
@@ -125,10 +143,13 @@ class BeladyCache:
         """(matched tokens, block table covering them) for request ``index``."""
         tokens, B = self.tokens[index], self.block_size
         node, depth, table = self.roots.get(namespace), 0, []
+        self.tick += 1
         while node is not None and depth < len(tokens):
             child = node.children.get(tokens[depth])
             if child is None:
                 break
+            child.last_access, child.hits = self.tick, child.hits + 1
+            child.priority = self.inflation + child.hits
             depth += common_prefix(tokens, self.tokens[child.rep], depth, child.end)
             first_index = child.start // B
             table[first_index:] = child.blocks
@@ -153,13 +174,16 @@ class BeladyCache:
         tokens, B = self.tokens[index], self.block_size
         node = self.roots.setdefault(namespace, _Node(0, 0, index, []))
         depth = 0
+        self.tick += 1
         while depth < len(tokens):
             child = node.children.get(tokens[depth])
             if child is None:
-                leaf = _Node(depth, len(tokens), index, table[depth // B:], node)
+                leaf = _Node(depth, len(tokens), index, table[depth // B:], node,
+                             last_access=self.tick, priority=self.inflation + 1)
                 self._hold(leaf.blocks)
                 node.children[tokens[depth]] = leaf
                 return
+            child.last_access = self.tick
             cut = depth + common_prefix(tokens, self.tokens[child.rep], depth, child.end)
             if cut == len(tokens):
                 return                        # the whole prompt is already cached
@@ -171,7 +195,8 @@ class BeladyCache:
         B, parent = self.block_size, child.parent
         split_at = cut // B - child.start // B          # blocks of [start, cut)
         upper_blocks = child.blocks[: -(-cut // B) - child.start // B]
-        upper = _Node(child.start, cut, child.rep, upper_blocks, parent)
+        upper = _Node(child.start, cut, child.rep, upper_blocks, parent, last_access=child.last_access,
+                      hits=child.hits, priority=child.priority)
         self._hold(upper_blocks)
         parent.children[self.tokens[child.rep][child.start]] = upper
         old = child.blocks
@@ -196,11 +221,21 @@ class BeladyCache:
             elif node.parent is not None:
                 yield node
 
+    def _victim(self, now: int) -> _Node | None:
+        if self.policy == "belady":
+            return max(self._leaves(), default=None,
+                       key=lambda n: (self.oracle.next_use(n.rep, n.start + 1, now), n.end))
+        if self.policy == "lru":
+            return min(self._leaves(), default=None, key=lambda n: n.last_access)
+        victim = min(self._leaves(), default=None, key=lambda n: (n.priority, n.last_access))
+        if victim is not None:
+            self.inflation = victim.priority
+        return victim
+
     def evict_to(self, budget_blocks: int, now: int) -> None:
-        """Evict leaves, furthest next use first, until at most ``budget_blocks`` are held."""
+        """Evict leaves in policy order until at most ``budget_blocks`` blocks are held."""
         while self.used_blocks > budget_blocks:
-            victim = max(self._leaves(), default=None,
-                         key=lambda n: (self.oracle.next_use(n.rep, n.start + 1, now), n.end))
+            victim = self._victim(now)
             if victim is None:
                 return
             del victim.parent.children[self.tokens[victim.rep][victim.start]]

@@ -100,9 +100,10 @@ def replay_radix(trace: Trace, block_size: int, budget_blocks: int | None,
 
 
 def replay_belady(trace: Trace, block_size: int, budget_blocks: int | None,
-                  round_to_block: bool = False) -> Replay:
-    """Replay through the offline Belady simulator; ``None`` = unlimited memory."""
-    cache = BeladyCache(trace, block_size)
+                  round_to_block: bool = False, policy: str = "belady") -> Replay:
+    """Replay through the simulator (offline Belady unless ``policy`` says otherwise);
+    ``None`` = unlimited memory."""
+    cache = BeladyCache(trace, block_size, policy)
     reused_total = prompt_total = peak = 0
     for index, (namespace, tokens) in enumerate(trace):
         reused_total += cache.serve(namespace, index, round_to_block)

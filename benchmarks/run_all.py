@@ -1,6 +1,7 @@
 """Run the whole benchmark suite: ``python -m benchmarks.run_all --quick|--full``.
 
-1. memory sweep (``benchmarks.memory_sweep``: RadixTree alone, no model);
+1. memory sweep (``benchmarks.memory_sweep``: RadixTree alone, no model; full-size traces
+   in both modes since it takes about a minute);
 2. the five workloads over HTTP against ``radixgate serve`` subprocesses with the default
    real model, one variant after the other: cache on, ``--no-prefix-cache``,
    ``--page-rounded-match``; plus the offline upper bound from the token traces;
@@ -106,6 +107,9 @@ def parse_args(argv):
     parser.add_argument("--peers", action="store_true", help="also llama.cpp when installed")
     parser.add_argument("--no-scripts", action="store_true", help="skip the other scripts")
     parser.add_argument("--tiny", action="store_true", help="servers with --tiny weights")
+    parser.add_argument("--sweep-quick", action="store_true",
+                        help="sweep the quick-size traces (default: full size in both modes; "
+                             "the sweep runs no model and takes about a minute)")
     parser.add_argument("--kv-cache-gb", type=float, default=None)
     args = parser.parse_args(argv)
     args.quick = not args.full
@@ -114,7 +118,8 @@ def parse_args(argv):
     return args
 
 
-def main(argv: list[str] | None = None) -> dict:
+def run(argv: list[str] | None = None) -> dict:
+    """Run the suite; returns what it wrote to results.json."""
     args = parse_args(argv)
     command = "python -m benchmarks.run_all " + " ".join(argv if argv is not None else sys.argv[1:])
     args.out.mkdir(parents=True, exist_ok=True)
@@ -122,7 +127,7 @@ def main(argv: list[str] | None = None) -> dict:
     results: dict = {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
                      "command": command.strip(), "mode": "quick" if args.quick else "full",
                      "seed": args.seed, "machine": report.machine_info()}
-    results["sweep"] = run_sweep(args.quick, args.seed, args.out)
+    results["sweep"] = run_sweep(args.quick and args.sweep_quick, args.seed, args.out)
     workloads = make_workloads(quick=args.quick, seed=args.seed)
     tokenizer = load_tokenizer()
     traces = {w.name: workload_trace(w, tokenizer) for w in workloads}
@@ -152,9 +157,16 @@ def main(argv: list[str] | None = None) -> dict:
     return results
 
 
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``python -m benchmarks.run_all`` and ``radixgate bench``: exit code."""
+    results = run(argv)
+    failed = [v for v, r in results["http"].items() if r.get("error")]
+    return 1 if failed else 0
+
+
 def _save(results: dict, out_dir: Path) -> None:
     (out_dir / "results.json").write_text(json.dumps(results, indent=1, default=str))
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

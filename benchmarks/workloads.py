@@ -59,11 +59,11 @@ class Scale:
     max_tokens: int
 
 
-QUICK = Scale(system_tokens=480, num_users=16, chat_conversations=3, chat_turns=5,
-              chat_reply_tokens=50, num_tenants=3, tenant_prefix_tokens=380,
-              loops_per_tenant=1, tool_calls_per_loop=4, observation_tokens=30,
-              num_documents=12, document_tokens=330, fewshot_tokens=120, doc_questions=24,
-              zipf_s=1.1, control_requests=12, control_tokens=300, max_tokens=8)
+QUICK = Scale(system_tokens=400, num_users=12, chat_conversations=3, chat_turns=4,
+              chat_reply_tokens=40, num_tenants=2, tenant_prefix_tokens=320,
+              loops_per_tenant=1, tool_calls_per_loop=3, observation_tokens=30,
+              num_documents=8, document_tokens=250, fewshot_tokens=100, doc_questions=12,
+              zipf_s=1.1, control_requests=6, control_tokens=300, max_tokens=8)
 FULL = Scale(system_tokens=2000, num_users=256, chat_conversations=24, chat_turns=10,
              chat_reply_tokens=150, num_tenants=8, tenant_prefix_tokens=3000,
              loops_per_tenant=2, tool_calls_per_loop=10, observation_tokens=150,

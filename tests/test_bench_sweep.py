@@ -45,6 +45,20 @@ def test_belady_simulator_counts_blocks_like_radix_tree_with_unlimited_memory(se
     assert rounded.reused_tokens == replay_belady(trace, B, None, True).reused_tokens
 
 
+@pytest.mark.parametrize("seed", range(3))
+def test_simulator_in_lru_mode_reproduces_radix_tree_hits_under_pressure(seed):
+    trace = random_trace(seed, n=60)
+    for budget in (6, 15, 40):
+        real = replay_radix(trace, B, budget)
+        sim = replay_belady(trace, B, budget, policy="lru")
+        assert sim.reused_tokens == real.reused_tokens
+
+
+def test_simulator_rejects_unknown_policy():
+    with pytest.raises(ValueError):
+        BeladyCache([("n", [1, 2])], B, policy="fifo")
+
+
 def test_belady_keeps_the_prefix_needed_next_where_lru_drops_it():
     a, b = list(range(100, 164)), list(range(200, 264))       # 4 blocks each
     trace = [("n", a + [1]), ("n", b + [2]), ("n", a + [3])]
