@@ -62,8 +62,11 @@ def run_workload(base_url: str) -> None:
         with urllib.request.urlopen(req, timeout=60) as resp:
             assert json.load(resp)["type"] == "message"
 
+    # a second apart, so each lands in its own per-second history sample: misses, hit, miss
     ask("acmecorp", SYSTEM_PROMPT, "What is a block?")
+    time.sleep(1.05)
     ask("acmecorp", SYSTEM_PROMPT, "What is a node?")
+    time.sleep(1.05)
     ask("globexinc", "You write haiku about the sea, nothing else.", "Tide?")
 
 
@@ -269,6 +272,10 @@ def test_known_hit_pattern_shows_hits_for_repeated_prompt_only(server, page):
                                 "data-value")
     assert float(acme) > 0.3       # second request reads the long system prompt from cache
     assert float(globex) == 0.0    # one unique prompt: nothing to hit
+    history = fetch_stats(server, ADMIN_KEY)["history"]
+    rates = [h["cache_read"] / h["prompt"] for h in history if h["prompt"]]
+    assert len(rates) == 3 and rates[0] == 0 and rates[1] > 0.9 and rates[2] == 0
+    assert page.get_attribute("#hit-line", "data-points") == "3"
 
 
 def test_base_price_input_reprices_the_savings(server, page):
