@@ -1,0 +1,98 @@
+"""HF directories (config.json + safetensors + tokenizer.json): tiny random Llama (llama3 RoPE
+scaling, untied head, sharded), Qwen2 (q/k/v bias) and Mistral written by transformers, then
+our forward against transformers' own model loaded from the same directory."""
+import dataclasses
+import json
+
+import pytest
+import torch
+
+from radixgate.runtime.batch import build_forward_batch
+from radixgate.runtime.kv_cache import KVCache
+from radixgate.runtime.loader import gguf_tokenizer, load_model
+from radixgate.runtime.loader_hf import read_hf_config
+
+transformers = pytest.importorskip("transformers")
+
+SHAPE = dict(vocab_size=49152, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
+VARIANTS = {
+    "llama": ("LlamaConfig", "LlamaForCausalLM", dict(
+        rope_theta=5000.0, tie_word_embeddings=False,
+        rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                      "high_freq_factor": 4.0, "original_max_position_embeddings": 16})),
+    "llama-linear": ("LlamaConfig", "LlamaForCausalLM", dict(
+        tie_word_embeddings=True, rope_scaling={"rope_type": "linear", "factor": 2.0})),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict(rope_theta=1e6, tie_word_embeddings=True)),
+    "mistral": ("MistralConfig", "MistralForCausalLM", dict(sliding_window=None)),
+}
+TEMPLATE = "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+
+
+def write_model_dir(path, variant: str, seed: int = 0):
+    """A tiny random model saved by transformers, plus SmolLM2's tokenizer.json."""
+    config_cls, model_cls, extra = VARIANTS[variant]
+    config = getattr(transformers, config_cls)(**SHAPE, **extra, bos_token_id=1, eos_token_id=2)
+    torch.manual_seed(seed)
+    model = getattr(transformers, model_cls)(config).eval()
+    if variant == "qwen2":      # biases start at zero: make them matter
+        for layer in model.model.layers:
+            for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                torch.nn.init.normal_(proj.bias, std=0.5)
+    model.save_pretrained(path, max_shard_size="2MB" if variant == "llama" else "1GB")
+    gguf_tokenizer("default").backend.save(str(path / "tokenizer.json"))
+    (path / "tokenizer_config.json").write_text(json.dumps(
+        {"bos_token": "<|im_start|>", "eos_token": "<|im_end|>", "chat_template": TEMPLATE}))
+    return model
+
+
+@pytest.fixture(scope="module", params=list(VARIANTS))
+def model_pair(request, tmp_path_factory):
+    path = tmp_path_factory.mktemp(request.param)
+    reference = write_model_dir(path, request.param)
+    return request.param, path, reference, load_model(str(path), device="cpu")
+
+
+def test_forward_matches_transformers(model_pair):
+    variant, _, reference, ours = model_pair
+    ids = ours.tokenizer.encode("Paged attention over a radix tree of prefixes, " * 6)
+    assert len(ids) > 40    # beyond llama3's original 16 positions: scaling matters
+    cfg = ours.config
+    kv = KVCache(cfg.num_layers, 16, 16, cfg.num_kv_heads, cfg.head_dim)
+    batch = build_forward_batch([ids], [0], [list(range(16))[::-1]], 16,
+                                logits_rows=[list(range(len(ids)))])
+    logits = ours.model.forward(batch, kv)
+    with torch.inference_mode():
+        expected = reference(torch.tensor([ids])).logits[0]
+    assert expected.abs().max() > 1e-2
+    torch.testing.assert_close(logits, expected, rtol=1e-4, atol=1e-5)
+
+
+def test_config_mapping(model_pair):
+    variant, path, _, ours = model_pair
+    cfg = read_hf_config(path)
+    assert dataclasses.replace(ours.config, eos_token_ids=cfg.eos_token_ids) == cfg
+    assert (cfg.num_layers, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim) == (2, 4, 2, 8)
+    assert cfg.attention_bias == (variant == "qwen2")
+    assert cfg.arch == variant.split("-")[0]
+    if variant == "llama":
+        assert cfg.rope_theta == 5000.0 and cfg.rope_scaling["rope_type"] == "llama3"
+        assert not cfg.tie_word_embeddings and ours.model.lm_head is not ours.model.embed
+        assert (path / "model.safetensors.index.json").is_file()
+    if variant == "qwen2":
+        assert ours.model.layers[0].qkv_bias is not None and cfg.rope_theta == 1e6
+
+
+def test_tokenizer_and_template_from_directory(model_pair):
+    _, _, _, ours = model_pair
+    tok = ours.tokenizer
+    assert tok.encode("<|im_start|>hi") == gguf_tokenizer("default").encode("<|im_start|>hi")
+    assert tok.bos_token_id == 1 and tok.eos_token_id == 2 and 2 in ours.config.eos_token_ids
+    assert tok.apply_chat_template([{"role": "user", "content": "x"}]) == "<|im_start|>user\nx<|im_end|>\n"
+
+
+def test_unsupported_architecture_is_rejected(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["GPT2LMHeadModel"],
+                                                      "model_type": "gpt2"}))
+    with pytest.raises(NotImplementedError, match="Llama, Mistral and Qwen2"):
+        read_hf_config(tmp_path)

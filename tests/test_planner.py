@@ -1,0 +1,55 @@
+"""KV capacity planner: the reference figures and the CLI table."""
+import pytest
+
+from radixgate.runtime.planner import GiB, KiB, PRESETS, format_plan_table, plan, planner_main
+
+GB = 10**9
+
+
+def test_llama_2_7b_is_512_kib_per_token_and_4_gib_per_8k():
+    p = plan("llama-2-7b", memory_gb=80, context_tokens=8192)
+    assert p.bytes_per_token == 512 * KiB
+    assert p.bytes_per_conversation == 4 * GiB
+    assert p.max_tokens == 80 * GiB // (512 * KiB) == 163_840 and p.max_conversations == 20
+
+
+def test_llama_3_8b_is_128_kib_per_token_and_1_gib_per_8k():
+    p = plan("llama-3-8b", memory_gb=80, context_tokens=8192)
+    assert p.bytes_per_token == 128 * KiB and p.bytes_per_conversation == 1 * GiB
+    assert p.max_conversations == 80
+
+
+def test_fifty_conversations_of_8000_tokens_on_llama_2_7b_need_about_200_gb():
+    needed = plan("llama-2-7b", memory_gb=80, context_tokens=8000).memory_for(50)
+    assert needed == 50 * 8000 * 512 * KiB
+    assert 195 * GiB < needed < 210 * GB          # 209.7 GB = 195.3 GiB: "~200 GB"
+
+
+def test_gqa_presets_and_dtype_bytes_scale_linearly():
+    assert plan("llama-2-70b", 1, 1).bytes_per_token == 2 * 80 * 8 * 128 * 2
+    assert plan("mistral-7b", 1, 1).bytes_per_token == plan("llama-3-8b", 1, 1).bytes_per_token
+    assert plan("qwen2-7b", 1, 1).bytes_per_token == 2 * 28 * 4 * 128 * 2
+    assert plan("llama-2-7b", 1, 1, dtype_bytes=1).bytes_per_token == 256 * KiB
+    assert {"llama-2-7b", "llama-3-8b", "llama-2-70b", "llama-3-70b", "mistral-7b", "qwen2-7b",
+            "smollm2-135m"} <= set(PRESETS)
+
+
+def test_loaded_config_and_default_file_match_the_smollm2_preset(tiny_model):
+    assert plan("default", 1, 8192).bytes_per_token == PRESETS["smollm2-135m"].kv_bytes_per_token(2)
+    assert plan(tiny_model.config, 1, 100).bytes_per_token == tiny_model.config.kv_bytes_per_token(2)
+
+
+def test_unknown_model_name_is_an_error():
+    with pytest.raises(ValueError, match="not a preset"):
+        plan("gpt-17", 1, 1)
+    assert planner_main(["gpt-17"]) == 2
+
+
+def test_table_lists_each_model_with_its_figures(capsys):
+    table = format_plan_table([plan("llama-2-7b", 80, 8000), plan("llama-3-8b", 80, 8000)], conversations=50)
+    lines = table.splitlines()
+    assert len(lines) == 4 and lines[2].startswith("llama-2-7b") and "512 KiB" in lines[2]
+    assert "195.3 GiB" in lines[2] and "128 KiB" in lines[3]
+    assert planner_main(["llama-2-7b", "--memory-gb", "4", "--context", "8192"]) == 0
+    out = capsys.readouterr().out
+    assert "4 GiB" in out and "8,192" in out
