@@ -2,6 +2,7 @@
 
     radixgate serve [--config radixgate.toml] [--host H] [--port P] [--model PATH] [--tiny]
                     [--kv-cache-gb G] [--block-size B] [--max-model-len N] [--log-level L]
+                    [--no-prefix-cache] [--page-rounded-match]    # benchmark baselines
     radixgate generate "prompt" [--chat] [--system S] [--max-tokens N] [--temperature T]
                     [--repeat K] [--tiny] [--model PATH]
     radixgate plan [planner args...]       # runtime/planner.py's CLI
@@ -29,6 +30,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int)
     _model_flags(serve)
     serve.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    serve.add_argument("--no-prefix-cache", dest="enable_prefix_cache", action="store_false",
+                       default=None, help="compute every prompt in full (benchmark baseline)")
+    serve.add_argument("--page-rounded-match", action="store_true", default=None,
+                       help="reuse cached prefixes in whole blocks only (benchmark baseline)")
     gen = sub.add_parser("generate", help="run one prompt through the engine (no HTTP)")
     gen.add_argument("prompt")
     gen.add_argument("--chat", action="store_true", help="render the prompt as a user message")
@@ -56,7 +61,7 @@ def _model_flags(p: argparse.ArgumentParser) -> None:
 def config_from_args(args: argparse.Namespace) -> GatewayConfig:
     overrides = {"model": args.model, "tiny": args.tiny, "kv_cache_gb": args.kv_cache_gb,
                  "block_size": args.block_size, "max_model_len": args.max_model_len}
-    for name in ("host", "port", "log_level"):
+    for name in ("host", "port", "log_level", "enable_prefix_cache", "page_rounded_match"):
         overrides[name] = getattr(args, name, None)
     return load_config(getattr(args, "config", None), overrides)
 

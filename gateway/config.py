@@ -40,6 +40,8 @@ class ModelSettings:
     kv_cache_gb: float = 4.0
     block_size: int = 16
     tiny: bool = False
+    enable_prefix_cache: bool = True     # False: every prompt is computed in full (baseline)
+    page_rounded_match: bool = False     # reuse rounded down to whole blocks (baseline)
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +80,8 @@ _FLAG_FIELDS = {
     "model": ("model", "path"), "tiny": ("model", "tiny"), "kv_cache_gb": ("model", "kv_cache_gb"),
     "block_size": ("model", "block_size"), "max_model_len": ("model", "max_model_len"),
     "model_name": ("model", "name"),
+    "enable_prefix_cache": ("model", "enable_prefix_cache"),
+    "page_rounded_match": ("model", "page_rounded_match"),
 }
 
 

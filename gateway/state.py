@@ -40,7 +40,9 @@ def engine_config(config: GatewayConfig):
     return EngineConfig(kv_cache_bytes=int(config.model.kv_cache_gb * (1 << 30)),
                         block_size=config.model.block_size,
                         max_model_len=config.model.max_model_len,
-                        max_queue=config.server.max_queue, tenant_quotas=quotas)
+                        max_queue=config.server.max_queue, tenant_quotas=quotas,
+                        enable_prefix_cache=config.model.enable_prefix_cache,
+                        page_rounded_match=config.model.page_rounded_match)
 
 
 class GatewayState:
