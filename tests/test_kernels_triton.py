@@ -20,8 +20,8 @@ if not torch.cuda.is_available():
 triton = pytest.importorskip("triton", reason="triton is not installed: Triton kernels cannot be tested")
 
 from radixgate.kernels import (  # noqa: E402
-    copy_blocks, paged_attention, reference_copy_blocks, reference_paged_attention, reference_store_kv,
-    store_kv,
+    BACKEND_ENV, copy_blocks, paged_attention, reference_copy_blocks, reference_paged_attention,
+    reference_store_kv, store_kv,
 )
 from radixgate.kernels.testing import make_paged_case  # noqa: E402
 from radixgate.kernels.triton_attention import (  # noqa: E402
@@ -174,3 +174,15 @@ def test_launchers_reject_mismatched_cache_and_query_dtypes():
     with pytest.raises(ValueError, match="block_n must be a power of two"):
         triton_paged_attention(case.q, case.k_cache, case.v_cache, case.block_tables,
                                case.cu_q_lens, case.seq_lens, 0.125, block_n=24)
+
+
+def test_backend_environment_variable_routes_cpu_tensors_to_triton(monkeypatch):
+    import radixgate.kernels.triton_kv as triton_kv
+    calls = []
+    original = triton_kv.triton_store_kv
+    monkeypatch.setattr(triton_kv, "triton_store_kv", lambda *a: calls.append(1) or original(*a))
+    monkeypatch.setenv(BACKEND_ENV, "triton")
+    k_cache, v_cache = torch.zeros(2, 16, 1, 16, device=DEVICE), torch.zeros(2, 16, 1, 16, device=DEVICE)
+    k = torch.ones(2, 1, 16, device=DEVICE)
+    store_kv(k, k, k_cache, v_cache, torch.tensor([3, 17], device=DEVICE))
+    assert calls == [1] and k_cache[0, 3].sum() == 16 and k_cache[1, 1].sum() == 16
