@@ -53,7 +53,7 @@ def _row(label: str, s: dict) -> str:
 
 def http_tables(results: dict) -> str:
     table = systems(results)
-    names = [w["name"] for w in results["sweep"]["workloads"]]
+    names = list(results.get("upper_bound") or {})
     lines = []
     for name in names:
         lines += [f"\n#### {name}\n",
@@ -101,7 +101,7 @@ def plot_http(results: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     table = systems(results)
-    names = [w["name"] for w in results["sweep"]["workloads"]]
+    names = list(results.get("upper_bound") or {})
     metrics = (("hit rate (%)", lambda s: 100 * (s.get("hit_rate") or 0)),
                ("TTFT p50 (ms)", lambda s: (s.get("ttft_ms") or {}).get("p50") or 0),
                ("prefill tokens computed", lambda s: s.get("prefill_tokens") or 0))

@@ -30,7 +30,7 @@ from benchmarks.http_runner import ClientConfig, run_workload
 from benchmarks.launch import ADMIN_KEY, VARIANTS, BenchServer, tenant_key
 from benchmarks.memory_sweep import replay_radix, run_sweep
 from benchmarks.traces import load_tokenizer, workload_trace
-from benchmarks.workloads import make_workloads
+from benchmarks.workloads import WORKLOAD_NAMES, make_workloads
 
 OTHER_SCRIPTS = ("runtime_bench", "radix_ops", "kernels_bench")
 
@@ -103,6 +103,7 @@ def parse_args(argv):
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--variants", default=",".join(VARIANTS),
                         help="server variants to run (comma separated; empty for none)")
+    parser.add_argument("--workloads", default="", help="only these workloads (comma separated)")
     parser.add_argument("--no-transformers", action="store_true")
     parser.add_argument("--peers", action="store_true", help="also llama.cpp when installed")
     parser.add_argument("--no-scripts", action="store_true", help="skip the other scripts")
@@ -128,7 +129,8 @@ def run(argv: list[str] | None = None) -> dict:
                      "command": command.strip(), "mode": "quick" if args.quick else "full",
                      "seed": args.seed, "machine": report.machine_info()}
     results["sweep"] = run_sweep(args.quick and args.sweep_quick, args.seed, args.out)
-    workloads = make_workloads(quick=args.quick, seed=args.seed)
+    names = tuple(args.workloads.split(",")) if args.workloads else WORKLOAD_NAMES
+    workloads = make_workloads(quick=args.quick, seed=args.seed, names=names)
     tokenizer = load_tokenizer()
     traces = {w.name: workload_trace(w, tokenizer) for w in workloads}
     results["upper_bound"] = upper_bounds(traces)

@@ -1,0 +1,57 @@
+"""The benchmark report: ratio and per-workload tables, plots, from one results dict."""
+from dataclasses import asdict
+
+from benchmarks import report
+from benchmarks.memory_sweep import goal_checks, sweep_trace
+from benchmarks.run_all import parse_args, upper_bounds
+from benchmarks.stats import summarize
+from benchmarks.traces import TraceEntry
+
+
+def request(prompt: int, read: int, ttft_s: float) -> dict:
+    return {"ok": True, "prompt_tokens": prompt, "cache_read_tokens": read, "output_tokens": 8,
+            "ttft_s": ttft_s, "itl_s": 0.02}
+
+
+def results_dict() -> dict:
+    shared = list(range(100, 164))
+    entries = [TraceEntry("n", tuple(shared + [i, i + 1]), f"s{i}") for i in range(6)]
+    sweep = sweep_trace("tiny", [(e.namespace, e.tokens) for e in entries], 16, (0.5, 1.0))
+    on = summarize([request(66, 64, 0.05)] * 5 + [request(66, 0, 0.2)], 2.0)
+    off = summarize([request(66, 0, 0.2)] * 6, 4.0)
+    return {"date": "2026-11-29 14:00 UTC", "command": "python -m benchmarks.run_all --quick",
+            "mode": "quick", "seed": 0, "machine": report.machine_info(), "elapsed_s": 1.0,
+            "sweep": {"mode": "full", "workloads": [asdict(sweep)], "goals": goal_checks([sweep])},
+            "upper_bound": upper_bounds({"tiny": entries}),
+            "http": {"radixgate": {"workloads": {"tiny": on}},
+                     "cache_off": {"workloads": {"tiny": off}},
+                     "page_rounded": {"error": "server exited with 2", "workloads": {}}},
+            "transformers": {"load_s": 1.0, "workloads": {"tiny": off}}}
+
+
+def test_upper_bound_reuses_every_shared_prefix_token():
+    ub = upper_bounds({"tiny": [TraceEntry("n", (1, 2, 3, 4), "a"),
+                                TraceEntry("n", (1, 2, 3, 9), "b"),
+                                TraceEntry("m", (1, 2, 3, 4), "c")]})["tiny"]
+    assert (ub["prompt_tokens"], ub["cache_read_tokens"], ub["prefill_tokens"]) == (12, 3, 9)
+
+
+def test_report_shows_side_by_side_ratios_and_failed_variants(tmp_path):
+    results = results_dict()
+    text = report.workloads_markdown(results)
+    ratio_row = next(line for line in text.splitlines() if line.startswith("| tiny |"))
+    assert "80.8% / - /" in ratio_row                 # hit rate on / page-rounded / bound
+    assert "| 5.21x |" in ratio_row                    # prefill tokens off / on (396 / 76)
+    assert "| 4.00x | 4.00x | 2.00x |" in ratio_row    # TTFT off/on, transformers/on, req/s
+    assert "radixgate --no-prefix-cache" in text and "transformers generate" in text
+    assert "`page_rounded`" in text                    # the variant that failed is reported
+    assert results["command"] in text and "2026-11-29" in text
+    report.write_all(results, tmp_path)
+    assert (tmp_path / "http.png").read_bytes()[:4] == b"\x89PNG"
+    assert (tmp_path / "workloads.md").read_text() == text
+
+
+def test_quick_is_the_default_mode_and_kv_budget_follows_it():
+    quick, full = parse_args([]), parse_args(["--full"])
+    assert quick.quick and not full.quick
+    assert quick.kv_cache_gb < full.kv_cache_gb
