@@ -145,6 +145,7 @@ def expected_page_numbers(stats: dict) -> dict:
     out["prefill_tokens_per_s"] = rate if rate > 0 else None
     out["prefill_saved_s"] = read / rate if rate > 0 else None
     # Anthropic-style prices: reads 0.1x, 5-minute writes 1.25x, 1-hour writes 2x of input
+    out["tokens.cache_creation_1h"] = t.get("cache_creation_1h")     # optional in the JSON
     write_1h = min(t.get("cache_creation_1h", 0), creation)
     units = (read * 0.1 + (creation - write_1h) * 1.25 + write_1h * 2.0
              + max(0, prompt - read - creation))

@@ -49,6 +49,7 @@ function renderTokens(doc, stats, basePrice) {
     setStat(doc, `tokens.${key}`, t[key] ?? 0, fmtInt);
   }
   setStat(doc, 'tokens.computed', split.computed, fmtInt);
+  setStat(doc, 'tokens.cache_creation_1h', t.cache_creation_1h ?? null, fmtInt);   // optional key
   setWidths(doc.querySelector('.split'), { read: split.read, computed: split.computed });
   setStat(doc, 'prefill_tokens_per_s', stats.prefill_tokens_per_s > 0 ? stats.prefill_tokens_per_s : null, fmtRate);
   setStat(doc, 'prefill_saved_s', prefillSavedSeconds(stats), fmtSeconds);
