@@ -78,19 +78,27 @@ def gguf_tokenizer(path: str | Path) -> Tokenizer:
     return _cached_gguf_tokenizer(str(p), p.stat().st_mtime)
 
 
+def _tokenizer_for(path: Path) -> Tokenizer:
+    if path.is_dir():
+        from radixgate.runtime.loader_hf import read_hf_config, tokenizer_from_hf
+        return tokenizer_from_hf(path, read_hf_config(path))
+    return gguf_tokenizer(path)
+
+
 def _read(path: Path, tiny: bool, seed: int):
     if tiny:
         from radixgate.runtime.tiny import tiny_config, tiny_weights
-        tokenizer = gguf_tokenizer(path)
+        tokenizer = _tokenizer_for(path)
         config = tiny_config(tokenizer.vocab_size, tokenizer.bos_token_id,
                              tuple(sorted(tokenizer.eos_token_ids)))
         return config, tiny_weights(config, seed), tokenizer
     if path.is_dir():
         from radixgate.runtime.loader_hf import load_hf_dir
         return load_hf_dir(path)
-    if path.suffix == ".gguf" or path.is_file():
-        from radixgate.runtime.loader_gguf import load_gguf
-        return load_gguf(path)
+    if path.is_file():
+        from radixgate.runtime.loader_gguf import read_gguf_weights
+        config, weights = read_gguf_weights(path)
+        return config, weights, gguf_tokenizer(path)
     raise FileNotFoundError(f"model path {path} is neither a GGUF file nor an HF directory")
 
 

@@ -102,11 +102,17 @@ def weights_from_gguf(gguf: GGUFFile, config: ModelConfig) -> dict[str, torch.Te
     return weights
 
 
+def read_gguf_weights(path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+    """Config and dequantized weights (the tokenizer comes from ``tokenizer_from_gguf``)."""
+    gguf = GGUFFile(path)
+    config = config_from_gguf(gguf.metadata, gguf.tensors.keys())
+    return config, weights_from_gguf(gguf, config)
+
+
 def load_gguf(path) -> tuple[ModelConfig, dict[str, torch.Tensor], Tokenizer]:
     gguf = GGUFFile(path)
     config = config_from_gguf(gguf.metadata, gguf.tensors.keys())
-    tokenizer = tokenizer_from_gguf(gguf.metadata)
-    return config, weights_from_gguf(gguf, config), tokenizer
+    return config, weights_from_gguf(gguf, config), tokenizer_from_gguf(gguf.metadata)
 
 
 def read_gguf_config(path) -> ModelConfig:
