@@ -257,3 +257,11 @@ async def integrity_violation(session: aiohttp.ClientSession, base: str, admin_k
     if status != 200 or not isinstance(body, dict) or body.get("ok") is not True:
         return f"integrity check failed ({status}): {str(body)[:300]}"
     return None
+
+
+async def flush_tenant(session: aiohttp.ClientSession, base: str, admin_key: str,
+                       tenant: str, cache_salt: str | None = None) -> None:
+    """Admin flush of one tenant's namespace, so its next request starts from an empty cache."""
+    body = {"tenant": tenant} if cache_salt is None else {"tenant": tenant, "cache_salt": cache_salt}
+    status, answer = await post_json(session, base + "/v1/cache/flush", admin_key, body)
+    assert status == 200, answer
