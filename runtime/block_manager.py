@@ -64,6 +64,14 @@ class BlockManager:
             best = max(best, _peek(self.tree, PUBLIC_NAMESPACE, seq.tokens))
         return best
 
+    def may_fit(self, seq: Sequence) -> bool:
+        """Cheap upper bound, checked before matching: could free plus evictable blocks hold
+        seq's uncached tokens? (False means ``admit`` would surely fail.)"""
+        cached_blocks = self.peek_length(seq) // self.block_size
+        need = _ceil_div(len(seq.tokens), self.block_size) - cached_blocks
+        evictable = self.tree.evictable_blocks if self.enable_prefix_cache else 0
+        return need <= self.pool.num_free() + evictable
+
     def release_match(self, found) -> None:
         if found is None:
             return

@@ -32,6 +32,8 @@ from .trace import RequestTrace
 
 log = logging.getLogger(__name__)
 
+MAX_TRACES = 512   # record_logits keeps the traces of this many finished requests
+
 
 class InjectedFault(RuntimeError):
     """Raised inside a step by ``Engine.inject_fault`` (reliability tests)."""
@@ -113,6 +115,8 @@ class EngineCore:
         self.sequences.pop(seq.request_id, None)
         if self.config.record_logits:
             self.traces[seq.request_id] = RequestTrace(tuple(seq.gaps), tuple(seq.logit_rows))
+            while len(self.traces) > MAX_TRACES:
+                self.traces.pop(next(iter(self.traces)))
         self._emit_finished(seq, finish)
 
     def _emit_finished(self, seq: Sequence, finish: Finish) -> None:

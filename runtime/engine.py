@@ -176,7 +176,8 @@ class Engine:
         core = self.core
         try:
             while True:
-                self._apply_commands(block=not core.has_work())
+                draining = self._drain_deadline is not None
+                self._apply_commands(block=not core.has_work() and not draining)
                 if self._drain_deadline is not None and self._drain_done():
                     break
                 core.expire_deadlines(time.monotonic())

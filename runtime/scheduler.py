@@ -188,6 +188,10 @@ class Scheduler:
 
     def _try_admit(self, seq: Sequence, plan: StepPlan) -> str:
         """'admitted', 'held' (waits for a running prefill of its prefix) or 'no_room'."""
+        if not self.blocks.may_fit(seq):
+            if not self.running:
+                plan.unfit = seq
+            return "no_room"
         found = self.blocks.match(seq)
         matched = found.length if found is not None else 0
         leader = self._prefilling_leader(seq, matched) if found is not None else None

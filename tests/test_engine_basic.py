@@ -1,6 +1,7 @@
 """Engine basics on the tiny model: events, prefix reuse and usage, rejections, deadlines,
 pins and public prefixes, snapshots, shutdown."""
 import asyncio
+import threading
 import time
 
 import pytest
@@ -201,12 +202,16 @@ def test_shutdown_aborts_running_and_refuses_new_requests(make_engine):
     assert late.error_kind is ErrorKind.OVERLOADED
 
 
-def test_shutdown_with_grace_lets_short_requests_finish(make_engine):
+def test_shutdown_with_grace_lets_running_requests_finish_then_stops(make_engine):
     engine = make_engine()
-    future = _generate_later(engine, greedy(PROMPT, max_tokens=3))
-    time.sleep(0.05)
-    engine.shutdown(grace_s=60)
+    stopper = threading.Thread(target=engine.shutdown, kwargs={"grace_s": 60})
+    with held(engine):
+        future = _generate_later(engine, greedy(PROMPT, max_tokens=3))
+        stopper.start()
+        time.sleep(0.2)                  # the drain command queues behind the request
     assert future.result(timeout=60).reason is FinishReason.LENGTH
+    stopper.join(timeout=60)
+    assert not stopper.is_alive() and engine.snapshot().draining
 
 
 def _generate_later(engine, request):
