@@ -65,6 +65,7 @@ class EngineSnapshot:
     preemptions: int = 0
     step_time_s: float = 0.0         # total time inside steps since start
     forward_time_s: float = 0.0      # of which in the model forward (overhead = the rest)
+    pins: tuple[PrefixEntry, ...] = ()   # every unexpired pin (admin listing), by namespace
 
 
 def empty_snapshot(total_blocks: int, block_size: int) -> EngineSnapshot:
@@ -112,7 +113,8 @@ def take_snapshot(tree, pool, scheduler, counters: EngineCounters, *, top_n: int
         prefill_tokens_per_s=counters.prefill_rate, steps=counters.steps,
         finished=counters.finished, errors=counters.errors, draining=draining,
         preemptions=counters.preemptions,
-        step_time_s=counters.step_s, forward_time_s=counters.forward_s)
+        step_time_s=counters.step_s, forward_time_s=counters.forward_s,
+        pins=tuple(_pin_entries(tree, counters.namespace_tenant)))
 
 
 def _tenant_counts(tree, scheduler) -> dict[str, TenantCounts]:
@@ -129,3 +131,14 @@ def _prefix_entries(tree, top_n: int, namespace_tenant: Mapping[str, str]) -> li
                         namespace=info.namespace, length=info.length, hits=info.hits,
                         pin_ttl_s=info.pin_ttl_s, token_ids=tuple(info.tokens))
             for info in tree.top_prefixes(top_n)]
+
+
+def _pin_entries(tree, namespace_tenant: Mapping[str, str]) -> list[PrefixEntry]:
+    """Unexpired pins (the tree bounds them by the pin quotas, so there are few)."""
+    now = tree.clock()
+    live = [n for n in tree.pinned_nodes if n.pin is not None and n.pin.expiry > now]
+    live.sort(key=lambda n: (n.ns.name, n.end))
+    return [PrefixEntry(tenant=n.pin.owner or namespace_tenant.get(n.ns.name, ""),
+                        namespace=n.ns.name, length=n.end, hits=n.hits,
+                        pin_ttl_s=n.pin.expiry - now, token_ids=tuple(n.path_tokens()))
+            for n in live]
