@@ -170,6 +170,7 @@ async def remove_prefix(request: web.Request) -> web.Response:
 
 
 async def list_prefixes(request: web.Request) -> web.Response:
+    """Every unexpired pin: published (``public``) prefixes, admin pins and breakpoint pins."""
     require_admin(request)
     state = state_of(request)
     engine = state.require_engine()
@@ -177,9 +178,8 @@ async def list_prefixes(request: web.Request) -> web.Response:
     pins = [{"tenant": p.tenant, "namespace": p.namespace, "tokens": p.length, "hits": p.hits,
              "pin_ttl_s": round(p.pin_ttl_s, 1),
              "preview": engine.tokenizer.decode(list(p.token_ids[:48]))[:160]}
-            for p in snapshot.top_prefixes if p.pin_ttl_s > 0]
-    return web.json_response({"data": pins, "note": "pinned entries among the hottest "
-                              f"{len(snapshot.top_prefixes)} prefixes"})
+            for p in snapshot.pins]
+    return web.json_response({"data": pins})
 
 
 async def integrity(request: web.Request) -> web.Response:
