@@ -1,0 +1,96 @@
+"""Model forward speed on this machine (no engine): ``python -m benchmarks.forward_speed``.
+
+Load time; prefill of N tokens (one sequence) in tokens/s; decode steps (1 and 16 sequences)
+in tokens/s; with ``--vs-transformers`` the same prefill and single-sequence decode through
+transformers' model loaded from the same GGUF (fp32), measured in the same run.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from radixgate.runtime.batch import build_forward_batch
+from radixgate.runtime.kv_cache import KVCache
+from radixgate.runtime.loader import default_model_path, load_model
+
+BLOCK = 16
+
+
+def _best(fn, repeat: int) -> float:
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def ours(prefill_len: int, decode_steps: int, repeat: int) -> dict:
+    start = time.perf_counter()
+    loaded = load_model()
+    load_s = time.perf_counter() - start
+    model, cfg = loaded.model, loaded.config
+    ids = (loaded.tokenizer.encode("The quick brown fox jumps over the lazy dog. ") * 400)[:prefill_len]
+    blocks = -(-(prefill_len + decode_steps) // BLOCK)
+    kv = KVCache(cfg.num_layers, blocks * 16, BLOCK, cfg.num_kv_heads, cfg.head_dim)
+    table = list(range(blocks))
+    prefill = _best(lambda: model.forward(build_forward_batch([ids], [0], [table], BLOCK), kv), repeat)
+
+    def decode(n_seqs: int, start_pos: int, tables) -> float:
+        t0 = time.perf_counter()
+        for step in range(decode_steps):
+            model.forward(build_forward_batch([[ids[step]]] * n_seqs, [start_pos + step] * n_seqs,
+                                              tables, BLOCK), kv)
+        return n_seqs * decode_steps / (time.perf_counter() - t0)
+
+    single = decode(1, prefill_len, [table])
+    short = 128                                   # 16 sequences with 128 cached tokens each
+    tables16 = [list(range(blocks + i * 10, blocks + i * 10 + 10)) for i in range(16)]
+    model.forward(build_forward_batch([ids[:short]] * 16, [0] * 16, tables16, BLOCK), kv)
+    batch16 = decode(16, short, tables16)
+    return {"load_s": load_s, "prefill_tok_s": prefill_len / prefill, "decode1_tok_s": single,
+            "decode16_tok_s": batch16}
+
+
+def transformers_side(prefill_len: int, decode_steps: int, repeat: int) -> dict:
+    from transformers import AutoModelForCausalLM
+    path = default_model_path()
+    model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
+                                                 dtype=torch.float32).eval()
+    ids = torch.arange(1000, 1000 + prefill_len)[None]
+    with torch.inference_mode():
+        prefill = _best(lambda: model(ids, use_cache=True), repeat)
+        out = model(ids, use_cache=True)
+        past, token = out.past_key_values, ids[:, -1:]
+        t0 = time.perf_counter()
+        for _ in range(decode_steps):
+            past = model(token, past_key_values=past, use_cache=True).past_key_values
+        decode = decode_steps / (time.perf_counter() - t0)
+    return {"prefill_tok_s": prefill_len / prefill, "decode1_tok_s": decode}
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--prefill", type=int, default=1024)
+    parser.add_argument("--decode-steps", type=int, default=32)
+    parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--vs-transformers", action="store_true")
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    print(f"torch threads: {torch.get_num_threads()}")
+    result = ours(args.prefill, args.decode_steps, args.repeat)
+    print("radixgate:", {k: round(v, 2) for k, v in result.items()})
+    if args.vs_transformers:
+        ref = transformers_side(args.prefill, args.decode_steps, args.repeat)
+        print("transformers:", {k: round(v, 2) for k, v in ref.items()})
+        for key in ref:
+            print(f"{key}: radixgate / transformers = {result[key] / ref[key]:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
