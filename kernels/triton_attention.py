@@ -23,16 +23,16 @@ LOG2_E = 1.4426950408889634
 
 @triton.jit
 def _attend_tile(q, acc, m_i, l_i, k_cache_ptr, v_cache_ptr, table_row_ptr, tokens, tok_valid,
-                 keep, kv_head, dims, dim_mask, block_size, stride_cb, stride_cs, stride_ch, scale_log2,
-                 DOT_FP32: tl.constexpr):
+                 keep, kv_head, dims, dim_mask, BLOCK_SIZE: tl.constexpr, stride_cb, stride_cs, stride_ch,
+                 scale_log2, DOT_FP32: tl.constexpr):
     """Online-softmax update of (acc [M, D], m_i [M], l_i [M]) with keys ``tokens`` [N].
 
     tok_valid [N]: keys to load (< seq_len); keep [M, N]: which (query, key) pairs count.
     Scores live in the log2 domain. DOT_FP32 upcasts the matmul inputs (only set under the
     Triton interpreter, whose bf16 dot is wrong).
     """
-    block_ids = tl.load(table_row_ptr + tokens // block_size, mask=tok_valid, other=0).to(tl.int64)
-    kv_off = block_ids * stride_cb + (tokens % block_size).to(tl.int64) * stride_cs \
+    block_ids = tl.load(table_row_ptr + tokens // BLOCK_SIZE, mask=tok_valid, other=0).to(tl.int64)
+    kv_off = block_ids * stride_cb + (tokens % BLOCK_SIZE).to(tl.int64) * stride_cs \
         + kv_head * stride_ch                                                 # [N]
     kv_mask = tok_valid[:, None] & dim_mask[None, :]                          # [N, D]
     k = tl.load(k_cache_ptr + kv_off[:, None] + dims[None, :], mask=kv_mask, other=0.0)
@@ -53,11 +53,11 @@ def _attend_tile(q, acc, m_i, l_i, k_cache_ptr, v_cache_ptr, table_row_ptr, toke
 def _decode_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, block_tables_ptr, seq_lens_ptr,
     part_m_ptr, part_l_ptr, part_acc_ptr,
-    scale_log2, block_size, tiles_per_split,
+    scale_log2, tiles_per_split,
     stride_qt, stride_qh, stride_ot, stride_oh, stride_bt,
     stride_cb, stride_cs, stride_ch,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr,
-    BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, DOT_FP32: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, DOT_FP32: tl.constexpr,
 ):
     """Program (seq, kv_head, split): all GROUP query heads of one kv head read each K/V tile once.
 
@@ -86,7 +86,7 @@ def _decode_kernel(
         tok_valid = tokens < seq_len
         keep = tok_valid[None, :] & (rows >= 0)[:, None]                      # [G, N]
         acc, m_i, l_i = _attend_tile(q, acc, m_i, l_i, k_cache_ptr, v_cache_ptr, table_row_ptr,
-                                     tokens, tok_valid, keep, kv_head, dims, dim_mask, block_size,
+                                     tokens, tok_valid, keep, kv_head, dims, dim_mask, BLOCK_SIZE,
                                      stride_cb, stride_cs, stride_ch, scale_log2, DOT_FP32)
     out_mask = row_mask[:, None] & dim_mask[None, :]
     if NUM_SPLITS == 1:
@@ -123,12 +123,12 @@ def _decode_reduce_kernel(
 @triton.jit
 def _prefill_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, block_tables_ptr, cu_q_lens_ptr, seq_lens_ptr,
-    scale_log2, block_size, num_seqs,
+    scale_log2, num_seqs,
     stride_qt, stride_qh, stride_ot, stride_oh, stride_bt,
     stride_cb, stride_cs, stride_ch,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SEARCH_STEPS: tl.constexpr,
-    DOT_FP32: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    SEARCH_STEPS: tl.constexpr, DOT_FP32: tl.constexpr,
 ):
     """Program (tile, head): BLOCK_M queries of one sequence against its keys, causal with offset.
 
@@ -172,7 +172,7 @@ def _prefill_kernel(
         tok_valid = tokens < kv_end
         keep = (tokens[None, :] <= query_pos[:, None]) & tok_valid[None, :]   # [M, N]
         acc, m_i, l_i = _attend_tile(q, acc, m_i, l_i, k_cache_ptr, v_cache_ptr, table_row_ptr,
-                                     tokens, tok_valid, keep, head // GROUP, dims, dim_mask, block_size,
+                                     tokens, tok_valid, keep, head // GROUP, dims, dim_mask, BLOCK_SIZE,
                                      stride_cb, stride_cs, stride_ch, scale_log2, DOT_FP32)
     out = acc / l_i[:, None]
     tl.store(out_ptr + q_rows[:, None] * stride_ot + head * stride_oh + dims[None, :],
@@ -250,15 +250,15 @@ def decode_launches(q, k_cache, v_cache, block_tables, seq_lens, scale, out, num
     args = dict(
         q_ptr=q, k_cache_ptr=k_cache, v_cache_ptr=v_cache, out_ptr=out, block_tables_ptr=block_tables,
         seq_lens_ptr=seq_lens, part_m_ptr=part_m, part_l_ptr=part_l, part_acc_ptr=part_acc,
-        scale_log2=scale * LOG2_E, block_size=k_cache.shape[1],
+        scale_log2=scale * LOG2_E,
         tiles_per_split=triton.cdiv(max_tiles, num_splits),
         stride_qt=q.stride(0), stride_qh=q.stride(1), stride_ot=out.stride(0), stride_oh=out.stride(1),
         stride_bt=block_tables.stride(0), stride_cb=k_cache.stride(0), stride_cs=k_cache.stride(1),
         stride_ch=k_cache.stride(2),
     )
-    meta = dict(GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
-                DIM_PAD=dim_pad, BLOCK_N=block_n, NUM_SPLITS=num_splits, DOT_FP32=_dot_fp32(q),
-                num_warps=4, num_stages=2)
+    meta = dict(BLOCK_SIZE=k_cache.shape[1], GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)),
+                HEAD_DIM=head_dim, DIM_PAD=dim_pad, BLOCK_N=block_n, NUM_SPLITS=num_splits,
+                DOT_FP32=_dot_fp32(q), num_warps=4, num_stages=2)
     launches = [(_decode_kernel, (batch, num_kv_heads, num_splits), args, meta)]
     if num_splits > 1:
         reduce_args = dict(out_ptr=out, part_m_ptr=part_m, part_l_ptr=part_l, part_acc_ptr=part_acc,
@@ -279,14 +279,13 @@ def prefill_launch(q, k_cache, v_cache, block_tables, cu_q_lens, seq_lens, scale
     num_warps = 8 if block_m * dim_pad >= 64 * 128 else 4
     args = dict(
         q_ptr=q, k_cache_ptr=k_cache, v_cache_ptr=v_cache, out_ptr=out, block_tables_ptr=block_tables,
-        cu_q_lens_ptr=cu_q_lens, seq_lens_ptr=seq_lens, scale_log2=scale * LOG2_E,
-        block_size=k_cache.shape[1], num_seqs=batch,
+        cu_q_lens_ptr=cu_q_lens, seq_lens_ptr=seq_lens, scale_log2=scale * LOG2_E, num_seqs=batch,
         stride_qt=q.stride(0), stride_qh=q.stride(1), stride_ot=out.stride(0), stride_oh=out.stride(1),
         stride_bt=block_tables.stride(0), stride_cb=k_cache.stride(0), stride_cs=k_cache.stride(1),
         stride_ch=k_cache.stride(2),
     )
-    meta = dict(GROUP=num_heads // k_cache.shape[2], HEAD_DIM=head_dim, DIM_PAD=dim_pad,
-                BLOCK_M=block_m, BLOCK_N=block_n,
+    meta = dict(BLOCK_SIZE=k_cache.shape[1], GROUP=num_heads // k_cache.shape[2], HEAD_DIM=head_dim,
+                DIM_PAD=dim_pad, BLOCK_M=block_m, BLOCK_N=block_n,
                 SEARCH_STEPS=math.ceil(math.log2(batch)) if batch > 1 else 0, DOT_FP32=_dot_fp32(q),
                 num_warps=num_warps, num_stages=2)
     return _prefill_kernel, (num_tokens // block_m + batch, num_heads), args, meta

@@ -3,8 +3,8 @@
 On a machine without CUDA the kernels run on CPU tensors under the Triton interpreter
 (TRITON_INTERPRET=1, set here before Triton is imported). Shapes are tiny and the combinations
 (GQA ratio 1/3/4, head_dim 64/128, block 16/32, fp32/fp16/bf16, scenario) are sampled with a
-fixed seed, covering every pair of values, so the whole file takes about a minute. The cache's unused slots hold NaN, so any
-read outside a sequence's valid slots poisons the output.
+fixed seed, covering every pair of values, so the whole file takes about a minute. The cache's
+unused slots hold NaN, so any read outside a sequence's valid slots poisons the output.
 """
 from __future__ import annotations
 
