@@ -128,7 +128,8 @@ def from_engine(kind: ErrorKind | None, message: str) -> ApiError:
     mapped = _ENGINE_KINDS.get(kind, Kind.INTERNAL) if kind is not None else Kind.INTERNAL
     if mapped is Kind.INTERNAL:
         message = "internal error while generating" + (f": {message}" if message else "")
-    return ApiError(mapped, message or mapped.value)
+    retry = 1.0 if mapped in (Kind.RATE_LIMIT, Kind.OVERLOADED) else None
+    return ApiError(mapped, message or mapped.value, retry_after_s=retry)
 
 
 def api_for_path(path: str) -> Api:

@@ -99,6 +99,7 @@ async def test_full_queue_is_overloaded_529_and_503(aiohttp_client):
     assert stats["requests"]["waiting"] == 1
     over = await client.post("/v1/messages", json=message(), headers=solo)
     assert over.status == 529 and (await over.json())["error"]["type"] == "overloaded_error"
+    assert over.headers["retry-after"] == "1"
     chat = {"model": "gpt-4o", "max_tokens": 2, "messages": [{"role": "user", "content": "x"}]}
     over = await client.post("/v1/chat/completions", json=chat, headers=solo)
     assert over.status == 503 and (await over.json())["error"]["code"] == "overloaded"
@@ -114,3 +115,27 @@ async def test_body_over_the_configured_limit_is_413(aiohttp_client):
     response = await client.post("/v1/messages", json=body, headers={"x-api-key": "sk-solo"})
     assert response.status == 413
     assert (await response.json())["error"]["type"] == "request_too_large"
+
+
+async def test_error_after_the_200_is_sent_as_an_error_event(aiohttp_client):
+    from radixgate.gateway.http_util import STATE
+    client = await start(aiohttp_client)
+    await wait_ready(client)
+    engine = client.app[STATE].engine
+    headers = {"x-api-key": "sk-solo"}
+    response = await client.post("/v1/messages", json=message(200, stream=True), headers=headers)
+    assert response.status == 200
+    await asyncio.wrap_future(engine.inject_fault(response.headers["request-id"]))
+    text = (await response.read()).decode()
+    events = [line.removeprefix("event: ") for line in text.splitlines() if line.startswith("event:")]
+    assert events[0] == "message_start" and events[-1] == "error"
+    assert "message_stop" not in events
+    assert '"type": "api_error"' in text.split("event: error", 1)[1]
+    chat = {"model": "gpt-4o", "max_tokens": 200, "stream": True,
+            "messages": [{"role": "user", "content": "x"}]}
+    response = await client.post("/v1/chat/completions", json=chat, headers=headers)
+    await asyncio.wrap_future(engine.inject_fault(response.headers["request-id"]))
+    lines = [l for l in (await response.read()).decode().splitlines() if l.startswith("data:")]
+    assert '"error"' in lines[-2] and lines[-1] == "data: [DONE]"
+    report = await asyncio.wrap_future(engine.check_integrity())
+    assert report["running"] == 0 and report["locks"] == 0
