@@ -96,14 +96,15 @@ class Tokenizer:
         return table
 
     def token_to_bytes(self, token_id: int) -> bytes:
-        """Bytes of one token; a multi-byte character may be split across tokens."""
-        return self._token_bytes[token_id]
+        """Bytes of one token; a multi-byte character may be split across tokens. Ids past
+        the tokenizer's vocabulary (a model's padded embedding rows) have no bytes."""
+        table = self._token_bytes
+        return table[token_id] if 0 <= token_id < len(table) else b""
 
     def decode_bytes(self, ids, skip_special_tokens: bool = False) -> bytes:
         """Concatenated token bytes: decode incrementally and cut at a UTF-8 boundary."""
-        table = self._token_bytes
         skip = self.special_token_ids if skip_special_tokens else ()
-        return b"".join(table[i] for i in ids if i not in skip)
+        return b"".join(self.token_to_bytes(i) for i in ids if i not in skip)
 
     # --- chat template ---
     @cached_property

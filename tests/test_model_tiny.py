@@ -132,3 +132,14 @@ def test_copy_blocks_copies_prefix_slots_in_every_layer(tiny_model):
     for cache, old in zip(kv.k + kv.v, before):
         assert torch.equal(cache[5, :3], old[2, :3]) and torch.equal(cache[5, 3:], old[5, 3:])
         assert torch.equal(cache[:5], old[:5])
+
+
+def test_bf16_model_follows_fp32_within_bf16_rounding(tiny_model, prompt):
+    bf16 = load_model(tiny=True, dtype=torch.bfloat16)
+    cfg = bf16.config
+    kv = KVCache(cfg.num_layers, 32, BLOCK, cfg.num_kv_heads, cfg.head_dim, dtype=torch.bfloat16)
+    low = forward(bf16.model, kv, [(prompt, 0, list(range(20)))], all_rows(prompt))
+    full = forward(tiny_model.model, new_cache(cfg), [(prompt, 0, list(range(20)))], all_rows(prompt))
+    assert low.dtype == torch.float32 and bf16.model.layers[0].qkv.dtype == torch.bfloat16
+    assert (low - full).abs().max() < 0.05 * full.abs().max()
+    assert (low.argmax(-1) == full.argmax(-1)).float().mean() >= 0.9

@@ -82,6 +82,10 @@ def test_emoji_is_split_across_tokens_at_byte_level(tok):
         pieces[0].decode("utf-8")
 
 
+def test_ids_past_the_vocabulary_have_no_bytes(tok):
+    assert tok.token_to_bytes(49152) == b"" and tok.decode_bytes([33, 10**6]) == tok.token_to_bytes(33)
+
+
 def test_skip_special_tokens_drops_control_tokens(tok):
     ids = tok.encode("<|im_start|>assistant\nok<|im_end|>")
     assert tok.decode(ids, skip_special_tokens=True) == "assistant\nok"
