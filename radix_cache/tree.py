@@ -17,7 +17,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable, Sequence
 
-from . import pins, reports
+from . import pins, removal, reports
 from .eviction import EvictionQueue
 from .events import CacheEvent, EventSink
 from .namespaces import Namespace, NamespaceTable
@@ -236,30 +236,7 @@ class RadixTree:
             node = self.queue.pop(now)
             if node is None:
                 break
-            freed += self._remove_leaf(node, "ttl" if node.pin is not None else "lru")
-        return freed
-
-    def _remove_leaf(self, node: TreeNode, reason: str) -> int:
-        parent = node.parent
-        del parent.children[first_token(node.key)]
-        freed = self.pool.decref_many(node.blocks)
-        holders = self.block_holders
-        for block in node.blocks:
-            if holders[block] == 1:
-                del holders[block]
-            else:
-                holders[block] -= 1
-        self._count_node(node, -1)
-        if node.pin is not None:
-            pins.drop(self, node)
-        node.alive = False
-        self.evictions[reason] += 1
-        self.evicted_tokens[reason] += node.num_tokens
-        if self.on_event is not None:
-            self.on_event(CacheEvent("removed", node.ns.name, tuple(node.blocks),
-                                     node.start, node.end, reason))
-        if parent.parent is not None and not parent.children and parent.lock_ref == 0:
-            self.queue.push(parent)
+            freed += removal.remove_leaf(self, node, "ttl" if node.pin is not None else "lru")
         return freed
 
     def flush(self, namespace: str | None = None) -> int:
@@ -267,22 +244,7 @@ class RadixTree:
         ones included, and drop every pin there; returns the blocks freed."""
         freed = 0
         for ns in self.namespaces.select(namespace):
-            freed += self._flush_below(ns.root)
-        return freed
-
-    def _flush_below(self, root: TreeNode) -> int:
-        freed = 0
-        stack = [(root, False)]
-        while stack:
-            node, children_done = stack.pop()
-            if children_done:
-                if node.lock_ref == 0 and node.parent is not None:
-                    freed += self._remove_leaf(node, "flush")
-                elif node.pin is not None:
-                    pins.drop(self, node)
-                continue
-            stack.append((node, True))
-            stack.extend((child, False) for child in node.children.values())
+            freed += removal.flush_below(self, ns.root)
         return freed
 
     # ---- pins, reports, integrity (see pins.py, reports.py, integrity.py) -------------
@@ -327,3 +289,8 @@ class RadixTree:
 
     def namespace(self, name: str) -> Namespace | None:
         return self.namespaces.get(name)
+
+    def peek_length(self, namespace: str, tokens: Sequence[int]) -> int:
+        """Cached prefix length of ``tokens``; read-only: no lock, reference, hit or LRU touch."""
+        ns = self.namespaces.get(namespace)
+        return 0 if ns is None else pins.walk(ns.root, tokens)[1]

@@ -59,6 +59,7 @@ class RadixMachine(RuleBasedStateMachine):
         self.slots: dict[int, list] = {}    # block -> token id written per slot
         self.running: list[Request] = []
         self.extra_locks = []
+        self.inserted: list[tuple[str, list[int]]] = []   # what callers inserted, to pin
 
     # ---- the simulated engine ---------------------------------------------------------
 
@@ -129,6 +130,7 @@ class RadixMachine(RuleBasedStateMachine):
         request = self.running[i % len(self.running)]
         prompt = request.tokens[: request.computed]
         result = self.tree.insert(request.namespace, prompt, request.table, lock=True)
+        self.inserted.append((request.namespace, prompt))
         assert 0 <= result.cached_before <= len(prompt)
         self.tree.unlock(request.handle)
         request.handle = result.handle
@@ -151,6 +153,7 @@ class RadixMachine(RuleBasedStateMachine):
         request = self.running[i % len(self.running)]
         done = request.tokens[: request.computed]      # prompt + output[:-1]
         self.tree.insert(request.namespace, done, request.table)
+        self.inserted.append((request.namespace, done))
         self.release(request)
 
     # ---- the other callers of the tree -----------------------------------------------
@@ -187,6 +190,12 @@ class RadixMachine(RuleBasedStateMachine):
           owner=st.sampled_from(["x", "y"]))
     def pin(self, namespace, tokens, ttl, owner):
         assert 0 <= self.tree.pin(namespace, tokens, ttl, owner) <= len(tokens)
+
+    @precondition(lambda self: self.inserted)
+    @rule(i=st.integers(0, 63), cut=st.integers(0, 3), ttl=st.sampled_from([1.0, 10.0, 100.0]))
+    def pin_inserted(self, i, cut, ttl):
+        namespace, tokens = self.inserted[-1 - i % len(self.inserted)]
+        self.tree.pin(namespace, tokens[: max(1, len(tokens) - cut)], ttl, "x")
 
     @rule(namespace=NAMESPACES, tokens=TOKENS)
     def unpin(self, namespace, tokens):

@@ -216,3 +216,28 @@ def test_top_prefixes_lists_hottest_paths_with_tokens():
     top = tree.top_prefixes(2)
     assert [(p.tokens, p.hits) for p in top] == [((1, 2, 3), 4), ((1, 2, 3, 4, 5, 6), 3)]
     assert top[0].namespace == "ns" and top[0].owner == "" and top[0].pin_ttl_s == 0.0
+
+
+def test_peek_length_reads_without_locking_or_counting():
+    pool, tree = make_tree()
+    blocks, _ = cache(pool, tree, list(range(10)))
+    assert tree.peek_length("ns", [0, 1, 2, 3, 4, 5, 6, 99]) == 7
+    assert tree.peek_length("other", [0, 1]) == 0
+    stats = tree.stats()
+    assert stats.locked_tokens == 0 and stats.namespaces["ns"].queries == 0
+    assert pool.refcount(blocks[0]) == 1
+
+
+def test_array_tokens_match_the_same_as_lists():
+    from array import array
+
+    from radixgate.radix_cache import token_array
+
+    pool, tree = make_tree()
+    blocks, _ = cache(pool, tree, [5, 6, 7, 8, 9, 10])
+    match = tree.match("ns", token_array([5, 6, 7, 8, 9, 11]))
+    assert match.length == 5 and match.blocks == blocks
+    release(pool, tree, match)
+    assert token_array([1, 2]) == array("i", [1, 2])
+    result = tree.insert("ns", array("i", [5, 6, 7, 8, 1]), blocks[:1] + pool.allocate(1))
+    assert result.cached_before == 4
