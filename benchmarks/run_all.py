@@ -61,7 +61,8 @@ def run_variant(variant: str, workloads, args) -> dict:
         return out
     out["startup_s"] = round(time.perf_counter() - started, 1)
     cfg = ClientConfig(server.base_url, concurrency=args.concurrency, admin_key=ADMIN_KEY,
-                       api_keys={t: tenant_key(t) for t in tenants})
+                       api_keys={t: tenant_key(t) for t in tenants},
+                       cache_control=args.cache_control)
     try:
         total = sum(len(w.requests) for w in workloads)
         with tqdm(total=total, desc=f"http {variant}", unit="req") as bar:
@@ -104,6 +105,8 @@ def parse_args(argv):
     parser.add_argument("--variants", default=",".join(VARIANTS),
                         help="server variants to run (comma separated; empty for none)")
     parser.add_argument("--workloads", default="", help="only these workloads (comma separated)")
+    parser.add_argument("--cache-control", action="store_true",
+                        help="mark system prompts and tool lists with cache_control breakpoints")
     parser.add_argument("--no-transformers", action="store_true")
     parser.add_argument("--peers", action="store_true", help="also llama.cpp when installed")
     parser.add_argument("--no-scripts", action="store_true", help="skip the other scripts")
@@ -150,7 +153,7 @@ def run(argv: list[str] | None = None) -> dict:
                                 else {"error": "llama_cpp is not installed"})
     if not args.no_scripts:
         results["scripts"] = {name: run_other_script(name, args.quick, args.out,
-                                                     600 if args.quick else 3600)
+                                                     300 if args.quick else 3600)
                               for name in OTHER_SCRIPTS}
     results["elapsed_s"] = round(time.perf_counter() - started, 1)
     _save(results, args.out)

@@ -1,0 +1,28 @@
+"""End to end: run_all against real ``radixgate serve --tiny`` subprocesses (slow)."""
+import json
+
+import pytest
+
+from benchmarks.run_all import run
+
+
+@pytest.mark.slow
+def test_run_all_with_tiny_servers_compares_cache_on_and_off(tmp_path):
+    results = run(["--quick", "--tiny", "--workloads", "shared_system,control",
+                   "--variants", "radixgate,cache_off", "--no-transformers", "--no-scripts",
+                   "--sweep-quick", "--out", str(tmp_path)])
+    on = results["http"]["radixgate"]["workloads"]
+    off = results["http"]["cache_off"]["workloads"]
+    bound = results["upper_bound"]
+    for name in ("shared_system", "control"):
+        assert on[name]["errors"] == off[name]["errors"] == 0
+        # the server renders exactly the tokens the traces predict
+        assert on[name]["prompt_tokens"] == off[name]["prompt_tokens"] == bound[name]["prompt_tokens"]
+        assert off[name]["hit_rate"] == 0.0
+    assert on["shared_system"]["hit_rate"] == pytest.approx(bound["shared_system"]["hit_rate"],
+                                                            abs=0.02)
+    assert on["shared_system"]["hit_rate"] > 0.5 > on["control"]["hit_rate"]
+    saved = json.loads((tmp_path / "results.json").read_text())
+    assert saved["http"]["radixgate"]["workloads"]["control"]["requests"] == 6
+    assert (tmp_path / "sweep.png").exists() and (tmp_path / "http.png").exists()
+    assert "radixgate --no-prefix-cache" in (tmp_path / "workloads.md").read_text()
