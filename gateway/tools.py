@@ -141,11 +141,31 @@ class ToolCallParser:
             self._buffer = self._buffer[end + len(CALL_CLOSE):]
 
     def finish(self) -> list[tuple[str, object]]:
+        """Releases held text. An unterminated call at the very end still counts when its
+        JSON is complete and only whitespace follows (small models often stop right there)."""
         out: list[tuple[str, object]] = []
+        call = self._unterminated_call()
+        if call is not None:
+            self.calls.append(call)
+            self._pending_space = ""
+            self._buffer = ""
+            out.append(("tool", call))
         self._emit_text(out, self._buffer)
         self._buffer = ""
         self._pending_space = ""
         return out
+
+    def _unterminated_call(self) -> ToolCall | None:
+        if not self._buffer.startswith(CALL_OPEN):
+            return None
+        body = self._buffer[len(CALL_OPEN):].lstrip()
+        try:
+            _, end = json.JSONDecoder().raw_decode(body)
+        except ValueError:
+            return None
+        if body[end:].strip():
+            return None
+        return parse_call(body[:end], self._allowed, self._id_prefix)
 
     def _emit_text(self, out: list, text: str) -> None:
         if not text:

@@ -47,7 +47,8 @@ def test_partial_marker_is_held_back_until_decided():
 def test_unknown_tool_bad_json_and_unterminated_calls_stay_text():
     unknown = '<tool_call>{"name": "rm_rf", "arguments": {}}</tool_call>'
     bad = '<tool_call>{"name": "search", "arguments": </tool_call>'
-    for text in (unknown, bad, '<tool_call>{"name": "search"'):
+    trailing = '<tool_call>{"name": "search", "arguments": {}} and more words'
+    for text in (unknown, bad, '<tool_call>{"name": "search"', trailing):
         assert split_output(text, NAMES, "x") == [("text", text)]
 
 
@@ -60,3 +61,8 @@ def test_arguments_as_json_string_or_input_key_are_accepted():
 
 def test_plain_text_without_tools_is_untouched_including_trailing_space():
     assert split_output("hello world \n", (), "x") == [("text", "hello world \n")]
+
+
+def test_complete_call_missing_only_its_closing_tag_at_the_end_counts():
+    items = split_output('ok <tool_call>{"name": "search", "arguments": {"q": "x"}}\n', NAMES, "x")
+    assert kinds(items) == [("text", "ok "), ("tool", ("search", {"q": "x"}))]
