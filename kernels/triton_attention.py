@@ -1,5 +1,6 @@
 """Triton paged attention: a decode kernel (one query per sequence) and a prefill / prefix-extend
 kernel (ragged query tiles), both with online softmax over paged K/V. Spec: ``reference.py``.
+Both process all query heads of a GQA group together, so each K/V tile is read once per group.
 
 Imported lazily by ``radixgate.kernels``; kernels are JIT-compiled on first launch.
 Launch decisions use shapes only (never tensor values), so launching does not synchronise:
@@ -126,56 +127,60 @@ def _prefill_kernel(
     scale_log2, num_seqs,
     stride_qt, stride_qh, stride_ot, stride_oh, stride_bt,
     stride_cb, stride_cs, stride_ch,
-    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr,
     SEARCH_STEPS: tl.constexpr, DOT_FP32: tl.constexpr,
 ):
-    """Program (tile, head): BLOCK_M queries of one sequence against its keys, causal with offset.
+    """Program (tile, kv_head): BLOCK_Q queries of one sequence times the GROUP query heads that
+    share kv_head (BLOCK_Q * GROUP_PAD rows, so each K/V tile is read once per group), causal
+    with offset.
 
-    Sequence b owns tiles ``[cu[b] // BLOCK_M + b, cu[b+1] // BLOCK_M + b + 1)``: at least
-    ceil(q_len / BLOCK_M) of them, so a grid of ``T // BLOCK_M + batch`` tiles covers every query
+    Sequence b owns tiles ``[cu[b] // BLOCK_Q + b, cu[b+1] // BLOCK_Q + b + 1)``: at least
+    ceil(q_len / BLOCK_Q) of them, so a grid of ``T // BLOCK_Q + batch`` tiles covers every query
     without reading lengths on the host. Tiles past a sequence's queries exit at once.
     """
     tile = tl.program_id(0)
-    head = tl.program_id(1)
+    kv_head = tl.program_id(1)
     lo = tile * 0
     hi = tile * 0 + num_seqs
     for _ in range(SEARCH_STEPS):  # largest seq with first tile <= tile
         mid = (lo + hi) // 2
-        go_right = tl.load(cu_q_lens_ptr + mid) // BLOCK_M + mid <= tile
+        go_right = tl.load(cu_q_lens_ptr + mid) // BLOCK_Q + mid <= tile
         lo = tl.where(go_right, mid, lo)
         hi = tl.where(go_right, hi, mid)
     seq = lo
     q_start = tl.load(cu_q_lens_ptr + seq)
     q_len = tl.load(cu_q_lens_ptr + seq + 1) - q_start
-    local = tile - (q_start // BLOCK_M + seq)
-    if local * BLOCK_M >= q_len:
+    local = tile - (q_start // BLOCK_Q + seq)
+    if local * BLOCK_Q >= q_len:
         return
     seq_len = tl.load(seq_lens_ptr + seq)
     prefix = seq_len - q_len
-    rows = local * BLOCK_M + tl.arange(0, BLOCK_M)                            # [M] query index
+    rows = tl.arange(0, BLOCK_Q * GROUP_PAD)                                  # [M] = query x head
+    query = local * BLOCK_Q + rows // GROUP_PAD                               # [M] query index
+    group_slot = rows % GROUP_PAD
+    heads = kv_head * GROUP + group_slot                                      # [M]
     dims = tl.arange(0, DIM_PAD)                                              # [D]
-    row_mask = rows < q_len
     dim_mask = dims < HEAD_DIM
-    q_rows = (q_start + rows).to(tl.int64)
-    io_mask = row_mask[:, None] & dim_mask[None, :]
-    q = tl.load(q_ptr + q_rows[:, None] * stride_qt + head * stride_qh + dims[None, :],
+    io_mask = ((query < q_len) & (group_slot < GROUP))[:, None] & dim_mask[None, :]
+    q_rows = (q_start + query).to(tl.int64)
+    q = tl.load(q_ptr + q_rows[:, None] * stride_qt + heads[:, None] * stride_qh + dims[None, :],
                 mask=io_mask, other=0.0)                                      # [M, D]
-    query_pos = prefix + rows                                                 # [M] (>= seq_len on padding rows)
-    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, DIM_PAD], tl.float32)
-    kv_end = tl.minimum(seq_len, prefix + (local + 1) * BLOCK_M)
+    query_pos = prefix + query                                                # [M] (>= seq_len on padding rows)
+    m_i = tl.full([BLOCK_Q * GROUP_PAD], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_Q * GROUP_PAD], tl.float32)
+    acc = tl.zeros([BLOCK_Q * GROUP_PAD, DIM_PAD], tl.float32)
+    kv_end = tl.minimum(seq_len, prefix + (local + 1) * BLOCK_Q)
     table_row_ptr = block_tables_ptr + seq.to(tl.int64) * stride_bt
     for kv_start in range(0, kv_end, BLOCK_N):
         tokens = kv_start + tl.arange(0, BLOCK_N)                             # [N]
         tok_valid = tokens < kv_end
         keep = (tokens[None, :] <= query_pos[:, None]) & tok_valid[None, :]   # [M, N]
         acc, m_i, l_i = _attend_tile(q, acc, m_i, l_i, k_cache_ptr, v_cache_ptr, table_row_ptr,
-                                     tokens, tok_valid, keep, head // GROUP, dims, dim_mask, BLOCK_SIZE,
+                                     tokens, tok_valid, keep, kv_head, dims, dim_mask, BLOCK_SIZE,
                                      stride_cb, stride_cs, stride_ch, scale_log2, DOT_FP32)
     out = acc / l_i[:, None]
-    tl.store(out_ptr + q_rows[:, None] * stride_ot + head * stride_oh + dims[None, :],
+    tl.store(out_ptr + q_rows[:, None] * stride_ot + heads[:, None] * stride_oh + dims[None, :],
              out.to(out_ptr.dtype.element_ty), mask=io_mask)
 
 
@@ -270,13 +275,20 @@ def decode_launches(q, k_cache, v_cache, block_tables, seq_lens, scale, out, num
 
 def prefill_launch(q, k_cache, v_cache, block_tables, cu_q_lens, seq_lens, scale, out,
                    block_m=None, block_n=None) -> tuple:
-    """(kernel, grid, args, meta) for the prefill / prefix-extend kernel."""
+    """(kernel, grid, args, meta) for the prefill / prefix-extend kernel.
+
+    block_m counts tile rows (queries x query heads of one group); a tile holds
+    ``block_m // GROUP_PAD`` queries (at least one).
+    """
     num_tokens, num_heads, head_dim = q.shape
-    batch = block_tables.shape[0]
+    batch, num_kv_heads = block_tables.shape[0], k_cache.shape[2]
+    group = num_heads // num_kv_heads
+    group_pad = triton.next_power_of_2(group)
     block_m, block_n = block_m or 64, block_n or 64
+    block_q = max(1, block_m // group_pad)
     dim_pad = max(16, triton.next_power_of_2(head_dim))
-    # sm_90 compile (ptxas -v, bf16, d128): 64x64 tiles with 8 warps use 130 registers, no spills.
-    num_warps = 8 if block_m * dim_pad >= 64 * 128 else 4
+    # sm_90 compile (ptxas -v, bf16, d128): 64x64 tiles with 8 warps, no spills (compile_check).
+    num_warps = 8 if block_q * group_pad * dim_pad >= 64 * 128 else 4
     args = dict(
         q_ptr=q, k_cache_ptr=k_cache, v_cache_ptr=v_cache, out_ptr=out, block_tables_ptr=block_tables,
         cu_q_lens_ptr=cu_q_lens, seq_lens_ptr=seq_lens, scale_log2=scale * LOG2_E, num_seqs=batch,
@@ -284,8 +296,8 @@ def prefill_launch(q, k_cache, v_cache, block_tables, cu_q_lens, seq_lens, scale
         stride_bt=block_tables.stride(0), stride_cb=k_cache.stride(0), stride_cs=k_cache.stride(1),
         stride_ch=k_cache.stride(2),
     )
-    meta = dict(BLOCK_SIZE=k_cache.shape[1], GROUP=num_heads // k_cache.shape[2], HEAD_DIM=head_dim,
-                DIM_PAD=dim_pad, BLOCK_M=block_m, BLOCK_N=block_n,
+    meta = dict(GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=head_dim, DIM_PAD=dim_pad,
+                BLOCK_SIZE=k_cache.shape[1], BLOCK_Q=block_q, BLOCK_N=block_n,
                 SEARCH_STEPS=math.ceil(math.log2(batch)) if batch > 1 else 0, DOT_FP32=_dot_fp32(q),
                 num_warps=num_warps, num_stages=2)
-    return _prefill_kernel, (num_tokens // block_m + batch, num_heads), args, meta
+    return _prefill_kernel, (num_tokens // block_q + batch, num_kv_heads), args, meta

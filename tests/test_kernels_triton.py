@@ -115,9 +115,11 @@ def _run_prefill_kernel(case, scale, **tiles):
     return out
 
 
-def test_prefill_kernel_with_small_tiles_handles_many_tiles_per_sequence():
-    # block_m=16 gives several query tiles per sequence and exercises the tile -> sequence search.
-    case = _case([1, 37, 16, 5, 1], [9, 50, 16, 40, 2], 3, 64, 16, torch.float32, seed=7)
+@pytest.mark.parametrize("ratio", [1, 3])
+def test_prefill_kernel_with_small_tiles_handles_many_tiles_per_sequence(ratio):
+    # 16-row tiles hold 16 queries (ratio 1) or 4 queries x 4 padded heads (ratio 3): several
+    # tiles per sequence, exercising the tile -> sequence search and the head-group rows.
+    case = _case([1, 37, 16, 5, 1], [9, 50, 16, 40, 2], ratio, 64, 16, torch.float32, seed=7)
     out = _run_prefill_kernel(case, 0.125, block_m=16, block_n=16)
     _assert_close(out, _expected(case, 0.125), torch.float32)
 
