@@ -50,11 +50,14 @@ def check(cached, reference):
     cached.flush().result()
 
     def compare(got):
-        ref = reference.generate(greedy(_prompt_of(got), max_tokens=NEW_TOKENS))
+        ref = reference.generate(greedy(_prompt_of(got), max_tokens=len(got.output_token_ids)))
         outcomes.append(compare_greedy(cached, got, reference, ref, LOGIT_TOL))
         return got
 
     yield compare
+    worst = max((o.max_logit_diff for o in outcomes), default=0.0)
+    print(f"\n[equivalence] {sum(o.full_match for o in outcomes)}/{len(outcomes)} full matches, "
+          f"max |logit diff| {worst:.2e}")
     assert_clean(cached)
     assert sum(o.full_match for o in outcomes) >= max(1, len(outcomes) - 1), outcomes
 
@@ -62,8 +65,8 @@ def check(cached, reference):
 _PROMPTS: dict[str, list[int]] = {}
 
 
-def _run(engine, tokens, **fields):
-    request = greedy(tokens, max_tokens=NEW_TOKENS, **fields)
+def _run(engine, tokens, max_tokens=NEW_TOKENS, **fields):
+    request = greedy(tokens, max_tokens=max_tokens, **fields)
     _PROMPTS[request.request_id] = list(tokens)
     return engine.generate(request, timeout=600)
 
@@ -86,19 +89,21 @@ def test_full_prompt_hit_matches_uncached(model, cached, check):
 
 def test_hit_ending_inside_a_block_copies_and_matches(model, cached, check):
     prompt = _chat(model, QUESTIONS[1])
-    head = prompt[:45]                                     # 45 % 16 != 0: ends inside a block
-    check(_run(cached, head))
+    head = prompt[:45]                        # 45 % 16 != 0: the cached prefix ends inside a block
+    check(_run(cached, head, max_tokens=1))   # one new token: exactly `head` gets cached
     extended = check(_run(cached, prompt))
     assert extended.usage.cache_read_tokens == 45
 
 
 def test_node_split_then_both_branches_hit(model, cached, check):
-    base = _chat(model, QUESTIONS[2])
-    cut = 37
-    first, second = base, base[:cut] + _chat(model, QUESTIONS[3])[cut:]
+    first = _chat(model, QUESTIONS[2])
+    cut = 37                                  # inside block 2: parent and child share it
+    other = model.tokenizer.encode(" Completely unrelated: which dinosaur was the largest?")
+    assert other[0] != first[cut]
+    second = first[:cut] + other
     check(_run(cached, first))
     branch = check(_run(cached, second))
-    assert branch.usage.cache_read_tokens >= cut
+    assert branch.usage.cache_read_tokens == cut
     again = check(_run(cached, first))
     assert again.usage.cache_read_tokens == len(first) - 1
 
@@ -129,7 +134,11 @@ def test_concurrent_requests_sharing_a_prefix_match_uncached(model, cached, chec
 def test_preemption_and_resume_match_uncached(model, reference):
     small = Engine(model, EngineConfig(num_blocks=14, record_logits=True)).start()
     try:
-        prompts = [_chat(model, q)[:60] for q in QUESTIONS[:3]]     # 3 x (60 + 12) > 14 x 16
+        personas = ["Pirate captain of the northern seas.", "Chef of a small bistro in Lyon.",
+                    "Astronomy lecturer at a night school."]
+        # distinct 60-token prompts: 3 x 4 blocks admitted, then 3 x 5 > 14 blocks to decode
+        prompts = [_chat(model, q, system=p + " " + SYSTEM)[:60]
+                   for p, q in zip(personas, QUESTIONS)]
         requests = [greedy(p, max_tokens=NEW_TOKENS) for p in prompts]
         with held(small):
             futures = [small.submit_future(r) for r in requests]
