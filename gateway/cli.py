@@ -13,8 +13,11 @@ Flags override the config file. Without API keys ``serve`` refuses a non-loopbac
 from __future__ import annotations
 
 import argparse
+import asyncio
 import importlib
 import logging
+import os
+import signal
 import sys
 from pathlib import Path
 
@@ -85,15 +88,35 @@ def serve(config: GatewayConfig) -> int:
     from aiohttp import web
 
     from radixgate.gateway.app import create_app
+    from radixgate.gateway.http_util import STATE
     config.check_host_allowed()
     _setup_logging(config.server.log_level)
     logging.getLogger("radixgate.gateway").info(
         "serving %s on http://%s:%d (%s)", config.model.name, config.server.host,
         config.server.port, "tiny random weights" if config.model.tiny else config.model.path)
-    web.run_app(create_app(config), host=config.server.host, port=config.server.port,
+    app = create_app(config)
+    app.on_startup.append(_stop_if_load_fails)
+    web.run_app(app, host=config.server.host, port=config.server.port,
                 handler_cancellation=True, access_log=None, print=None,
                 shutdown_timeout=config.server.shutdown_grace_s + 5.0)
-    return 0
+    return 1 if app[STATE].load_error else 0
+
+
+async def _stop_if_load_fails(app) -> None:
+    """A server whose model cannot load exits (status 1) instead of answering 503 forever."""
+    from radixgate.gateway.http_util import STATE
+    state = app[STATE]
+
+    async def watch() -> None:
+        await asyncio.to_thread(state.load_done.wait)
+        if state.load_error:
+            logging.getLogger("radixgate.gateway").error("exiting: %s", state.load_error)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    _watchers.add(asyncio.get_running_loop().create_task(watch()))   # keep a reference
+
+
+_watchers: set = set()
 
 
 def _setup_logging(level: str) -> None:

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import fnmatch
 import logging
+import threading
 import time
 from typing import Callable
 
 from radixgate.gateway.auth import ADMIN_TENANT, KeyRing, RateLimiter
-from radixgate.gateway.config import GatewayConfig
+from radixgate.gateway.config import GatewayConfig, ModelSettings
 from radixgate.gateway.errors import ApiError, Kind
 from radixgate.gateway.metrics import GatewayMetrics
 from radixgate.gateway.usage_book import UsageBook
@@ -57,6 +58,7 @@ class GatewayState:
         self.load_error: str | None = None
         self.model_name = config.model.name
         self.metrics = GatewayMetrics(self.snapshot)
+        self.load_done = threading.Event()     # set when load() ends, ready or failed
         self._factory = engine_factory or default_engine_factory
 
     # -- lifecycle (worker thread) --------------------------------------------------------
@@ -68,6 +70,10 @@ class GatewayState:
             log.exception("model load failed")
             self.load_error = f"{type(e).__name__}: {e}"
             return
+        finally:
+            self.load_done.set()
+        if self.config.model.path != "default" and self.config.model.name == ModelSettings().name:
+            self.model_name = getattr(self.engine.loaded, "name", self.model_name)  # other model
         self.ready = True
         log.info("engine ready: model %s (%s), %d KV blocks of %d tokens, context %d, in %.1f s",
                  self.model_name, getattr(self.engine.loaded, "name", "?"), self.engine.num_blocks,
