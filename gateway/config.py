@@ -113,6 +113,11 @@ def config_from_dict(raw: dict[str, Any], overrides: dict[str, Any] | None = Non
         else:
             model[name] = value
     admin = raw.get("admin", {})
+    if set(admin) - {"api_keys"}:
+        raise ConfigError(f"unknown keys in [admin]: {sorted(set(admin) - {'api_keys'})}")
+    unknown_sections = set(raw) - {"server", "model", "admin", "tenants"}
+    if unknown_sections:
+        raise ConfigError(f"unknown config sections: {sorted(unknown_sections)}")
     tenants = tuple(_tenant(name, body) for name, body in raw.get("tenants", {}).items())
     cfg = GatewayConfig(
         server=_build(ServerConfig, server), model=_build(ModelSettings, model),

@@ -52,6 +52,8 @@ def test_design_toml_loads_and_flags_override_file(tmp_path):
     ({"tenants": {"a": {"api_keys": ["k"]}, "b": {"api_keys": ["k"]}}}, "also used"),
     ({"tenants": {"public": {"api_keys": ["k"]}}}, "reserved"),
     ({"model": {"block_size": 0}}, "block_size"),
+    ({"admin": {"keys": ["k"]}}, r"unknown keys in \[admin\]"),
+    ({"sever": {}}, "unknown config sections"),
 ])
 def test_invalid_config_values_are_rejected_with_a_reason(raw, fragment):
     with pytest.raises(ConfigError, match=fragment):
