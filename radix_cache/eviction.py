@@ -67,5 +67,27 @@ class EvictionQueue:
             return node
         return None
 
+    def compact(self) -> None:
+        """Drop entries of removed nodes and dropped pins (after a flush, or when the heaps
+        have grown well past the tree), keeping each live entry and its flag."""
+        lru = [entry for entry in self._lru if entry[2].alive]
+        for entry in self._lru:
+            if not entry[2].alive:
+                entry[2].in_heap = False
+        expiries = []
+        for entry in self._expiries:
+            node, pin = entry[2], entry[3]
+            if node.alive and node.pin is pin:
+                expiries.append(entry)
+            else:
+                pin.watched = False
+        heapq.heapify(lru)
+        heapq.heapify(expiries)
+        self._lru, self._expiries = lru, expiries
+
+    def size(self) -> int:
+        """Entries in both heaps (live or stale)."""
+        return len(self._lru) + len(self._expiries)
+
     def __len__(self) -> int:
         return len(self._lru)

@@ -230,6 +230,8 @@ class RadixTree:
         ``ttl`` eviction, everything else as ``lru``.
         """
         now = self.clock()
+        if self.queue.size() > 2 * self.num_nodes + 1024:
+            self.queue.compact()
         self.queue.release_expired(now)
         freed = 0
         while freed < num_blocks:
@@ -245,6 +247,7 @@ class RadixTree:
         freed = 0
         for ns in self.namespaces.select(namespace):
             freed += removal.flush_below(self, ns.root)
+        self.queue.compact()
         return freed
 
     # ---- pins, reports, integrity (see pins.py, reports.py, integrity.py) -------------

@@ -155,3 +155,15 @@ def test_evict_1000_blocks_from_many_leaves_returns_count_freed():
     assert freed >= 250
     assert pool.num_free() - before == freed
     tree.check_integrity()
+
+
+def test_flush_leaves_no_stale_heap_entries():
+    pool, tree = make_tree()
+    for i in range(5):
+        cache(pool, tree, [i] * 8)
+    tree.pin("ns", [0] * 8, ttl_s=100)
+    tree.flush()
+    assert tree.queue.size() == 0
+    cache(pool, tree, [9] * 8)
+    assert tree.evict(2) == 2
+    tree.check_integrity()
