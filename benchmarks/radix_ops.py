@@ -52,7 +52,10 @@ class Caller:
         + fresh blocks for the rest (allocation is outside every timer)."""
         keep = match.length // B
         self.pool.decref_many(match.blocks[keep:])    # the partial block: copied, not shared
-        return match.blocks[:keep] + self.pool.allocate(-(-n_tokens // B) - keep)
+        need = -(-n_tokens // B) - keep
+        if need > self.pool.num_free():
+            self.tree.evict(need - self.pool.num_free())
+        return match.blocks[:keep] + self.pool.allocate(need)
 
     def release(self, match, table):
         """Unlock and drop the request's references (its table holds the matched ones)."""
@@ -234,7 +237,7 @@ def time_evictions(tree: RadixTree, reps: int, tokens: int = 1000) -> dict:
 
 def run(quick: bool) -> dict:
     rng = random.Random(1234)
-    pool = BlockPool(80_000, B)
+    pool = BlockPool(100_000, B)
     tree = RadixTree(pool)
     caller = Caller(tree, pool)
     started = time.perf_counter()

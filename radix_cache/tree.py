@@ -21,7 +21,8 @@ from . import pins, removal, reports
 from .eviction import EvictionQueue
 from .events import CacheEvent, EventSink
 from .namespaces import Namespace, NamespaceTable
-from .node import TOKEN_BYTES, LockHandle, TreeNode, first_token, match_edge, pack_tokens
+from .node import TOKEN_BYTES, LockHandle, TreeNode, common_prefix_tokens, first_token
+from .packing import QueryPacker
 from .pool import BlockPool
 from .stats import EVICTION_REASONS, InsertResult, MatchResult, PrefixInfo, TreeStats
 
@@ -35,6 +36,7 @@ class RadixTree:
         self.on_event = on_event
         self.namespaces = NamespaceTable()
         self.queue = EvictionQueue()
+        self.packer = QueryPacker()
         self.handles: set[LockHandle] = set()     # handles holding at least one lock
         self.pinned_nodes: set[TreeNode] = set()
         self.tick = 0                              # logical LRU clock
@@ -60,7 +62,7 @@ class RadixTree:
         """
         ns = self.namespaces.get_or_create(namespace)
         self.tick += 1
-        node, length, blocks = self._descend_for_match(ns.root, tokens)
+        node, length, blocks = self._descend_for_match(ns.root, tokens, self.packer.pack(tokens))
         ns.queries += 1
         ns.query_tokens += len(tokens)
         ns.hit_tokens += length
@@ -69,7 +71,7 @@ class RadixTree:
         self.lock(handle)
         return MatchResult(length, blocks, handle, length % self.block_size != 0)
 
-    def _descend_for_match(self, node: TreeNode, tokens: Sequence[int]):
+    def _descend_for_match(self, node: TreeNode, tokens: Sequence[int], data: bytes):
         B, tick, n = self.block_size, self.tick, len(tokens)
         blocks: list[int] = []
         pos = 0
@@ -78,7 +80,10 @@ class RadixTree:
             child = node.children.get(tokens[pos])
             if child is None:
                 break
-            pos += match_edge(child.key, tokens, pos)
+            if data.startswith(child.key, pos * TOKEN_BYTES):
+                pos = child.end
+            else:
+                pos += common_prefix_tokens(child.key, data, pos * TOKEN_BYTES)
             take = (pos - 1) // B - child.start // B + 1
             del blocks[child.start // B:]
             blocks.extend(child.blocks[:take])
@@ -106,6 +111,7 @@ class RadixTree:
         if len(blocks) < -(-n // B):
             raise ValueError(f"{n} tokens need {-(-n // B)} blocks, got {len(blocks)}")
         ns = self.namespaces.get_or_create(namespace)
+        data = self.packer.pack(tokens)
         self.tick += 1
         node, pos = ns.root, 0
         cached_before = n
@@ -113,13 +119,13 @@ class RadixTree:
             child = node.children.get(tokens[pos])
             if child is None:
                 cached_before = pos
-                node = self._add_leaf(node, pack_tokens(tokens[pos:]), pos, n, blocks)
+                node = self._add_leaf(node, data[pos * TOKEN_BYTES:], pos, n, blocks)
                 break
             child.last_access = self.tick
-            pos += match_edge(child.key, tokens, pos)
-            if pos == child.end:
-                node = child
+            if data.startswith(child.key, pos * TOKEN_BYTES):
+                node, pos = child, child.end
                 continue
+            pos += common_prefix_tokens(child.key, data, pos * TOKEN_BYTES)
             if pos == n and not lock:
                 break
             node = self._split(child, pos)
