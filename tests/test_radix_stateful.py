@@ -224,7 +224,7 @@ class RadixMachine(RuleBasedStateMachine):
         tables = [request.table for request in self.running]
         self.tree.check_integrity(extra_holders=tables)
         held = set(self.tree.held_blocks()).union(*tables)
-        assert self.pool.num_free() + len(held) == NUM_BLOCKS
+        assert self.pool.num_free() + len(held) == self.pool.num_blocks
         stats = self.tree.stats()
         assert stats.cached_tokens == stats.evictable_tokens + stats.locked_tokens
 
@@ -235,7 +235,7 @@ class RadixMachine(RuleBasedStateMachine):
             self.tree.unlock(handle)
         self.tree.flush()
         self.tree.check_integrity()
-        assert self.pool.num_free() == NUM_BLOCKS, "blocks leaked after everyone let go"
+        assert self.pool.num_free() == self.pool.num_blocks, "blocks leaked after everyone let go"
 
 
 COMMON = dict(deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
