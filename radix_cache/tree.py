@@ -28,6 +28,14 @@ from .stats import EVICTION_REASONS, InsertResult, MatchResult, PrefixInfo, Tree
 
 
 class RadixTree:
+    """Per-namespace radix trees over one ``BlockPool``.
+
+    ``clock`` (seconds) drives pin expiry only; LRU order uses a logical tick bumped by
+    every match and insert. ``on_event`` receives a ``CacheEvent`` for each node stored or
+    removed. Counters read by the engine: ``evictable_blocks`` (own blocks of unlocked
+    nodes, pinned ones included), ``handles`` (live lock handles), ``pinned_nodes``.
+    """
+
     def __init__(self, pool: BlockPool, clock: Callable[[], float] = time.monotonic,
                  on_event: EventSink | None = None):
         self.pool = pool
