@@ -37,6 +37,7 @@ class SoakResult:
     rss_idle_mb: list[float] = field(default_factory=list)     # at idle after each round
     final_stats: dict = field(default_factory=dict)
     leaks: list[str] = field(default_factory=list)             # accounting / integrity problems
+    log_errors: list[str] = field(default_factory=list)        # ERROR / Traceback lines logged
 
     @property
     def rss_drift_mb(self) -> float:
@@ -56,6 +57,7 @@ class SoakResult:
             if self.rss_during_mb else 0.0,
             "rss_drift_mb": round(self.rss_drift_mb, 1),
             "leaks": self.leaks,
+            "server_log_errors": self.log_errors[:10],
             "first_violations": self.report.violations[:10]})
         return out
 
@@ -64,6 +66,7 @@ async def soak(server: ServerProcess, load: LoadConfig, rounds: int = 1,
                rss_interval_s: float = 1.0) -> SoakResult:
     """Run ``rounds`` rounds of ``load`` against ``server``; check idle state after each."""
     result = SoakResult()
+    log_offset = _log_size(server)
     for _ in range(rounds):
         sampler = asyncio.create_task(_sample_rss(server, rss_interval_s, result.rss_during_mb))
         try:
@@ -72,7 +75,23 @@ async def soak(server: ServerProcess, load: LoadConfig, rounds: int = 1,
             sampler.cancel()
         _merge(result.report, round_report)
         await _check_idle(server, result)
+    result.log_errors = _log_errors(server, log_offset)
     return result
+
+
+def _log_size(server: ServerProcess) -> int:
+    try:
+        return server.log_path.stat().st_size
+    except OSError:
+        return 0
+
+
+def _log_errors(server: ServerProcess, offset: int) -> list[str]:
+    """Lines at ERROR level or starting a traceback that the server logged since ``offset``."""
+    with open(server.log_path, "rb") as f:
+        f.seek(offset)
+        text = f.read().decode("utf-8", errors="replace")
+    return [line for line in text.splitlines() if " ERROR " in line or line.startswith("Traceback")]
 
 
 async def _sample_rss(server: ServerProcess, interval_s: float, out: list[float]) -> None:
@@ -139,7 +158,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         with open(args.json, "w") as f:
             f.write(text + "\n")
-    bad = summary["violations"] or summary["leaks"] or exit_code != 0
+    bad = (summary["violations"] or summary["leaks"] or summary["server_log_errors"]
+           or exit_code != 0)
     return 1 if bad else 0
 
 

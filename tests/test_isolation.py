@@ -46,7 +46,7 @@ def secret_prompt(tag: str) -> str:
     return f"{tag}-{nonce} " + " ".join(f"{tag}{i} {nonce[i % 12]}" for i in range(50))
 
 
-async def messages_usage(http, server, key, system: str, user: str = "hi") -> dict:
+async def messages_usage(http, server, key, system: str | list, user: str = "hi") -> dict:
     status, body = await c.post_json(http, server.base_url + c.ANTHROPIC_PATH, key,
                                      c.anthropic_body(user, system=system, max_tokens=2))
     assert status == 200, body
@@ -114,3 +114,24 @@ async def test_tenant_plus_salt_cannot_reach_the_concatenated_tenants_cache(http
     assert await chat_cached(http, server, org_1, prompt, cache_salt="2345") == 0
     assert await chat_cached(http, server, org_1, prompt, cache_salt="2345") >= 100
     assert await chat_cached(http, server, org_12345, prompt) == 0
+
+
+async def test_public_prefix_is_shared_but_a_tenants_continuation_never_lands_in_public(
+        http, server):
+    system = secret_prompt("pub")
+    await fresh(http, server, "acme", "beta")
+    status, published = await c.post_json(http, server.base_url + "/v1/cache/prefixes",
+                                          ADMIN_KEY, {"system": system, "ttl": "5m"})
+    assert status == 200 and published["namespace"] == "public", published
+    public_tokens = published["tokens"]
+    user = "continue " + uuid.uuid4().hex + " " + " ".join(f"c{i}" for i in range(30))
+    acme_first = await messages_usage(http, server, ACME, system, user)
+    acme_again = await messages_usage(http, server, ACME, system, user)
+    beta = await messages_usage(http, server, BETA, system, user)
+    assert acme_first["cache_read_input_tokens"] >= public_tokens       # public prefix reused
+    assert beta["cache_read_input_tokens"] >= public_tokens
+    assert acme_again["cache_read_input_tokens"] > public_tokens + 20   # its own continuation
+    assert beta["cache_read_input_tokens"] < public_tokens + 16         # not acme's
+    status, _ = await c.post_json(http, server.base_url + "/v1/cache/flush", ADMIN_KEY,
+                                  {"public": True})
+    assert status == 200

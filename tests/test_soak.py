@@ -31,6 +31,7 @@ def assert_clean_soak(result: SoakResult, min_served: int) -> None:
     report = result.report
     assert report.violations == [], report.violations[:10]
     assert result.leaks == []
+    assert result.log_errors == [], result.log_errors[:10]
     assert report.served >= min_served, summary
     assert report.outcomes["hung"] == 0
     assert report.outcomes["transport_error"] == 0, summary

@@ -144,7 +144,7 @@ async def _one_request(session, cfg, key, prefix, rng):
 async def _exchange(session, url, key, data, path, stream, max_tokens, malformed, disconnect,
                     rng, t0):
     if disconnect and not stream:
-        return await _disconnect_non_streaming(session, url, key, data, rng)
+        return await _disconnect_non_streaming(session, url, key, data, path, max_tokens, rng)
     async with session.post(url, headers=c.headers(key), data=data) as resp:
         if disconnect and resp.status == 200:
             await resp.content.readany()      # first bytes of the stream, then hang up
@@ -162,12 +162,13 @@ async def _exchange(session, url, key, data, path, stream, max_tokens, malformed
     return ("ok" if resp.status == 200 else f"error_{resp.status}"), resp.status, None, latency
 
 
-async def _disconnect_non_streaming(session, url, key, data, rng):
+async def _disconnect_non_streaming(session, url, key, data, path, max_tokens, rng):
     """Hang up on a non-streaming request before (or as) it completes."""
     try:
         async with asyncio.timeout(rng.uniform(0.02, 0.5)):
             async with session.post(url, headers=c.headers(key), data=data) as resp:
-                await resp.read()
-                return "completed_before_disconnect", resp.status, None, 0.0
+                text = await resp.text()
     except TimeoutError:
         return "disconnected", 0, None, 0.0
+    violation = c.check_answer(path, False, resp.status, text, max_tokens)
+    return ("violation" if violation else "completed_before_disconnect"), resp.status, violation, 0.0
