@@ -10,12 +10,16 @@ run that reports resident-memory drift.
 """
 from __future__ import annotations
 
+import asyncio
 import json
+import random
 
+import aiohttp
 import pytest
 
 from benchmarks.soak import SoakResult, default_load, soak
-from tests.support.server import ServerSpec, shared_server
+from tests.support import client as c
+from tests.support.server import ADMIN_KEY, ServerSpec, shared_server, tenant_key
 
 SPEC = ServerSpec()
 
@@ -60,3 +64,47 @@ async def test_resident_memory_flat_across_soak_rounds(server):
     assert_clean_soak(result, min_served=300)
     first, last = result.rss_idle_mb[0], result.rss_idle_mb[-1]
     assert last - first < max(48.0, 0.10 * first), result.summary()
+
+
+def message_usage(stream: bool, text: str) -> dict:
+    """The final usage of a /v1/messages answer (streams: message_start merged with message_delta)."""
+    if not stream:
+        return json.loads(text)["usage"]
+    events = c.parse_sse(text)
+    start = json.loads(events[0][1])["message"]["usage"]
+    delta = [json.loads(d) for name, d in events if name == "message_delta"][0]["usage"]
+    return {**start, **delta}
+
+
+async def test_usage_adds_up_to_the_prompt_under_memory_pressure(server):
+    """40 concurrent requests sharing a system prompt overfill the KV budget (eviction,
+    preemption, shared-prefix waits); each one's input + cache read + cache creation still
+    equals its prompt length as count_tokens reports it."""
+    rng = random.Random(5)
+    shared = c.words(rng, 80)
+    bodies = [c.anthropic_body(c.words(rng, rng.randint(5, 150)), system=shared,
+                               max_tokens=rng.randint(20, 120), stream=i % 2 == 0)
+              for i in range(40)]
+    key = tenant_key("delta")
+    async with aiohttp.ClientSession() as http:
+        counts = []
+        for body in bodies:
+            status, counted = await c.post_json(http, server.base_url + "/v1/messages/count_tokens",
+                                                key, {k: body[k] for k in ("model", "system", "messages")})
+            assert status == 200, counted
+            counts.append(counted["input_tokens"])
+
+        async def send(body):
+            async with http.post(server.base_url + c.ANTHROPIC_PATH, headers=c.headers(key),
+                                 json=body) as r:
+                return r.status, await r.text()
+
+        answers = await asyncio.gather(*(send(b) for b in bodies))
+        for body, prompt_tokens, (status, text) in zip(bodies, counts, answers):
+            assert c.check_answer(c.ANTHROPIC_PATH, body["stream"], status, text,
+                                  body["max_tokens"]) is None
+            usage = message_usage(body["stream"], text)
+            assert usage["input_tokens"] + usage["cache_read_input_tokens"] + \
+                usage["cache_creation_input_tokens"] == prompt_tokens, usage
+        stats = await c.wait_quiescent(http, server.base_url, ADMIN_KEY)
+        assert c.block_accounting_violation(stats) is None
