@@ -10,10 +10,12 @@ import pytest
 from radixgate.gateway.auth import namespace_for
 from tests.support.server import ADMIN_KEY, ServerSpec, shared_server, tenant_key
 
-SPEC = ServerSpec()
+# Own tenants (and so its own server, shared by the tests/test_api_*.py modules): other
+# suites' pins and flushes on the default spec's tenants cannot disturb these, nor these them.
+SPEC = ServerSpec(tenants=("gw_one", "gw_two", "org_1", "org_12345"), max_pinned_tokens=4096)
 ADMIN = {"x-api-key": ADMIN_KEY}
-GAMMA = {"x-api-key": tenant_key("gamma")}
-DELTA = {"x-api-key": tenant_key("delta")}
+ONE = {"x-api-key": tenant_key("gw_one")}
+TWO = {"x-api-key": tenant_key("gw_two")}
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +39,7 @@ def ask(http, headers, system: str, question: str = "q", **extra) -> dict:
 
 
 def test_stats_have_the_design_shape(http):
-    ask(http, GAMMA, unique_text(10))
+    ask(http, ONE, unique_text(10))
     stats = http.get("/v1/cache/stats", headers=ADMIN).json()
     assert set(stats) >= {"model", "block_size", "uptime_s", "blocks", "tree", "requests", "tokens",
                           "hit_rate", "ttft_ms", "evictions", "tenants", "top_prefixes", "history"}
@@ -51,29 +53,29 @@ def test_stats_have_the_design_shape(http):
     assert stats["hit_rate"] == pytest.approx(t["cache_read"] / t["prompt"], abs=1e-5)
     assert set(stats["ttft_ms"]) == {"hit", "miss"} and set(stats["ttft_ms"]["hit"]) == {"p50", "p95"}
     assert set(stats["evictions"]) == {"lru", "ttl", "flush"}
-    assert "gamma" in stats["tenants"]
-    assert set(stats["tenants"]["gamma"]) >= {"tokens", "hit_rate", "pinned_tokens", "running"}
+    assert "gw_one" in stats["tenants"]
+    assert set(stats["tenants"]["gw_one"]) >= {"tokens", "hit_rate", "pinned_tokens", "running"}
     assert all(set(p) >= {"tenant", "tokens", "hits", "pin_ttl_s", "preview"}
                for p in stats["top_prefixes"])
     assert stats["history"] and set(stats["history"][-1]) == {"t", "prompt", "cache_read"}
 
 
 def test_tenant_sees_only_its_own_stats_without_previews(http):
-    ask(http, GAMMA, unique_text(10))
-    ask(http, DELTA, unique_text(10))
-    stats = http.get("/v1/cache/stats", headers=DELTA).json()
-    assert stats["tenant"] == "delta" and list(stats["tenants"]) == ["delta"]
-    assert all(p["tenant"] == "delta" and "preview" not in p for p in stats["top_prefixes"])
-    assert "gamma" not in http.get("/v1/cache/stats", headers=DELTA).text
+    ask(http, ONE, unique_text(10))
+    ask(http, TWO, unique_text(10))
+    stats = http.get("/v1/cache/stats", headers=TWO).json()
+    assert stats["tenant"] == "gw_two" and list(stats["tenants"]) == ["gw_two"]
+    assert all(p["tenant"] == "gw_two" and "preview" not in p for p in stats["top_prefixes"])
+    assert "gw_one" not in http.get("/v1/cache/stats", headers=TWO).text
     admin = http.get("/v1/cache/stats", headers=ADMIN).json()
-    assert stats["tokens"] == admin["tenants"]["delta"]["tokens"]
+    assert stats["tokens"] == admin["tenants"]["gw_two"]["tokens"]
 
 
 def test_same_tenant_hits_and_another_tenant_gets_zero_cached_tokens(http):
     system = unique_text()
-    first = ask(http, GAMMA, system)
-    same = ask(http, GAMMA, system)
-    other = ask(http, DELTA, system)
+    first = ask(http, ONE, system)
+    same = ask(http, ONE, system)
+    other = ask(http, TWO, system)
     assert first["cache_read_input_tokens"] < 20
     assert same["cache_read_input_tokens"] > 40
     assert other["cache_read_input_tokens"] < 20          # only the template's first tokens
@@ -98,12 +100,12 @@ def test_length_prefixed_namespaces_do_not_collide(http):
 
 def test_flush_of_one_tenant_drops_only_its_cache(http):
     system = unique_text()
-    ask(http, GAMMA, system)
-    ask(http, DELTA, system)
-    response = http.post("/v1/cache/flush", json={"tenant": "gamma"}, headers=ADMIN)
+    ask(http, ONE, system)
+    ask(http, TWO, system)
+    response = http.post("/v1/cache/flush", json={"tenant": "gw_one"}, headers=ADMIN)
     assert response.status_code == 200 and response.json()["freed_blocks"] > 0
-    assert ask(http, GAMMA, system)["cache_read_input_tokens"] < 20
-    assert ask(http, DELTA, system)["cache_read_input_tokens"] > 40
+    assert ask(http, ONE, system)["cache_read_input_tokens"] < 20
+    assert ask(http, TWO, system)["cache_read_input_tokens"] > 40
 
 
 def test_published_system_prompt_is_read_by_tenants_and_can_be_unpinned(http):
@@ -112,25 +114,30 @@ def test_published_system_prompt_is_read_by_tenants_and_can_be_unpinned(http):
     assert response.status_code == 200, response.text
     published = response.json()
     assert published["namespace"] == "public" and published["pinned_tokens"] == published["tokens"]
-    usage = ask(http, DELTA, system)
+    usage = ask(http, TWO, system)
     assert usage["cache_read_input_tokens"] >= published["tokens"]
     listed = http.get("/v1/cache/prefixes", headers=ADMIN).json()["data"]
     assert any(p["namespace"] == "public" and p["tokens"] == published["tokens"] for p in listed)
     removed = http.request("DELETE", "/v1/cache/prefixes", json={"system": system}, headers=ADMIN)
     assert removed.json()["unpinned"] is True
+    listed = http.get("/v1/cache/prefixes", headers=ADMIN).json()["data"]
+    assert not any(p["namespace"] == "public" and p["tokens"] == published["tokens"] for p in listed)
+    flushed = http.post("/v1/cache/flush", json={"public": True}, headers=ADMIN).json()
+    assert flushed["namespace"] == "public" and flushed["freed_blocks"] > 0
+    assert ask(http, ONE, system)["cache_read_input_tokens"] < 20     # public is empty again
 
 
 def test_admin_pins_a_prefix_for_one_tenant(http):
     text = unique_text(20)
-    response = http.post("/v1/cache/prefixes", json={"text": text, "tenant": "gamma",
+    response = http.post("/v1/cache/prefixes", json={"text": text, "tenant": "gw_one",
                                                      "ttl_s": 120}, headers=ADMIN)
     assert response.status_code == 200, response.text
     pinned = response.json()
     assert pinned["pinned_tokens"] == pinned["tokens"] > 20
-    stats = http.get("/v1/cache/stats", headers=GAMMA).json()
+    stats = http.get("/v1/cache/stats", headers=ONE).json()
     assert stats["tree"]["pinned_tokens"] >= pinned["tokens"]
     completion = http.post("/v1/completions", json={"model": "gpt-4o", "prompt": text + " more",
-                                                    "max_tokens": 1}, headers=GAMMA).json()
+                                                    "max_tokens": 1}, headers=ONE).json()
     assert completion["usage"]["prompt_tokens_details"]["cached_tokens"] >= pinned["tokens"] - 1
 
 
@@ -139,18 +146,18 @@ def test_prefix_routes_validate_their_input(http):
     assert http.post("/v1/cache/prefixes", json={"text": "a", "tokens": [1]},
                      headers=ADMIN).status_code == 400
     assert http.post("/v1/cache/prefixes", json={"tokens": [10 ** 9]}, headers=ADMIN).status_code == 400
-    assert http.post("/v1/cache/prefixes", json={"text": "a"}, headers=GAMMA).status_code == 403
+    assert http.post("/v1/cache/prefixes", json={"text": "a"}, headers=ONE).status_code == 403
 
 
 def test_integrity_check_passes_after_traffic(http):
-    ask(http, GAMMA, unique_text(10))
+    ask(http, ONE, unique_text(10))
     report = http.get("/v1/admin/integrity", headers=ADMIN).json()
     assert report["ok"] is True and report["free"] + report["held"] == report["total"]
 
 
 def test_metrics_are_prometheus_text_scoped_per_tenant(http):
-    ask(http, GAMMA, unique_text(10))
-    ask(http, DELTA, unique_text(10))
+    ask(http, ONE, unique_text(10))
+    ask(http, TWO, unique_text(10))
     text = http.get("/metrics", headers=ADMIN).text
     for name in ("radixgate_prefix_cache_queries_total", "radixgate_prefix_cache_hit_tokens_total",
                  "radixgate_time_to_first_token_seconds_bucket",
@@ -159,9 +166,9 @@ def test_metrics_are_prometheus_text_scoped_per_tenant(http):
                  "radixgate_cache_evictions_total", "vllm:num_requests_waiting",
                  "vllm:num_requests_running", "vllm:kv_cache_usage_perc"):
         assert name in text, name
-    assert 'tenant="gamma"' in text and 'tenant="delta"' in text
-    scoped = http.get("/metrics", headers=GAMMA).text
-    assert 'tenant="gamma"' in scoped and "delta" not in scoped
+    assert 'tenant="gw_one"' in text and 'tenant="gw_two"' in text
+    scoped = http.get("/metrics", headers=ONE).text
+    assert 'tenant="gw_one"' in scoped and "gw_two" not in scoped
     assert "radixgate_kv_blocks{" not in scoped
     assert http.get("/metrics").status_code == 401
 

@@ -10,7 +10,9 @@ import pytest
 
 from tests.support.server import ServerSpec, shared_server, tenant_key
 
-SPEC = ServerSpec()
+# Own tenants (and so its own server, shared by the tests/test_api_*.py modules): other
+# suites' pins and flushes on the default spec's tenants cannot disturb these, nor these them.
+SPEC = ServerSpec(tenants=("gw_one", "gw_two", "org_1", "org_12345"), max_pinned_tokens=4096)
 MODEL = "claude-3-5-haiku-latest"
 
 
@@ -21,7 +23,7 @@ def server(pytestconfig):
 
 @pytest.fixture(scope="module")
 def client(server):
-    return anthropic.Anthropic(base_url=server.base_url, api_key=tenant_key("gamma"),
+    return anthropic.Anthropic(base_url=server.base_url, api_key=tenant_key("gw_one"),
                                max_retries=0, timeout=60)
 
 

@@ -11,9 +11,11 @@ import pytest
 
 from tests.support.server import ADMIN_KEY, ServerSpec, shared_server, tenant_key
 
-SPEC = ServerSpec()
+# Own tenants (and so its own server, shared by the tests/test_api_*.py modules): other
+# suites' pins and flushes on the default spec's tenants cannot disturb these, nor these them.
+SPEC = ServerSpec(tenants=("gw_one", "gw_two", "org_1", "org_12345"), max_pinned_tokens=4096)
 ADMIN = {"x-api-key": ADMIN_KEY}
-TENANT = "gamma"
+TENANT = "gw_one"
 KEY = {"x-api-key": tenant_key(TENANT)}
 LONG = 400          # tokens: seconds of decoding on the tiny model, so the abort comes first
 

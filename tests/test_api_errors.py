@@ -7,8 +7,10 @@ import pytest
 
 from tests.support.server import ADMIN_KEY, ServerSpec, shared_server, tenant_key
 
-SPEC = ServerSpec()
-KEY = {"x-api-key": tenant_key("gamma")}
+# Own tenants (and so its own server, shared by the tests/test_api_*.py modules): other
+# suites' pins and flushes on the default spec's tenants cannot disturb these, nor these them.
+SPEC = ServerSpec(tenants=("gw_one", "gw_two", "org_1", "org_12345"), max_pinned_tokens=4096)
+KEY = {"x-api-key": tenant_key("gw_one")}
 MESSAGES = "/v1/messages"
 CHAT = "/v1/chat/completions"
 
@@ -117,7 +119,7 @@ def test_missing_or_unknown_key_is_401_and_tenant_key_on_admin_route_is_403(http
 
 def test_bearer_key_works_like_x_api_key(http):
     response = http.post(CHAT, json=chat_body(),
-                         headers={"authorization": f"Bearer {tenant_key('gamma')}"})
+                         headers={"authorization": f"Bearer {tenant_key('gw_one')}"})
     assert response.status_code == 200
 
 
@@ -158,11 +160,11 @@ def test_one_access_log_line_per_request_with_tenant_and_tokens(http, server):
     bad = http.post(CHAT, json=chat_body(n=2), headers=KEY).headers["request-id"]
     log = server.log_path.read_text(errors="replace")
     (line,) = [line for line in log.splitlines() if rid in line]
-    assert "POST /v1/messages 200 tenant=gamma" in line
+    assert "POST /v1/messages 200 tenant=gw_one" in line
     usage = ok.json()["usage"]
     prompt = sum(usage[k] for k in ("input_tokens", "cache_read_input_tokens",
                                     "cache_creation_input_tokens"))
     assert f"prompt={prompt} cached={usage['cache_read_input_tokens']} output=" in line
     assert "ttft_ms=" in line and "ttft_ms=-" not in line
     (error_line,) = [line for line in log.splitlines() if bad in line]
-    assert "POST /v1/chat/completions 400 tenant=gamma" in error_line
+    assert "POST /v1/chat/completions 400 tenant=gw_one" in error_line

@@ -10,7 +10,9 @@ import pytest
 
 from tests.support.server import ServerSpec, shared_server, tenant_key
 
-SPEC = ServerSpec()
+# Own tenants (and so its own server, shared by the tests/test_api_*.py modules): other
+# suites' pins and flushes on the default spec's tenants cannot disturb these, nor these them.
+SPEC = ServerSpec(tenants=("gw_one", "gw_two", "org_1", "org_12345"), max_pinned_tokens=4096)
 MODEL = "gpt-4o-mini"
 
 
@@ -19,7 +21,7 @@ def server(pytestconfig):
     return shared_server(pytestconfig, SPEC)
 
 
-def make_client(server, tenant: str = "delta") -> openai.OpenAI:
+def make_client(server, tenant: str = "gw_two") -> openai.OpenAI:
     return openai.OpenAI(base_url=server.base_url + "/v1", api_key=tenant_key(tenant),
                          max_retries=0, timeout=60)
 
@@ -102,9 +104,9 @@ def test_cache_salt_separates_namespaces_within_a_tenant(client):
 
 def test_prompt_cache_key_is_only_a_routing_hint(server):
     system = unique_text(30)
-    a = make_client(server, "delta")
+    a = make_client(server, "gw_two")
     chat(a, system, "q", extra_body={"prompt_cache_key": "shared-key"})
-    other = chat(make_client(server, "gamma"), system, "q",
+    other = chat(make_client(server, "gw_one"), system, "q",
                  extra_body={"prompt_cache_key": "shared-key"})
     mine = chat(a, system, "q", extra_body={"prompt_cache_key": "different-key"})
     assert other.usage.prompt_tokens_details.cached_tokens < 20       # never joins tenants
