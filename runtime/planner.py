@@ -9,6 +9,7 @@ Units are binary (KiB = 1024 B, GiB = 2**30 B), so Llama 2 7B at fp16 is 512 KiB
 from __future__ import annotations
 
 import argparse
+import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -139,7 +140,7 @@ def planner_main(argv: list[str] | None = None) -> int:
     try:
         plans = [plan(n, args.memory_gb, args.context, args.dtype_bytes) for n in names]
     except ValueError as exc:
-        print(f"error: {exc}")
+        print(f"radixgate plan: {exc}", file=sys.stderr)
         return 2
     print(format_plan_table(plans, args.conversations))
     return 0
