@@ -2,7 +2,8 @@
 
 Starts ``radixgate serve --tiny`` on a free loopback port with a small KV budget (so
 eviction and preemption happen), drives it with the load generator of
-``tests/support/load.py`` for ``--rounds`` rounds of ``--seconds`` each, samples the
+``tests/support/load.py`` (plus an admin client that checks integrity, flushes and
+publishes/unpins prefixes while the load runs) for ``--rounds`` rounds of ``--seconds`` each, samples the
 server's resident memory, and after each round waits until the server is idle and checks
 that every block is free or cached and the admin integrity check is clean.
 
@@ -129,7 +130,7 @@ def default_load(base_url: str, spec: ServerSpec, seconds: float, clients: int,
                  seed: int = 1234) -> LoadConfig:
     keys = {t: tenant_key(t) for t in spec.tenants[:4]}
     return LoadConfig(base_url=base_url, tenant_keys=keys, seconds=seconds, clients=clients,
-                      seed=seed)
+                      seed=seed, admin_key=ADMIN_KEY)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -51,6 +51,8 @@ class LoadConfig:
     seed: int = 1234
     prefix_words: int = 60               # shared per-tenant prefix length (words)
     max_suffix_words: int = 120
+    admin_key: str | None = None         # set: an admin client interleaves integrity checks,
+    admin_interval_s: float = 1.0        # flushes, prefix publish/unpin with the load
 
 
 @dataclass
@@ -63,7 +65,8 @@ class LoadReport:
 
     @property
     def requests(self) -> int:
-        return sum(self.outcomes.values())
+        """Generation requests sent (the admin client's operations not included)."""
+        return sum(n for kind, n in self.outcomes.items() if not kind.startswith("admin_"))
 
     @property
     def served(self) -> int:
@@ -91,9 +94,11 @@ async def run_load(cfg: LoadConfig) -> LoadReport:
     start = time.monotonic()
     deadline = start + cfg.seconds
     async with aiohttp.ClientSession(connector=connector) as session:
-        await asyncio.gather(*(
-            _client_loop(session, cfg, report, prefixes, deadline, random.Random(cfg.seed + i))
-            for i in range(cfg.clients)))
+        loops = [_client_loop(session, cfg, report, prefixes, deadline, random.Random(cfg.seed + i))
+                 for i in range(cfg.clients)]
+        if cfg.admin_key:
+            loops.append(_admin_loop(session, cfg, report, prefixes, deadline))
+        await asyncio.gather(*loops)
     report.wall_s = time.monotonic() - start
     return report
 
@@ -115,6 +120,38 @@ async def _client_loop(session, cfg, report, prefixes, deadline, rng) -> None:
             report.latencies_s.append(latency)
         if detail:
             report.violations.append(detail)
+
+
+async def _admin_loop(session, cfg, report, prefixes, deadline) -> None:
+    """While the load runs: integrity checks (must stay clean with requests in flight),
+    flushes of one tenant or everything, and publish/unpin of a public prefix."""
+    rng = random.Random(cfg.seed - 1)
+    base, key = cfg.base_url, cfg.admin_key
+    while time.monotonic() < deadline:
+        await asyncio.sleep(rng.uniform(0.5, 1.5) * cfg.admin_interval_s)
+        action = rng.choice(("integrity", "integrity", "flush_tenant", "flush_all", "publish",
+                             "unpin"))
+        tenant = rng.choice(sorted(cfg.tenant_keys))
+        prefix = {"system": rng.choice(prefixes[tenant]), "ttl_s": 30}
+        try:
+            if action == "integrity":
+                problem = await c.integrity_violation(session, base, key)
+                status = 0 if problem else 200
+            else:
+                path, method, body = {
+                    "flush_tenant": ("/v1/cache/flush", "POST", {"tenant": tenant}),
+                    "flush_all": ("/v1/cache/flush", "POST", {}),
+                    "publish": ("/v1/cache/prefixes", "POST", prefix),
+                    "unpin": ("/v1/cache/prefixes", "DELETE", prefix)}[action]
+                async with session.request(method, base + path, headers=c.headers(key),
+                                           json=body) as r:
+                    status, text = r.status, await r.text()
+                problem = None if status == 200 else f"admin {action} -> {status}: {text[:200]}"
+        except aiohttp.ClientError as e:
+            status, problem = 0, f"admin {action} transport error: {e}"
+        report.outcomes[f"admin_{action}"] += 1
+        if problem:
+            report.violations.append(problem)
 
 
 async def _one_request(session, cfg, key, prefix, rng):
