@@ -1,14 +1,10 @@
-"""Fault tolerance (issue 8): a request larger than the whole KV budget is rejected at once,
-a full queue answers overloaded, an exception injected into one engine step fails only that
-step's requests while the server keeps serving, and a slow reader does not stall others.
-
-Engine-level tests run in process; HTTP-level tests start ``radixgate serve --tiny``.
+"""Fault tolerance at the engine (issue 8), in process over the tiny model: a request larger
+than the whole KV budget is rejected at submission, a full waiting queue answers OVERLOADED,
+and an exception injected into one engine step fails only that step's requests (caching
+nothing of theirs) while the engine keeps serving. HTTP-level counterparts, and the slow
+reader, live in test_faults_http.py.
 """
 from __future__ import annotations
-
-import asyncio
-
-import pytest
 
 from radixgate.runtime.api import ErrorKind, FinishReason
 from tests.support.engine import finish, first_delta, integrity, request, running_engine

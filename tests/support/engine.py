@@ -19,7 +19,7 @@ def tiny_model():
 
 @contextlib.contextmanager
 def running_engine(**config):
-    """An started ``Engine`` over the tiny model; shut down (grace 0) on exit."""
+    """A started ``Engine`` over the tiny model; shut down (grace 0) on exit."""
     config.setdefault("num_blocks", 128)
     engine = Engine(tiny_model(), EngineConfig(**config)).start()
     try:

@@ -79,7 +79,9 @@ class LoadReport:
         return xs[min(len(xs) - 1, int(q * len(xs)))]
 
     def summary(self) -> dict:
-        return {"requests": self.requests, "served": self.served,
+        errors = {kind: n for kind, n in self.outcomes.items()
+                  if kind != "ok" and not kind.startswith("admin_")}
+        return {"requests": self.requests, "served": self.served, "errors_by_kind": errors,
                 "outcomes": dict(self.outcomes), "statuses": dict(self.statuses),
                 "p50_s": round(self.percentile(0.50), 3), "p99_s": round(self.percentile(0.99), 3),
                 "throughput_rps": round(self.served / self.wall_s, 2) if self.wall_s else 0.0,
