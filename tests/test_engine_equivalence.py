@@ -10,12 +10,11 @@ import pytest
 from radixgate.runtime.api import FinishReason
 from radixgate.runtime.engine import Engine
 from radixgate.runtime.engine_config import EngineConfig
-from tests.support.engine_compare import (assert_clean, compare_greedy, greedy, held,
-                                          real_model)
+from tests.support.engine_compare import assert_clean, compare_greedy, greedy, held
 
 pytestmark = pytest.mark.realmodel
 
-LOGIT_TOL = 2e-3     # max |logit difference| allowed before a near tie (fp32 on CPU)
+LOGIT_TOL = 1e-3     # max |logit difference| allowed before a near tie (fp32 CPU; seen ~1e-4)
 NEW_TOKENS = 12
 QUESTIONS = ["What is the capital of France?", "Name three primary colors.",
              "How many legs does a spider have?", "What is 12 times 11?"]
@@ -24,8 +23,9 @@ SYSTEM = ("You are a concise assistant for a museum of natural history. Answer i
 
 
 @pytest.fixture(scope="module")
-def model():
-    return real_model()
+def model(real_model):
+    """The session's real model (tests/conftest.py: loaded once per session)."""
+    return real_model
 
 
 @pytest.fixture(scope="module")

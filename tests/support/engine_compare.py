@@ -3,7 +3,6 @@ under the near-tie rule of DESIGN.md section 9, check integrity after a scenario
 from __future__ import annotations
 
 import contextlib
-import functools
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -70,9 +69,3 @@ def compare_greedy(engine: Engine, got: Finished, reference_engine: Engine, ref:
     assert len(got.output_token_ids) == len(ref.output_token_ids)
     return Comparison(True, len(ref.output_token_ids), worst)
 
-
-@functools.lru_cache(maxsize=1)
-def real_model():
-    """The default SmolLM2 model, loaded once per test process."""
-    from radixgate.runtime.loader import load_model
-    return load_model("default", max_model_len=2048)
