@@ -217,3 +217,14 @@ def test_shutdown_with_grace_lets_running_requests_finish_then_stops(make_engine
 def _generate_later(engine, request):
     """Queues the request now (before returning); the Future resolves to its Finished."""
     return engine.submit_future(request)
+
+
+def test_integrity_command_reports_a_leaked_reference(make_engine):
+    engine = make_engine(debug_integrity=True)
+    engine.generate(greedy(PROMPT))
+    block = min(engine._command(engine.core.tree.held_blocks).result())   # read on its thread
+    engine._command(engine.core.pool.incref, block).result()        # a reference nobody holds
+    with pytest.raises(AssertionError, match=f"block {block}"):
+        engine.check_integrity().result(timeout=60)
+    engine._command(engine.core.pool.decref, block).result()
+    assert_clean(engine)
