@@ -11,18 +11,12 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
-import time
 
 import aiohttp
 import pytest
-from aiohttp.test_utils import TestClient, TestServer
 
-from radixgate.gateway.app import create_app
-from radixgate.gateway.config import config_from_dict
-from radixgate.gateway.state import engine_config
-from radixgate.runtime.engine import Engine
 from tests.support import client as c
-from tests.support.engine import tiny_model
+from tests.support.inproc import engine_of, in_process_gateway
 from tests.support.server import ADMIN_KEY, ServerSpec, shared_server, tenant_key
 
 # ~1000 tokens of KV (65 blocks) under a 4096-token context: the budget, not the context,
@@ -147,21 +141,14 @@ def _dechunk(body: str) -> str:
 
 @pytest.fixture
 async def app_client():
-    config = config_from_dict({"model": {"tiny": True, "max_model_len": 512, "kv_cache_gb": 0.002},
-                               "admin": {"api_keys": [ADMIN_KEY]},
-                               "tenants": {"acme": {"api_keys": [ACME]}}})
-    app = create_app(config, lambda cfg: Engine(tiny_model(), engine_config(cfg)).start())
-    async with TestClient(TestServer(app)) as client:
-        deadline = time.monotonic() + 120
-        while (await client.get("/health")).status != 200:
-            assert time.monotonic() < deadline, "in-process engine never became ready"
-            await asyncio.sleep(0.1)
-        yield client
+    async with in_process_gateway(tenants=("acme",)) as (base_url, app):
+        async with aiohttp.ClientSession(base_url) as client:
+            yield client, app
 
 
 async def test_injected_step_fault_ends_the_stream_cleanly_and_server_keeps_serving(app_client):
-    from radixgate.gateway.http_util import STATE
-    engine = app_client.server.app[STATE].engine
+    app_client, app = app_client
+    engine = engine_of(app)
     body = c.anthropic_body("doomed", max_tokens=300, stream=True)
     async with app_client.post(c.ANTHROPIC_PATH, headers=c.headers(ACME), json=body) as r:
         assert r.status == 200

@@ -19,6 +19,8 @@ import pytest
 
 from benchmarks.soak import SoakResult, default_load, soak
 from tests.support import client as c
+from tests.support.inproc import engine_of, in_process_gateway
+from tests.support.load import run_load
 from tests.support.server import ADMIN_KEY, ServerSpec, shared_server, tenant_key
 
 SPEC = ServerSpec()
@@ -108,3 +110,20 @@ async def test_usage_adds_up_to_the_prompt_under_memory_pressure(server):
                 usage["cache_creation_input_tokens"] == prompt_tokens, usage
         stats = await c.wait_quiescent(http, server.base_url, ADMIN_KEY)
         assert c.block_accounting_violation(stats) is None
+
+
+async def test_soak_load_preempts_and_evicts_yet_every_answer_is_clean_in_process():
+    """The same load against the app in process, where the engine's counters are readable:
+    the KV budget really forces preemption (decodes outgrow it) and eviction."""
+    async with in_process_gateway() as (base_url, app):
+        load = default_load(base_url, SPEC, seconds=10, clients=48, seed=21)
+        report = await run_load(load)
+        snapshot = engine_of(app).request_snapshot().result(timeout=30)
+        async with aiohttp.ClientSession() as http:
+            stats = await c.wait_quiescent(http, base_url, ADMIN_KEY)
+            assert c.block_accounting_violation(stats) is None
+            assert await c.integrity_violation(http, base_url, ADMIN_KEY) is None
+    assert report.violations == [], report.violations[:10]
+    assert report.served > 0
+    assert snapshot.preemptions > 0, "the load never preempted: the KV budget is too large"
+    assert snapshot.evictions.get("lru", 0) > 0

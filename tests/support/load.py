@@ -44,6 +44,8 @@ class LoadConfig:
     seconds: float = 15.0
     clients: int = 32
     max_tokens: int = 12
+    long_rate: float = 0.10              # share of requests allowed a longer answer, so
+    long_max_tokens: int = 192           # decoding outgrows the KV budget (preemption)
     disconnect_rate: float = 0.10
     malformed_rate: float = 0.05
     stream_rate: float = 0.5
@@ -164,7 +166,8 @@ async def _one_request(session, cfg, key, prefix, rng):
     malformed = roll < cfg.malformed_rate
     disconnect = not malformed and roll < cfg.malformed_rate + cfg.disconnect_rate
     prompt = c.words(rng, rng.randint(1, cfg.max_suffix_words))
-    max_tokens = rng.randint(1, cfg.max_tokens)
+    long = rng.random() < cfg.long_rate
+    max_tokens = rng.randint(1, cfg.long_max_tokens if long else cfg.max_tokens)
     build = c.anthropic_body if path == c.ANTHROPIC_PATH else c.chat_body
     data = (rng.choice(MALFORMED_BODIES) if malformed else
             json.dumps(build(prompt, system=prefix, max_tokens=max_tokens, stream=stream)))
