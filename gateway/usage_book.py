@@ -16,6 +16,8 @@ from radixgate.runtime.api import Usage
 
 HISTORY_SECONDS = 600
 TTFT_SAMPLES = 2048
+COUNTERS = ("prompt", "cache_read", "cache_creation", "cache_creation_5m", "cache_creation_1h",
+            "uncached", "output", "finished", "errors")
 
 
 @dataclass
@@ -23,6 +25,8 @@ class TenantUsage:
     prompt: int = 0
     cache_read: int = 0
     cache_creation: int = 0
+    cache_creation_5m: int = 0       # the part of cache_creation pinned with a 5-minute TTL
+    cache_creation_1h: int = 0       # ... and with a 1-hour TTL
     uncached: int = 0
     output: int = 0
     finished: int = 0
@@ -36,8 +40,10 @@ class TenantUsage:
 
     def tokens(self) -> dict[str, int]:
         return {"prompt": self.prompt, "cache_read": self.cache_read,
-                "cache_creation": self.cache_creation, "uncached": self.uncached,
-                "output": self.output}
+                "cache_creation": self.cache_creation,
+                "cache_creation_5m": self.cache_creation_5m,
+                "cache_creation_1h": self.cache_creation_1h,
+                "uncached": self.uncached, "output": self.output}
 
     @property
     def hit_rate(self) -> float:
@@ -60,6 +66,8 @@ class UsageBook:
         book.prompt += usage.prompt_tokens
         book.cache_read += usage.cache_read_tokens
         book.cache_creation += usage.cache_creation_tokens
+        book.cache_creation_5m += usage.cache_creation_5m_tokens
+        book.cache_creation_1h += usage.cache_creation_1h_tokens
         book.uncached += usage.uncached_tokens
         book.output += usage.output_tokens
         book.finished += 1
@@ -94,8 +102,7 @@ class UsageBook:
     def totals(self, tenant: str | None) -> TenantUsage:
         total = TenantUsage()
         for book in self.selected(tenant):
-            for name in ("prompt", "cache_read", "cache_creation", "uncached", "output",
-                         "finished", "errors"):
+            for name in COUNTERS:
                 setattr(total, name, getattr(total, name) + getattr(book, name))
             total.ttft_hit_ms.extend(book.ttft_hit_ms)
             total.ttft_miss_ms.extend(book.ttft_miss_ms)

@@ -47,9 +47,11 @@ def test_stats_have_the_design_shape(http):
     assert sum(stats["blocks"][k] for k in ("free", "cached", "pinned", "in_use")) == stats["blocks"]["total"]
     assert set(stats["tree"]) == {"nodes", "cached_tokens", "evictable_tokens", "pinned_tokens"}
     assert set(stats["requests"]) == {"running", "waiting", "finished", "errors"}
-    assert set(stats["tokens"]) == {"prompt", "cache_read", "cache_creation", "uncached", "output"}
+    assert set(stats["tokens"]) == {"prompt", "cache_read", "cache_creation", "cache_creation_5m",
+                                    "cache_creation_1h", "uncached", "output"}
     t = stats["tokens"]
     assert t["cache_read"] + t["cache_creation"] + t["uncached"] == t["prompt"]
+    assert t["cache_creation_5m"] + t["cache_creation_1h"] == t["cache_creation"]
     assert stats["hit_rate"] == pytest.approx(t["cache_read"] / t["prompt"], abs=1e-5)
     assert set(stats["ttft_ms"]) == {"hit", "miss"} and set(stats["ttft_ms"]["hit"]) == {"p50", "p95"}
     assert set(stats["evictions"]) == {"lru", "ttl", "flush"}

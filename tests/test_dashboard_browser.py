@@ -50,10 +50,12 @@ def server(tmp_path_factory):
 
 
 def run_workload(base_url: str) -> None:
-    """acmecorp: one long system prompt (with a cache breakpoint) twice; globexinc: once, unique."""
-    def ask(tenant: str, system: str, question: str) -> None:
+    """acmecorp: one long system prompt (with a cache breakpoint) twice; globexinc: once, unique,
+    written with a 1-hour TTL (priced at 2x on the page)."""
+    def ask(tenant: str, system: str, question: str, ttl: str = "5m") -> None:
+        cache_control = {"type": "ephemeral", "ttl": ttl}
         body = {"model": "claude-3-5-haiku-latest", "max_tokens": 4,
-                "system": [{"type": "text", "text": system, "cache_control": {"type": "ephemeral"}}],
+                "system": [{"type": "text", "text": system, "cache_control": cache_control}],
                 "messages": [{"role": "user", "content": question}]}
         req = urllib.request.Request(
             base_url + "/v1/messages", data=json.dumps(body).encode(), method="POST",
@@ -67,7 +69,7 @@ def run_workload(base_url: str) -> None:
     time.sleep(1.05)
     ask("acmecorp", SYSTEM_PROMPT, "What is a node?")
     time.sleep(1.05)
-    ask("globexinc", "You write haiku about the sea, nothing else.", "Tide?")
+    ask("globexinc", "You write haiku about the sea, nothing else.", "Tide?", ttl="1h")
 
 
 def wait_until_settled(base_url: str, timeout_s: float = 30.0) -> None:
@@ -252,6 +254,7 @@ def assert_chart_draws_history(page, stats: dict) -> None:
 def test_admin_page_shows_server_stats_and_keeps_key_out_of_urls(server, page):
     open_with_key(page, server, ADMIN_KEY)
     stats = fetch_stats(server, ADMIN_KEY)
+    assert 0 < stats["tokens"]["cache_creation_1h"] < stats["tokens"]["cache_creation"]
     assert_numbers_match(displayed_numbers(page), expected_page_numbers(stats))
     assert_tenant_rows_match(page, stats)
     assert_prefix_rows_match(page, stats)

@@ -1,0 +1,66 @@
+"""``build_stats`` (GET /v1/cache/stats) from a hand-made engine snapshot and usage book:
+the token split, per-tenant history, what a tenant may see, and empty percentiles."""
+from __future__ import annotations
+
+import json
+from types import MappingProxyType
+
+import pytest
+
+from radixgate.gateway.cache_stats import build_stats
+from radixgate.gateway.usage_book import UsageBook
+from radixgate.runtime.api import Usage
+from radixgate.runtime.stats import BlockCounts, EngineSnapshot, TenantCounts, TreeCounts
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def snapshot(prefill_rate: float = 5432.1) -> EngineSnapshot:
+    return EngineSnapshot(
+        time=0.0, block_size=16, blocks=BlockCounts(total=100, free=60, cached=30, pinned=6, in_use=4),
+        tree=TreeCounts(nodes=9, cached_tokens=500, evictable_tokens=400, pinned_tokens=100),
+        running=1, waiting=0,
+        tenants=MappingProxyType({"acme": TenantCounts(running=1, pinned_tokens=100),
+                                  "globex": TenantCounts()}),
+        evictions=MappingProxyType({"lru": 3}), top_prefixes=(),
+        prefill_tokens_per_s=prefill_rate)
+
+
+def usage(prompt: int, read: int, w5m: int = 0, w1h: int = 0, ttft_s: float | None = 0.05
+          ) -> Usage:
+    return Usage(prompt_tokens=prompt, cache_read_tokens=read, cache_creation_tokens=w5m + w1h,
+                 cache_creation_5m_tokens=w5m, cache_creation_1h_tokens=w1h,
+                 uncached_tokens=prompt - read - w5m - w1h, output_tokens=2, ttft_s=ttft_s)
+
+
+@pytest.fixture
+def book() -> UsageBook:
+    clock = Clock()
+    book = UsageBook(clock=clock)
+    book.record("acme", usage(100, 0, w5m=60, w1h=30), ok=True)
+    clock.now += 5
+    book.record("acme", usage(100, 90), ok=True)
+    clock.now += 5
+    book.record("globex", usage(50, 0, w1h=40), ok=True)
+    return book
+
+
+def stats(book: UsageBook, tenant: str | None = None) -> dict:
+    return build_stats(snapshot(), book, model="m", tenant=tenant, decode=None)
+
+
+def test_tokens_split_cache_writes_by_ttl_overall_and_per_tenant(book):
+    admin = stats(book)
+    assert admin["tokens"]["cache_creation_5m"] == 60
+    assert admin["tokens"]["cache_creation_1h"] == 70
+    assert admin["tokens"]["cache_creation"] == 130
+    assert admin["tenants"]["acme"]["tokens"]["cache_creation_1h"] == 30
+    assert admin["tenants"]["globex"]["tokens"]["cache_creation_1h"] == 40
+    assert admin["tenants"]["globex"]["tokens"]["cache_creation_5m"] == 0
+    assert stats(book, "acme")["tokens"]["cache_creation_5m"] == 60
