@@ -5,7 +5,8 @@ prefix. A tenant sees only itself: its tokens, hit rate, TTFT, history, running 
 pinned tokens and its own prefixes (no preview). Server-wide block, tree and eviction
 counts describe every tenant's traffic, so a tenant gets them as zeros (``total`` blocks,
 the capacity, is configuration and stays). Extra keys beyond the design: ``tenant`` (the
-scope, null for admin) and ``prefill_tokens_per_s``.
+scope, null for admin), ``prefill_tokens_per_s``, the 5m/1h split of ``cache_creation``
+in every ``tokens`` and a per-second ``history`` in each ``tenants.<name>`` entry.
 """
 from __future__ import annotations
 
@@ -84,7 +85,8 @@ def _tenants(snapshot, book: UsageBook, tenant: str | None) -> dict:
         out[name] = {"tokens": usage.tokens(), "hit_rate": round(usage.hit_rate, 6),
                      "pinned_tokens": counts.pinned_tokens if counts else 0,
                      "running": counts.running if counts else 0,
-                     "waiting": counts.waiting if counts else 0}
+                     "waiting": counts.waiting if counts else 0,
+                     "history": book.history(name)}
     return out
 
 

@@ -280,6 +280,8 @@ def test_known_hit_pattern_shows_hits_for_repeated_prompt_only(server, page):
     rates = [h["cache_read"] / h["prompt"] for h in history if h["prompt"]]
     assert len(rates) == 3 and rates[0] == 0 and rates[1] > 0.9 and rates[2] == 0
     assert page.get_attribute("#hit-line", "data-points") == "3"
+    # the server's per-tenant history draws acmecorp's miss-then-hit line on the first render
+    assert page.query_selector('#tenants tr[data-tenant="acmecorp"] svg path.spark') is not None
 
 
 def test_base_price_input_reprices_the_savings(server, page):

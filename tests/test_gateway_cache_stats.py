@@ -64,3 +64,11 @@ def test_tokens_split_cache_writes_by_ttl_overall_and_per_tenant(book):
     assert admin["tenants"]["globex"]["tokens"]["cache_creation_1h"] == 40
     assert admin["tenants"]["globex"]["tokens"]["cache_creation_5m"] == 0
     assert stats(book, "acme")["tokens"]["cache_creation_5m"] == 60
+
+
+def test_each_tenant_entry_carries_its_own_history(book):
+    tenants = stats(book)["tenants"]
+    assert tenants["acme"]["history"] == [{"t": 0, "prompt": 100, "cache_read": 0},
+                                          {"t": 5, "prompt": 100, "cache_read": 90}]
+    assert tenants["globex"]["history"] == [{"t": 10, "prompt": 50, "cache_read": 0}]
+    assert stats(book, "globex")["tenants"]["globex"]["history"] == tenants["globex"]["history"]
