@@ -4,12 +4,13 @@ An admin sees the whole server and every tenant, with a text ``preview`` of each
 prefix. A tenant sees only itself: its tokens, hit rate, TTFT, history, running requests,
 pinned tokens and its own prefixes (no preview). Server-wide block, tree and eviction
 counts describe every tenant's traffic, so a tenant gets them as zeros (``total`` blocks,
-the capacity, is configuration and stays). Extra keys beyond the design: ``tenant`` (the
+the capacity, is configuration and stays); the prefill rate it gets is rounded. Extra keys beyond the design: ``tenant`` (the
 scope, null for admin), ``prefill_tokens_per_s``, the 5m/1h split of ``cache_creation``
 in every ``tokens`` and a per-second ``history`` in each ``tenants.<name>`` entry.
 """
 from __future__ import annotations
 
+import math
 from typing import Callable
 
 from radixgate.gateway.usage_book import UsageBook, percentile
@@ -41,8 +42,19 @@ def build_stats(snapshot, book: UsageBook, *, model: str, tenant: str | None,
         "tenants": _tenants(snapshot, book, tenant),
         "top_prefixes": _prefixes(snapshot, tenant, decode if admin else None),
         "history": book.history(tenant),
-        "prefill_tokens_per_s": round(snapshot.prefill_tokens_per_s, 1) if admin else 0.0,
+        "prefill_tokens_per_s": _prefill_rate(snapshot.prefill_tokens_per_s, admin),
     }
+
+
+def _prefill_rate(rate: float, admin: bool) -> float:
+    """The measured prefill speed is a model/hardware figure, shown to tenants too (their
+    "prefill time saved" needs it), but rounded to 2 significant digits for them: the exact
+    moving average moves with every prefill step, and its fine steps would hint at the sizes
+    of other tenants' prompts; the coarse value only says that the server is busy, which
+    a tenant's own latencies already tell it."""
+    if admin or rate <= 0:
+        return round(max(rate, 0.0), 1)
+    return float(round(rate, 1 - math.floor(math.log10(rate))))
 
 
 def _quantiles(samples) -> dict:

@@ -72,3 +72,12 @@ def test_each_tenant_entry_carries_its_own_history(book):
                                           {"t": 5, "prompt": 100, "cache_read": 90}]
     assert tenants["globex"]["history"] == [{"t": 10, "prompt": 50, "cache_read": 0}]
     assert stats(book, "globex")["tenants"]["globex"]["history"] == tenants["globex"]["history"]
+
+
+def test_tenants_get_the_prefill_rate_rounded_to_two_digits(book):
+    assert stats(book)["prefill_tokens_per_s"] == 5432.1
+    assert stats(book, "acme")["prefill_tokens_per_s"] == 5400.0
+    slow = build_stats(snapshot(prefill_rate=87.65), book, model="m", tenant="acme", decode=None)
+    assert slow["prefill_tokens_per_s"] == 88.0
+    idle = build_stats(snapshot(prefill_rate=0.0), book, model="m", tenant="acme", decode=None)
+    assert idle["prefill_tokens_per_s"] == 0.0
