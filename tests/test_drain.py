@@ -49,18 +49,13 @@ async def one_request(session, base, i: int, late: bool = False) -> tuple[str, s
     problem = c.check_answer(path, stream, resp.status, text, body["max_tokens"])
     if problem:
         return "bad", f"request {i}: {problem}"
-    return ("drained" if _stream_ended_in_error(text) else "ok"), None
+    return ("drained" if c.stream_ended_in_error(text) else "ok"), None
 
 
 def _envelope_problem(api: str, text: str) -> str | None:
     body = json.loads(text)
     ok = (body.get("type") == "error" if api == "anthropic" else True) and "error" in body
     return None if ok else f"drain refusal outside the {api} envelope: {text[:200]}"
-
-
-def _stream_ended_in_error(text: str) -> bool:
-    events = c.parse_sse(text)
-    return bool(events) and (events[-1][0] == "error" or '"error"' in events[-1][1][:20])
 
 
 async def test_sigterm_under_load_finishes_or_cleanly_aborts_every_request_and_exits_0(server):

@@ -184,6 +184,16 @@ def check_openai_stream(raw: str, max_tokens: int) -> str | None:
     return None
 
 
+def stream_ended_in_error(text: str) -> bool:
+    """A 200 stream whose last event is an error (Anthropic ``event: error``, OpenAI an
+    ``{"error": ...}`` chunk, possibly followed by ``[DONE]``)."""
+    events = [e for e in parse_sse(text) if e[1] != "[DONE]"]
+    if not events:
+        return False
+    name, data = events[-1]
+    return name == "error" or isinstance(_json_or_none(data), dict) and "error" in _json_or_none(data)
+
+
 def _json_or_none(text: str) -> Any:
     try:
         return json.loads(text)

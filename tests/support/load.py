@@ -201,7 +201,11 @@ async def _exchange(session, url, key, data, path, stream, max_tokens, malformed
         return "violation", resp.status, violation, latency
     if malformed:
         return "rejected_malformed", resp.status, None, latency
-    return ("ok" if resp.status == 200 else f"error_{resp.status}"), resp.status, None, latency
+    if resp.status != 200:
+        return f"error_{resp.status}", resp.status, None, latency
+    if stream and c.stream_ended_in_error(text):
+        return "stream_error", resp.status, None, latency
+    return "ok", resp.status, None, latency
 
 
 async def _disconnect_non_streaming(session, url, key, data, path, max_tokens, rng):
