@@ -58,7 +58,8 @@ def _prefill_rate(rate: float, admin: bool) -> float:
 
 
 def _quantiles(samples) -> dict:
-    return {"p50": percentile(samples, 50) or 0, "p95": percentile(samples, 95) or 0}
+    """p50/p95 in ms; null (not 0) without samples."""
+    return {"p50": percentile(samples, 50), "p95": percentile(samples, 95)}
 
 
 def _queue_counts(snapshot, tenant: str | None) -> tuple[int, int]:

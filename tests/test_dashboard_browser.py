@@ -204,8 +204,8 @@ def assert_numbers_match(shown: dict, expected: dict) -> None:
     assert set(expected) <= set(shown), f"page lacks {set(expected) - set(shown)}"
     for key, want in expected.items():
         value, text = shown[key]
-        if want is None:
-            assert (value, text) == ("", "n/a"), key
+        if want is None:   # TTFT percentiles without samples read "—", other unknowns "n/a"
+            assert (value, text) == ("", "—" if key.startswith("ttft_ms.") else "n/a"), key
         elif isinstance(want, str):
             assert value == want and text == want, key
         else:
@@ -300,6 +300,7 @@ def test_tenant_key_sees_only_its_own_tenant(server, page):
     open_with_key(page, server, tenant_key("acmecorp"))
     stats = fetch_stats(server, tenant_key("acmecorp"))
     assert list(stats["tenants"]) == ["acmecorp"]
+    assert stats["prefill_tokens_per_s"] > 0              # so "prefill time saved" is shown
     assert_numbers_match(displayed_numbers(page), expected_page_numbers(stats))
     assert_tenant_rows_match(page, stats)
     assert_prefix_rows_match(page, stats)
@@ -310,6 +311,15 @@ def test_tenant_key_sees_only_its_own_tenant(server, page):
     for preview in filter(None, admin_previews):
         assert preview not in page.inner_text("body")
     assert page.evaluate("sessionStorage.getItem('radixgate.api_key')") == tenant_key("acmecorp")
+
+
+def test_percentiles_without_samples_show_a_dash(server, page):
+    open_with_key(page, server, tenant_key("globexinc"))      # one miss, never a hit
+    stats = fetch_stats(server, tenant_key("globexinc"))
+    assert stats["ttft_ms"]["hit"] == {"p50": None, "p95": None}
+    assert stats["ttft_ms"]["miss"]["p50"] > 0
+    assert_numbers_match(displayed_numbers(page), expected_page_numbers(stats))
+    assert page.inner_text('[data-stat="ttft_ms.hit.p50"]') == "—"
 
 
 def test_rejected_key_keeps_the_prompt_open(server, page):

@@ -81,3 +81,12 @@ def test_tenants_get_the_prefill_rate_rounded_to_two_digits(book):
     assert slow["prefill_tokens_per_s"] == 88.0
     idle = build_stats(snapshot(prefill_rate=0.0), book, model="m", tenant="acme", decode=None)
     assert idle["prefill_tokens_per_s"] == 0.0
+
+
+def test_percentiles_without_samples_are_null_not_zero(book):
+    globex = stats(book, "globex")
+    assert globex["ttft_ms"]["hit"] == {"p50": None, "p95": None}      # never hit the cache
+    assert globex["ttft_ms"]["miss"] == {"p50": 50.0, "p95": 50.0}
+    assert '"hit": {"p50": null, "p95": null}' in json.dumps(globex["ttft_ms"])
+    empty = stats(UsageBook(clock=Clock()))
+    assert empty["ttft_ms"]["miss"]["p95"] is None

@@ -9,11 +9,12 @@ import { chartWindow, drawHitChart, drawSparkline } from './charts.js';
 
 const HISTORY_WINDOW_S = 600;   // the server keeps ten minutes of per-second samples
 
-function setStat(root, key, value, format) {
+// A null/undefined value shows `missing` ('n/a': not measurable here; '—': no samples yet).
+function setStat(root, key, value, format, missing = 'n/a') {
   for (const el of root.querySelectorAll(`[data-stat="${key}"]`)) {
     if (value === null || value === undefined) {
       el.dataset.value = '';
-      el.textContent = 'n/a';
+      el.textContent = missing;
     } else {
       el.dataset.value = String(value);
       el.textContent = format(value);
@@ -77,7 +78,7 @@ function renderGroups(doc, stats) {
   for (const kind of ['hit', 'miss']) {
     for (const q of ['p50', 'p95']) {
       const v = ((stats.ttft_ms || {})[kind] || {})[q];
-      setStat(doc, `ttft_ms.${kind}.${q}`, typeof v === 'number' ? v : null, fmtMs);
+      setStat(doc, `ttft_ms.${kind}.${q}`, typeof v === 'number' ? v : null, fmtMs, '—');
     }
   }
 }
