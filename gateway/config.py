@@ -42,6 +42,7 @@ class ModelSettings:
     tiny: bool = False
     enable_prefix_cache: bool = True     # False: every prompt is computed in full (baseline)
     page_rounded_match: bool = False     # reuse rounded down to whole blocks (baseline)
+    threads: int = 0                     # torch CPU threads; 0 = torch's default
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +83,7 @@ _FLAG_FIELDS = {
     "model_name": ("model", "name"),
     "enable_prefix_cache": ("model", "enable_prefix_cache"),
     "page_rounded_match": ("model", "page_rounded_match"),
+    "threads": ("model", "threads"),
 }
 
 
@@ -179,6 +181,8 @@ def _validate(cfg: GatewayConfig) -> None:
     m, s = cfg.model, cfg.server
     if m.block_size < 1 or m.max_model_len < 2 or m.kv_cache_gb <= 0:
         raise ConfigError("model.block_size >= 1, max_model_len >= 2 and kv_cache_gb > 0 required")
+    if m.threads < 0:
+        raise ConfigError("model.threads must be >= 0 (0 = torch's default)")
     if not (0 <= s.port <= 65535) or s.max_queue < 1:
         raise ConfigError("server.port must be 0..65535 and max_queue >= 1")
     seen: dict[str, str] = {k: "admin" for k in cfg.admin_keys}

@@ -1,5 +1,5 @@
-"""The ``radixgate`` command line: flags over the config file, the loopback guard, generate
-with cache reuse, plan delegation."""
+"""The ``radixgate`` command line: flags over the config file, the loopback guard, CPU
+threads (flag, env, config), generate with cache reuse, plan delegation."""
 from __future__ import annotations
 
 import re
@@ -39,10 +39,58 @@ def test_bad_config_file_is_a_clean_error(tmp_path, capsys):
     assert "server" in capsys.readouterr().err.lower()
 
 
-def test_generate_prints_text_and_usage_and_reuses_the_cache(capsys):
+@pytest.fixture
+def torch_threads():
+    """Restores torch's thread count (process-wide) after a test that sets it."""
+    import torch
+    before = torch.get_num_threads()
+    yield torch
+    torch.set_num_threads(before)
+
+
+def test_threads_flag_beats_env_which_beats_the_config(tmp_path, monkeypatch):
+    path = tmp_path / "radixgate.toml"
+    path.write_text("[model]\nthreads = 3\n")
+    parse = lambda *flags: config_from_args(  # noqa: E731
+        build_parser().parse_args(["serve", "--config", str(path), *flags]))
+    monkeypatch.delenv("RADIXGATE_THREADS", raising=False)
+    assert parse().model.threads == 3
+    assert config_from_args(build_parser().parse_args(["serve"])).model.threads == 0
+    monkeypatch.setenv("RADIXGATE_THREADS", "2")
+    assert parse().model.threads == 2
+    assert parse("--threads", "1").model.threads == 1
+    generate = build_parser().parse_args(["generate", "x", "--threads", "4"])
+    assert config_from_args(generate).model.threads == 4
+
+
+def test_bad_thread_counts_are_clean_errors(monkeypatch, capsys):
+    monkeypatch.setenv("RADIXGATE_THREADS", "many")
+    assert main(["serve", "--tiny"]) == 2
+    assert "RADIXGATE_THREADS" in capsys.readouterr().err
+    monkeypatch.delenv("RADIXGATE_THREADS")
+    assert main(["serve", "--tiny", "--threads", "-1"]) == 2
+    assert "threads" in capsys.readouterr().err
+
+
+def test_set_cpu_threads_applies_to_every_thread_and_zero_keeps_the_default(torch_threads):
+    import threading
+
+    from radixgate.runtime.loader import set_cpu_threads
+    assert set_cpu_threads(0) == torch_threads.get_num_threads()      # unchanged
+    assert set_cpu_threads(1) == 1
+    seen = []
+    worker = threading.Thread(target=lambda: seen.append(torch_threads.get_num_threads()))
+    worker.start()
+    worker.join()
+    assert seen == [1]                       # the engine runs in its own thread
+
+
+def test_generate_prints_text_and_usage_and_reuses_the_cache(capsys, torch_threads):
+    torch_threads.set_num_threads(2)
     code = main(["generate", "The radix tree stores prefixes of prompts", "--tiny", "--chat",
-                 "--max-tokens", "3", "--repeat", "2", "--kv-cache-gb", "0.01"])
+                 "--max-tokens", "3", "--repeat", "2", "--kv-cache-gb", "0.01", "--threads", "1"])
     assert code == 0
+    assert torch_threads.get_num_threads() == 1
     usage = re.findall(r"\[usage\] prompt=(\d+) cached=(\d+) uncached=(\d+) output=(\d+)",
                        capsys.readouterr().out)
     assert len(usage) == 2
