@@ -98,16 +98,19 @@ def apply_threads(config: GatewayConfig) -> None:
     logging.getLogger("radixgate.gateway").info("torch CPU threads: %d", n)
 
 
+# subcommands whose arguments belong to another module's own parser
+DELEGATES = {"plan": "radixgate.runtime.planner", "bench": "benchmarks.run_all"}
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] in DELEGATES:        # passed on untouched, --help included
+        return _delegate(DELEGATES[argv[0]], argv[1:])
     args = build_parser().parse_args(argv)
     try:
         if args.command == "serve":
             return serve(config_from_args(args))
-        if args.command == "generate":
-            return generate(args, config_from_args(args))
-        if args.command == "plan":
-            return _delegate("radixgate.runtime.planner", args.args)
-        return _delegate("benchmarks.run_all", args.args)
+        return generate(args, config_from_args(args))
     except ConfigError as e:
         print(f"radixgate: {e}", file=sys.stderr)
         return 2

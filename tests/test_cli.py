@@ -104,6 +104,14 @@ def test_plan_delegates_to_the_planner(capsys):
     assert capsys.readouterr().out.strip()
 
 
+@pytest.mark.parametrize("command, flag", [("plan", "--memory-gb"), ("bench", "--quick")])
+def test_help_of_delegated_commands_is_their_own(command, flag, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main([command, "--help"])
+    assert exit_info.value.code == 0
+    assert flag in capsys.readouterr().out
+
+
 def test_unknown_subcommand_exits_with_usage():
     with pytest.raises(SystemExit):
         main(["frobnicate"])
