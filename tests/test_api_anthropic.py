@@ -46,7 +46,9 @@ def test_second_call_reads_what_the_first_created_and_usage_adds_up(client):
     first_msgs = [{"role": "user", "content": "First question?"}]
     first = client.messages.create(messages=first_msgs, **args)
     u1 = first.usage
-    assert u1.cache_read_input_tokens == 0
+    # at most the template's head ("<|im_start|>system\n"), cached by this tenant's earlier
+    # requests when other modules share the server
+    assert u1.cache_read_input_tokens <= len("<|im_start|>system\n")
     assert u1.cache_creation_input_tokens > 40
     assert u1.cache_creation.ephemeral_5m_input_tokens == u1.cache_creation_input_tokens
     assert u1.cache_creation.ephemeral_1h_input_tokens == 0
@@ -55,7 +57,7 @@ def test_second_call_reads_what_the_first_created_and_usage_adds_up(client):
     second_msgs = [{"role": "user", "content": "A different, longer second question?"}]
     second = client.messages.create(messages=second_msgs, **args)
     u2 = second.usage
-    assert u2.cache_read_input_tokens >= u1.cache_creation_input_tokens
+    assert u2.cache_read_input_tokens >= u1.cache_read_input_tokens + u1.cache_creation_input_tokens
     assert u2.cache_creation_input_tokens == 0
     count2 = client.messages.count_tokens(model=MODEL, system=system, messages=second_msgs)
     assert total(u2) == count2.input_tokens
