@@ -105,9 +105,11 @@ def llama_cpp_baseline(workloads: Sequence[Workload], traces: dict[str, list[Tra
         for req, entry in zip(workload.requests, traces[workload.name]):
             times: list[float] = []
             t0 = time.perf_counter()
-            for _ in llm.create_completion(prompt=list(entry.tokens), max_tokens=req.max_tokens,
-                                           temperature=0.0, stream=True):
-                times.append(time.perf_counter())
+            for chunk in llm.create_completion(prompt=list(entry.tokens),
+                                               max_tokens=req.max_tokens, temperature=0.0,
+                                               stream=True):
+                if chunk["choices"][0]["finish_reason"] is None:   # one chunk per token
+                    times.append(time.perf_counter())
             results.append(_result(req.session, len(entry.tokens), t0, times))
             if progress is not None:
                 progress.update(1)
