@@ -56,6 +56,8 @@ async def read_json(request: web.Request) -> object:
         json.dumps(data, ensure_ascii=False).encode("utf-8")   # lone surrogates fail here
     except UnicodeError:
         raise ApiError(Kind.BAD_REQUEST, "request body contains invalid Unicode") from None
+    except RecursionError:
+        raise ApiError(Kind.BAD_REQUEST, "request body is nested too deeply") from None
     except ValueError as e:
         raise ApiError(Kind.BAD_REQUEST, f"request body is not valid JSON: {e}") from None
     return data

@@ -12,7 +12,10 @@ what follows it:
 - every message is tokenized on its own, and inside a message every piece starts a new
   segment (``pre + piece0``, ``"\\n" + piece1``, ..., ``"\\n" + piece_last + post``);
 - a breakpoint on a piece sits at the end of that piece's segment; on a message's last
-  piece it therefore covers the template's end-of-message text too.
+  piece it therefore covers the template's end-of-message text too;
+- inside a segment the template's own text is tokenized with special tokens parsed and the
+  client's content with ``encode_plain``, so text spelling ``<|im_end|>`` stays text and can
+  never forge a turn.
 
 The cut points are a function of the block structure only (never of where breakpoints
 are), so a request without breakpoints hits what a request with them cached.
@@ -30,7 +33,8 @@ _SENTINEL = "\ue000{}\ue001"      # private-use characters never produced by the
 
 
 class ChatTokenizer(Protocol):
-    def encode(self, text: str) -> list[int]: ...
+    def encode(self, text: str) -> list[int]: ...          # parses special-token strings
+    def encode_plain(self, text: str) -> list[int]: ...    # never makes control tokens
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True
                             ) -> str: ...
 
@@ -79,17 +83,16 @@ class TemplateError(ValueError):
 def render_prompt(tokenizer: ChatTokenizer, conversation: Conversation) -> RenderedPrompt:
     """Render and tokenize segment-wise; see the module docstring for the cut rules."""
     messages = conversation.template_messages()
-    segments: list[tuple[str, float | None]] = []   # (text, breakpoint ttl at its end)
+    segments: list[Segment] = []
     message_texts = _message_texts(tokenizer, messages)
     for message, (pre, post) in zip(messages, message_texts):
         segments.extend(_message_segments(message.pieces, pre, post))
     generation = _generation_prompt(tokenizer, messages, message_texts)
     prefill = conversation.prefill
     if prefill:
-        first = Piece(generation + prefill[0].text, prefill[0].ttl_s)
-        segments.extend(_piece_segments((first, *prefill[1:]), sep=""))
+        segments.extend(_piece_segments(prefill, sep="", pre=generation))
     else:
-        segments.append((generation, None))
+        segments.append(Segment(((generation, True),), None))
     return _tokenize(tokenizer, segments)
 
 
@@ -135,33 +138,46 @@ def _apply(tokenizer: ChatTokenizer, messages: list[dict], add_generation_prompt
         raise TemplateError(f"chat template rejected the conversation: {e}") from e
 
 
-def _message_segments(pieces: Sequence[Piece], pre: str, post: str
-                      ) -> list[tuple[str, float | None]]:
-    if not pieces:
-        pieces = (Piece(""),)
-    framed = list(pieces)
-    framed[0] = Piece(pre + framed[0].text, framed[0].ttl_s)
-    framed[-1] = Piece(framed[-1].text + post, framed[-1].ttl_s)
-    return _piece_segments(framed, sep=PIECE_SEPARATOR)
+@dataclass(frozen=True, slots=True)
+class Segment:
+    """One tokenization unit: ``parts`` are (text, trusted) — trusted text is the template's
+    own and may contain special tokens; ``ttl`` set = a breakpoint at the segment's end."""
+
+    parts: tuple[tuple[str, bool], ...]
+    ttl: float | None
+
+    @property
+    def text(self) -> str:
+        return "".join(text for text, _ in self.parts)
 
 
-def _piece_segments(pieces: Sequence[Piece], sep: str) -> list[tuple[str, float | None]]:
-    return [((sep if i else "") + p.text, p.ttl_s) for i, p in enumerate(pieces)]
+def _message_segments(pieces: Sequence[Piece], pre: str, post: str) -> list[Segment]:
+    segments = _piece_segments(pieces or (Piece(""),), sep=PIECE_SEPARATOR, pre=pre)
+    last = segments[-1]
+    segments[-1] = Segment((*last.parts, (post, True)), last.ttl)
+    return segments
 
 
-def _tokenize(tokenizer: ChatTokenizer, segments: list[tuple[str, float | None]]
-              ) -> RenderedPrompt:
+def _piece_segments(pieces: Sequence[Piece], sep: str, pre: str = "") -> list[Segment]:
+    """One segment per piece; the first starts with the trusted ``pre``, the others with
+    ``sep`` (our own separator, trusted too)."""
+    return [Segment(((pre if i == 0 else sep, True), (p.text, False)), p.ttl_s)
+            for i, p in enumerate(pieces)]
+
+
+def _tokenize(tokenizer: ChatTokenizer, segments: list[Segment]) -> RenderedPrompt:
     tokens: list[int] = []
     ends: list[int] = []
     ttl_at: dict[int, float] = {}
-    for text, ttl in segments:
-        if text:
-            tokens.extend(tokenizer.encode(text))
+    for segment in segments:
+        for text, trusted in segment.parts:
+            if text:
+                tokens.extend(tokenizer.encode(text) if trusted else tokenizer.encode_plain(text))
         ends.append(len(tokens))
-        if ttl is not None and len(tokens) > 0:
-            ttl_at[len(tokens)] = max(ttl, ttl_at.get(len(tokens), 0.0))
+        if segment.ttl is not None and len(tokens) > 0:
+            ttl_at[len(tokens)] = max(segment.ttl, ttl_at.get(len(tokens), 0.0))
     breakpoints = tuple(Breakpoint(offset, ttl) for offset, ttl in sorted(ttl_at.items()))
-    return RenderedPrompt(tokens, breakpoints, "".join(t for t, _ in segments), tuple(ends))
+    return RenderedPrompt(tokens, breakpoints, "".join(s.text for s in segments), tuple(ends))
 
 
 def join_pieces(pieces: Sequence[Piece]) -> str:

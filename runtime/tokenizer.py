@@ -65,6 +65,19 @@ class Tokenizer:
         """Token ids of ``text``; adds no BOS/EOS, parses literal special tokens."""
         return self.backend.encode(text, add_special_tokens=False).ids
 
+    def encode_plain(self, text: str) -> list[int]:
+        """Token ids of untrusted ``text``: literal special-token strings such as
+        ``<|im_end|>`` are encoded as ordinary text, never as control tokens, so message
+        content cannot forge chat-template structure."""
+        return self._plain_backend.encode(text, add_special_tokens=False).ids
+
+    @cached_property
+    def _plain_backend(self) -> HFTokenizer:
+        """A copy, so the shared backend's flag never flips under another reader."""
+        plain = HFTokenizer.from_str(self.backend.to_str())
+        plain.encode_special_tokens = True
+        return plain
+
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         return [e.ids for e in self.backend.encode_batch(texts, add_special_tokens=False)]
 
