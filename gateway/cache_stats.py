@@ -6,7 +6,7 @@ pinned tokens and its own prefixes (no preview). Server-wide block, tree and evi
 counts describe every tenant's traffic, so a tenant gets them as zeros (``total`` blocks,
 the capacity, is configuration and stays); the prefill rate it gets is rounded. Extra keys beyond the design: ``tenant`` (the
 scope, null for admin), ``prefill_tokens_per_s``, the 5m/1h split of ``cache_creation``
-in every ``tokens`` and a per-second ``history`` in each ``tenants.<name>`` entry.
+in every ``tokens``, ``requests.preemptions`` (server-wide, admin only) and a per-second ``history`` in each ``tenants.<name>`` entry.
 """
 from __future__ import annotations
 
@@ -33,7 +33,8 @@ def build_stats(snapshot, book: UsageBook, *, model: str, tenant: str | None,
         "blocks": _blocks(snapshot, admin),
         "tree": _tree(snapshot, tenant),
         "requests": {"running": running, "waiting": waiting,
-                     "finished": totals.finished, "errors": totals.errors},
+                     "finished": totals.finished, "errors": totals.errors,
+                     "preemptions": snapshot.preemptions if admin else 0},
         "tokens": totals.tokens(),
         "hit_rate": round(totals.hit_rate, 6),
         "ttft_ms": {"hit": _quantiles(totals.ttft_hit_ms), "miss": _quantiles(totals.ttft_miss_ms)},

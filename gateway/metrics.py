@@ -111,6 +111,9 @@ class _SnapshotCollector(Collector):
         for reason in ("lru", "ttl", "flush"):
             evictions.add_metric([reason], snap.evictions.get(reason, 0))
         yield evictions
+        yield CounterMetricFamily("radixgate_preemptions", "Running requests preempted to free "
+                                  "KV blocks (requeued; their prefix stays cached)",
+                                  value=snap.preemptions)
         yield from _tenant_gauges(snap)
         yield GaugeMetricFamily("vllm:num_requests_running", "Running requests (vLLM name)",
                                 value=snap.running)

@@ -46,7 +46,7 @@ def test_stats_have_the_design_shape(http):
     assert set(stats["blocks"]) == {"total", "free", "cached", "pinned", "in_use"}
     assert sum(stats["blocks"][k] for k in ("free", "cached", "pinned", "in_use")) == stats["blocks"]["total"]
     assert set(stats["tree"]) == {"nodes", "cached_tokens", "evictable_tokens", "pinned_tokens"}
-    assert set(stats["requests"]) == {"running", "waiting", "finished", "errors"}
+    assert set(stats["requests"]) == {"running", "waiting", "finished", "errors", "preemptions"}
     assert set(stats["tokens"]) == {"prompt", "cache_read", "cache_creation", "cache_creation_5m",
                                     "cache_creation_1h", "uncached", "output"}
     t = stats["tokens"]
@@ -165,7 +165,8 @@ def test_metrics_are_prometheus_text_scoped_per_tenant(http):
                  "radixgate_time_to_first_token_seconds_bucket",
                  "radixgate_inter_token_latency_seconds_bucket", "radixgate_kv_blocks{",
                  "radixgate_requests_running", "radixgate_requests_waiting",
-                 "radixgate_cache_evictions_total", "vllm:num_requests_waiting",
+                 "radixgate_cache_evictions_total", "radixgate_preemptions_total",
+                 "vllm:num_requests_waiting",
                  "vllm:num_requests_running", "vllm:kv_cache_usage_perc"):
         assert name in text, name
     assert 'tenant="gw_one"' in text and 'tenant="gw_two"' in text
