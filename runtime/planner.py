@@ -121,7 +121,7 @@ def format_plan_table(plans: list[Plan], conversations: int | None = None) -> st
 
 
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
-    parser = parser or argparse.ArgumentParser(prog="radixgate plan", description=__doc__.split("\n")[0])
+    parser = parser or argparse.ArgumentParser(prog="radixgate plan", description=__doc__.split("\n\n")[0].replace("\n", " "))
     parser.add_argument("models", nargs="*", default=None,
                         help="preset names, GGUF files or HF dirs ('default' = SmolLM2); "
                              "default: every preset")
