@@ -15,13 +15,15 @@ import os
 import torch
 
 from radixgate.kernels.reference import (
+    AttentionPlan,
+    plan_attention,
     reference_copy_blocks,
     reference_paged_attention,
     reference_store_kv,
 )
 
 __all__ = [
-    "store_kv", "paged_attention", "copy_blocks",
+    "store_kv", "paged_attention", "copy_blocks", "attention_plan", "AttentionPlan",
     "reference_store_kv", "reference_paged_attention", "reference_copy_blocks",
     "BACKEND_ENV",
 ]
@@ -50,16 +52,29 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                     block_tables: torch.Tensor, cu_q_lens: torch.Tensor, seq_lens: torch.Tensor,
-                    scale: float, *, backend: str | None = None) -> torch.Tensor:
+                    scale: float, *, plan: AttentionPlan | None = None,
+                    backend: str | None = None) -> torch.Tensor:
     """Causal attention of ragged queries q [T, Hq, D] over paged K/V -> [T, Hq, D].
 
     See ``reference_paged_attention`` for the contract. Every sequence must have q_len >= 1;
-    when T == batch (one query each) the Triton path uses its decode kernel.
+    when T == batch (one query each) the Triton path uses its decode kernel. ``plan`` (from
+    ``attention_plan``) is used by the reference path and ignored by Triton.
     """
     if _use_triton(q, backend):
         from radixgate.kernels.triton_attention import triton_paged_attention
         return triton_paged_attention(q, k_cache, v_cache, block_tables, cu_q_lens, seq_lens, scale)
-    return reference_paged_attention(q, k_cache, v_cache, block_tables, cu_q_lens, seq_lens, scale)
+    return reference_paged_attention(q, k_cache, v_cache, block_tables, cu_q_lens, seq_lens, scale,
+                                     plan)
+
+
+def attention_plan(block_tables: torch.Tensor, cu_q_lens: torch.Tensor, seq_lens: torch.Tensor,
+                   block_size: int, num_tokens: int, *,
+                   backend: str | None = None) -> AttentionPlan | None:
+    """Once per forward: the reference path's index work for ``paged_attention`` (every layer
+    shares the tables and lengths), or None where the Triton path will run."""
+    if _use_triton(block_tables, backend):
+        return None
+    return plan_attention(block_tables, cu_q_lens, seq_lens, block_size, num_tokens)
 
 
 def copy_blocks(k_cache: torch.Tensor, v_cache: torch.Tensor, pairs: torch.Tensor,

@@ -10,6 +10,8 @@ handled without materialising repeated K/V.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 
@@ -60,42 +62,93 @@ def reference_copy_blocks(k_cache: torch.Tensor, v_cache: torch.Tensor, pairs: t
 
 def reference_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                               block_tables: torch.Tensor, cu_q_lens: torch.Tensor,
-                              seq_lens: torch.Tensor, scale: float) -> torch.Tensor:
+                              seq_lens: torch.Tensor, scale: float,
+                              plan: AttentionPlan | None = None) -> torch.Tensor:
     """Causal attention of ragged queries over paged K/V. Returns [T, Hq, D].
 
     q: [T, Hq, D], the new tokens of every sequence concatenated (sequence b owns rows
     ``cu_q_lens[b]:cu_q_lens[b+1]``; every sequence has at least one). Query i of sequence b sits
     at position ``seq_lens[b] - q_len_b + i`` and attends to positions ``<=`` its own, all read
     from the cache (store_kv runs first). Query head h reads kv head ``h // (Hq // Hkv)``.
+
+    ``plan`` (from ``plan_attention`` on the same tables and lengths) carries the per-step index
+    work, so a model computes it once per forward instead of once per layer.
     """
     check_attention_inputs(q, k_cache, v_cache, block_tables, cu_q_lens, seq_lens)
-    q_lens, lens = _validated_lengths(q, k_cache, block_tables, cu_q_lens, seq_lens)
-    if all(n == 1 for n in q_lens):  # pure decode batch: no scatter needed
-        return _decode_attention(q, k_cache, v_cache, block_tables, seq_lens, max(lens), scale)
+    if plan is None:
+        plan = plan_attention(block_tables, cu_q_lens, seq_lens, k_cache.shape[1], q.shape[0])
+    elif plan.num_tokens != q.shape[0] or plan.block_size != k_cache.shape[1]:
+        raise ValueError(f"plan is for {plan.num_tokens} tokens and block size {plan.block_size}, "
+                         f"got {q.shape[0]} and {k_cache.shape[1]}")
+    if plan.decode_rows is None:  # pure decode batch: no scatter needed
+        return _decode_attention(q, k_cache, v_cache, plan, scale)
     out = torch.empty_like(q)
-    starts = cu_q_lens.tolist()
-    decode = [b for b, n in enumerate(q_lens) if n == 1]
-    if decode:
-        pick = torch.tensor(decode, device=q.device)
-        rows = cu_q_lens[pick].to(torch.int64)
-        out[rows] = _decode_attention(q[rows], k_cache, v_cache, block_tables[pick], seq_lens[pick],
-                                      max(lens[b] for b in decode), scale)
-    for b, n in enumerate(q_lens):
-        if n > 1:
-            begin = starts[b]
-            out[begin:begin + n] = _extend_attention(q[begin:begin + n], k_cache, v_cache,
-                                                     block_tables[b], lens[b], scale)
+    if plan.decode_rows.numel():
+        out[plan.decode_rows] = _decode_attention(q[plan.decode_rows], k_cache, v_cache, plan, scale)
+    for begin, q_len, total, blocks in plan.extends:
+        out[begin:begin + q_len] = _extend_attention(q[begin:begin + q_len], k_cache, v_cache,
+                                                     blocks, total, scale)
     return out
 
 
-def _validated_lengths(q, k_cache, block_tables, cu_q_lens, seq_lens) -> tuple[list[int], list[int]]:
+@dataclass(frozen=True)
+class AttentionPlan:
+    """Index work of one step, shared by every layer (tables and lengths are the same in each).
+
+    Decode rows (q_len == 1) read ``decode_blocks`` (int64 [n * nb], -1 padding read as block 0)
+    under ``decode_mask`` (bool [n, 1, 1, nb * bs]). Each extend sequence is
+    ``(first row, q_len, total, blocks)`` where blocks is a ``slice`` when its table is a run of
+    consecutive block ids (read as a view) or an int64 tensor of block ids (gathered).
+    """
+    num_tokens: int
+    block_size: int
+    decode_rows: torch.Tensor | None    # int64 [n] rows of q; None when every row is a decode row
+    decode_blocks: torch.Tensor | None
+    decode_mask: torch.Tensor | None
+    extends: tuple[tuple[int, int, int, slice | torch.Tensor], ...]
+
+
+def plan_attention(block_tables: torch.Tensor, cu_q_lens: torch.Tensor, seq_lens: torch.Tensor,
+                   block_size: int, num_tokens: int) -> AttentionPlan:
+    """Validate lengths and precompute the gather indices and masks of one step."""
+    q_lens, lens = _validated_lengths(num_tokens, block_size, block_tables, cu_q_lens, seq_lens)
+    decode = [b for b, n in enumerate(q_lens) if n == 1]
+    blocks = mask = None
+    if decode:
+        pick = None if len(decode) == len(q_lens) else torch.tensor(decode, device=block_tables.device)
+        tables = block_tables if pick is None else block_tables[pick]
+        num_blocks = -(-max(lens[b] for b in decode) // block_size)
+        blocks = tables[:, :num_blocks].clamp_min(0).to(torch.int64).reshape(-1)     # [n * nb]
+        lengths = seq_lens if pick is None else seq_lens[pick]
+        positions = torch.arange(num_blocks * block_size, device=block_tables.device)  # [L]
+        mask = (positions[None, :] < lengths[:, None])[:, None, None, :]              # [n, 1, 1, L]
+    if len(decode) == len(q_lens):
+        return AttentionPlan(num_tokens, block_size, None, blocks, mask, ())
+    starts = cu_q_lens.tolist()
+    rows = cu_q_lens[torch.tensor(decode, dtype=torch.int64, device=cu_q_lens.device)].to(torch.int64)
+    extends = tuple((starts[b], n, lens[b], _extend_blocks(block_tables[b], -(-lens[b] // block_size)))
+                    for b, n in enumerate(q_lens) if n > 1)
+    return AttentionPlan(num_tokens, block_size, rows, blocks, mask, extends)
+
+
+def _extend_blocks(table: torch.Tensor, num_blocks: int) -> slice | torch.Tensor:
+    """A sequence's first ``num_blocks`` block ids: a slice when consecutive, else int64 ids."""
+    ids = table[:num_blocks].to(torch.int64)
+    first = int(ids[0])
+    if first >= 0 and bool((ids == torch.arange(first, first + num_blocks, device=ids.device)).all()):
+        return slice(first, first + num_blocks)
+    return ids
+
+
+def _validated_lengths(num_tokens: int, block_size: int, block_tables, cu_q_lens,
+                       seq_lens) -> tuple[list[int], list[int]]:
     """Per-sequence query lengths and total lengths as Python lists, checked for consistency."""
     starts = cu_q_lens.tolist()
     lens = seq_lens.tolist()
     q_lens = [e - s for s, e in zip(starts, starts[1:])]
-    capacity = block_tables.shape[1] * k_cache.shape[1]
-    if starts[0] != 0 or starts[-1] != q.shape[0]:
-        raise ValueError(f"cu_q_lens must run from 0 to T={q.shape[0]}, got {starts[0]}..{starts[-1]}")
+    capacity = block_tables.shape[1] * block_size
+    if starts[0] != 0 or starts[-1] != num_tokens:
+        raise ValueError(f"cu_q_lens must run from 0 to T={num_tokens}, got {starts[0]}..{starts[-1]}")
     for b, (n, total) in enumerate(zip(q_lens, lens)):
         if not 1 <= n <= total:
             raise ValueError(f"sequence {b}: need 1 <= q_len ({n}) <= seq_len ({total})")
@@ -104,35 +157,31 @@ def _validated_lengths(q, k_cache, block_tables, cu_q_lens, seq_lens) -> tuple[l
     return q_lens, lens
 
 
-def _gather_blocks(cache: torch.Tensor, tables: torch.Tensor, num_blocks: int) -> torch.Tensor:
-    """[n, num_blocks] block ids (-1 padding read as block 0) -> [n, num_blocks * bs, Hkv, D]."""
-    ids = tables[:, :num_blocks].clamp_min(0).to(torch.int64)            # [n, nb]
-    gathered = cache.index_select(0, ids.reshape(-1))                     # [n*nb, bs, Hkv, D]
-    return gathered.view(tables.shape[0], num_blocks * cache.shape[1], *cache.shape[2:])
-
-
-def _decode_attention(q, k_cache, v_cache, tables, lens: torch.Tensor, max_len: int,
-                      scale: float) -> torch.Tensor:
-    """One query per sequence. q: [n, Hq, D]; tables: [n, M]; lens: [n] -> [n, Hq, D]."""
+def _decode_attention(q, k_cache, v_cache, plan: AttentionPlan, scale: float) -> torch.Tensor:
+    """One query per decode row. q: [n, Hq, D] -> [n, Hq, D]."""
     n, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
-    num_blocks = -(-max_len // k_cache.shape[1])
-    k = _gather_blocks(k_cache, tables, num_blocks).transpose(1, 2)        # [n, Hkv, L, D]
-    v = _gather_blocks(v_cache, tables, num_blocks).transpose(1, 2)        # [n, Hkv, L, D]
-    positions = torch.arange(k.shape[2], device=q.device)                 # [L]
-    mask = (positions[None, :] < lens[:, None])[:, None, None, :]         # [n, 1, 1, L]
+    length = plan.decode_mask.shape[-1]
+    k = k_cache.index_select(0, plan.decode_blocks).view(n, length, num_kv_heads, head_dim)
+    v = v_cache.index_select(0, plan.decode_blocks).view(n, length, num_kv_heads, head_dim)
     grouped = q.reshape(n, num_kv_heads, num_heads // num_kv_heads, head_dim)  # [n, Hkv, G, D]
-    out = F.scaled_dot_product_attention(grouped, k, v, attn_mask=mask, scale=scale)
+    out = F.scaled_dot_product_attention(grouped, k.transpose(1, 2), v.transpose(1, 2),
+                                         attn_mask=plan.decode_mask, scale=scale)
     return out.reshape(n, num_heads, head_dim)
 
 
-def _extend_attention(q, k_cache, v_cache, table, total: int, scale: float) -> torch.Tensor:
+def _read_blocks(cache: torch.Tensor, blocks: slice | torch.Tensor, total: int) -> torch.Tensor:
+    """The first ``total`` positions of a sequence: [total, Hkv, D] (a view for a slice)."""
+    picked = cache[blocks] if isinstance(blocks, slice) else cache.index_select(0, blocks)
+    return picked.flatten(0, 1)[:total]
+
+
+def _extend_attention(q, k_cache, v_cache, blocks, total: int, scale: float) -> torch.Tensor:
     """One sequence's q_len > 1 queries at positions [total - q_len, total). -> [q_len, Hq, D]."""
     q_len, num_heads, _ = q.shape
     num_kv_heads = k_cache.shape[2]
-    num_blocks = -(-total // k_cache.shape[1])
-    k = _gather_blocks(k_cache, table[None], num_blocks)[0, :total]       # [L, Hkv, D]
-    v = _gather_blocks(v_cache, table[None], num_blocks)[0, :total]
+    k = _read_blocks(k_cache, blocks, total)                              # [L, Hkv, D]
+    v = _read_blocks(v_cache, blocks, total)
     q4 = q.transpose(0, 1)[None]                                          # [1, Hq, Lq, D]
     k4, v4 = k.transpose(0, 1)[None], v.transpose(0, 1)[None]              # [1, Hkv, L, D]
     gqa = num_heads != num_kv_heads

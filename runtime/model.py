@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from radixgate.kernels import paged_attention, store_kv
+from radixgate.kernels import attention_plan, paged_attention, store_kv
 from radixgate.runtime.batch import ForwardBatch, build_forward_batch
 from radixgate.runtime.config import ModelConfig
 from radixgate.runtime.kv_cache import KVCache
@@ -81,9 +81,11 @@ class LlamaModel:
         x = self.embed[batch.input_ids]                                  # [T, H]
         cos, sin = rope_cos_sin(batch.positions, self.inv_freq, self.dtype)  # [T, 1, D]
         eps = self.config.rms_norm_eps
+        plan = attention_plan(batch.block_tables, batch.cu_q_lens, batch.seq_lens, kv.block_size,
+                              batch.num_tokens)                          # shared by every layer
         for i, layer in enumerate(self.layers):
             h = rms_norm(x, layer.attn_norm, eps)
-            x = x + self._attention(layer, h, cos, sin, batch, kv.k[i], kv.v[i])
+            x = x + self._attention(layer, h, cos, sin, batch, plan, kv.k[i], kv.v[i])
             h = rms_norm(x, layer.mlp_norm, eps)
             x = x + self._mlp(layer, h)
         x = x[batch.logits_indices]                                      # [n, H]
@@ -91,7 +93,7 @@ class LlamaModel:
 
     __call__ = forward
 
-    def _attention(self, layer: DecoderLayer, h, cos, sin, batch: ForwardBatch,
+    def _attention(self, layer: DecoderLayer, h, cos, sin, batch: ForwardBatch, plan,
                    k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
         cfg = self.config
         tokens = h.shape[0]
@@ -102,7 +104,7 @@ class LlamaModel:
         v = v.view(tokens, cfg.num_kv_heads, cfg.head_dim)                         # [T, Hkv, D]
         store_kv(k, v, k_cache, v_cache, batch.slot_mapping)
         out = paged_attention(q, k_cache, v_cache, batch.block_tables, batch.cu_q_lens,
-                              batch.seq_lens, self.scale)                # [T, Hq, D]
+                              batch.seq_lens, self.scale, plan=plan)     # [T, Hq, D]
         return F.linear(out.reshape(tokens, self.q_size), layer.o_proj)  # [T, H]
 
     def _mlp(self, layer: DecoderLayer, h: torch.Tensor) -> torch.Tensor:
