@@ -50,20 +50,27 @@ def to_conversation(req: ChatRequest) -> Conversation:
 
 
 class _MemoTokenizer:
-    """Memoises ``encode`` per segment text: workloads repeat the same segments a lot."""
+    """Memoises ``encode`` / ``encode_plain`` per segment text (workloads repeat the same
+    segments a lot); everything else goes to the real tokenizer."""
 
     def __init__(self, tokenizer):
         self.tokenizer = tokenizer
-        self.cache: dict[str, list[int]] = {}
+        self.cache: dict[tuple[str, str], list[int]] = {}
 
-    def encode(self, text: str) -> list[int]:
-        ids = self.cache.get(text)
+    def _memo(self, method: str, text: str) -> list[int]:
+        ids = self.cache.get((method, text))
         if ids is None:
-            ids = self.cache[text] = self.tokenizer.encode(text)
+            ids = self.cache[(method, text)] = getattr(self.tokenizer, method)(text)
         return ids
 
-    def apply_chat_template(self, messages, add_generation_prompt=True):
-        return self.tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
+    def encode(self, text: str) -> list[int]:
+        return self._memo("encode", text)
+
+    def encode_plain(self, text: str) -> list[int]:
+        return self._memo("encode_plain", text)
+
+    def __getattr__(self, name: str):
+        return getattr(self.tokenizer, name)
 
 
 def workload_trace(workload: Workload, tokenizer) -> list[TraceEntry]:
