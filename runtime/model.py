@@ -7,7 +7,7 @@ for ``batch.logits_indices``.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -16,6 +16,7 @@ from radixgate.kernels import attention_plan, paged_attention, store_kv
 from radixgate.runtime.batch import ForwardBatch, build_forward_batch
 from radixgate.runtime.config import ModelConfig
 from radixgate.runtime.kv_cache import KVCache
+from radixgate.runtime.linear import Linear
 from radixgate.runtime.rope import apply_rope, rope_cos_sin, rope_inv_freq
 
 __all__ = ["LlamaModel", "ForwardBatch", "build_forward_batch", "rms_norm"]
@@ -37,6 +38,11 @@ class DecoderLayer:
     mlp_norm: torch.Tensor        # [H]
     gate_up: torch.Tensor         # [2 I, H]  gate and up projections stacked
     down: torch.Tensor            # [H, I]
+    proj: dict[str, Linear] = field(default_factory=dict, repr=False)  # the matmuls, prepacked
+
+    def __post_init__(self):
+        self.proj = {"qkv": Linear(self.qkv, self.qkv_bias), "o": Linear(self.o_proj),
+                     "gate_up": Linear(self.gate_up), "down": Linear(self.down)}
 
 
 class LlamaModel:
@@ -51,6 +57,7 @@ class LlamaModel:
         self.norm = take("model.norm.weight")                           # [H]
         tied = config.tie_word_embeddings or "lm_head.weight" not in weights
         self.lm_head = self.embed if tied else take("lm_head.weight")   # [V, H]
+        self.logits_proj = Linear(self.lm_head)
         self.layers = [self._layer(weights, i, take) for i in range(config.num_layers)]
         freq_factors = weights.get("rope_freqs")
         self.inv_freq = rope_inv_freq(config, freq_factors).to(self.device)   # [D/2] fp32
@@ -89,7 +96,7 @@ class LlamaModel:
             h = rms_norm(x, layer.mlp_norm, eps)
             x = x + self._mlp(layer, h)
         x = x[batch.logits_indices]                                      # [n, H]
-        return F.linear(rms_norm(x, self.norm, eps), self.lm_head).float()   # [n, V]
+        return self.logits_proj(rms_norm(x, self.norm, eps)).float()   # [n, V]
 
     __call__ = forward
 
@@ -97,7 +104,7 @@ class LlamaModel:
                    k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
         cfg = self.config
         tokens = h.shape[0]
-        qkv = F.linear(h, layer.qkv, layer.qkv_bias)                     # [T, (Hq + 2Hkv) D]
+        qkv = layer.proj["qkv"](h)                                       # [T, (Hq + 2Hkv) D]
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = apply_rope(q.view(tokens, cfg.num_heads, cfg.head_dim), cos, sin)      # [T, Hq, D]
         k = apply_rope(k.view(tokens, cfg.num_kv_heads, cfg.head_dim), cos, sin)   # [T, Hkv, D]
@@ -105,14 +112,14 @@ class LlamaModel:
         store_kv(k, v, k_cache, v_cache, batch.slot_mapping)
         out = paged_attention(q, k_cache, v_cache, batch.block_tables, batch.cu_q_lens,
                               batch.seq_lens, self.scale, plan=plan)     # [T, Hq, D]
-        return F.linear(out.reshape(tokens, self.q_size), layer.o_proj)  # [T, H]
+        return layer.proj["o"](out.reshape(tokens, self.q_size))        # [T, H]
 
     def _mlp(self, layer: DecoderLayer, h: torch.Tensor) -> torch.Tensor:
-        gate, up = F.linear(h, layer.gate_up).chunk(2, dim=-1)           # [T, I] each
-        return F.linear(F.silu(gate) * up, layer.down)                   # [T, H]
+        gate, up = layer.proj["gate_up"](h).chunk(2, dim=-1)             # [T, I] each
+        return layer.proj["down"](F.silu(gate) * up)                     # [T, H]
 
     def num_parameters(self) -> int:
         tensors = [self.embed, self.norm] + ([] if self.lm_head is self.embed else [self.lm_head])
         for layer in self.layers:
-            tensors += [t for t in vars(layer).values() if t is not None]
+            tensors += [t for t in vars(layer).values() if isinstance(t, torch.Tensor)]
         return sum(t.numel() for t in tensors)
