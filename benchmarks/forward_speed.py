@@ -3,11 +3,19 @@
 Load time; prefill of N tokens (one sequence) in tokens/s; decode steps (1 and 16 sequences)
 in tokens/s; with ``--vs-transformers`` the same prefill and single-sequence decode through
 transformers' model loaded from the same GGUF (fp32), measured in the same run.
+
+``--ab-packed N`` measures the prepacked oneDNN linear layers (runtime/linear.py) against plain
+``F.linear`` (``RADIXGATE_PACKED_LINEAR=0``): N rounds of one child process each, alternating,
+then the medians and their ratios (on a shared machine single runs are not to be trusted).
 """
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import statistics
+import subprocess
+import sys
 import time
 
 import torch
@@ -72,6 +80,26 @@ def transformers_side(prefill_len: int, decode_steps: int, repeat: int) -> dict:
     return {"prefill_tok_s": prefill_len / prefill, "decode1_tok_s": decode}
 
 
+def ab_packed(rounds: int, args) -> None:
+    """Alternate child runs with packing on and off; print medians and on/off ratios."""
+    runs: dict[str, list[dict]] = {"packed": [], "plain": []}
+    for _ in range(rounds):
+        for name, flag in (("plain", "0"), ("packed", "1")):
+            cmd = [sys.executable, "-m", "benchmarks.forward_speed", "--json", "--prefill",
+                   str(args.prefill), "--decode-steps", str(args.decode_steps), "--repeat",
+                   str(args.repeat)] + (["--threads", str(args.threads)] if args.threads else [])
+            env = dict(os.environ, RADIXGATE_PACKED_LINEAR=flag)
+            out = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True).stdout
+            runs[name].append(json.loads(out.strip().splitlines()[-1]))
+            print(name, runs[name][-1], flush=True)
+    keys = ("prefill_tok_s", "decode1_tok_s", "decode16_tok_s")
+    median = {n: {k: statistics.median(r[k] for r in rs) for k in keys} for n, rs in runs.items()}
+    print("| figure | plain F.linear | packed | packed / plain |\n|---|---|---|---|")
+    for key in keys:
+        plain, packed = median["plain"][key], median["packed"][key]
+        print(f"| {key} | {plain:.1f} | {packed:.1f} | {packed / plain:.2f}x |")
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--prefill", type=int, default=1024)
@@ -79,11 +107,18 @@ def main(argv=None) -> None:
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--vs-transformers", action="store_true")
+    parser.add_argument("--ab-packed", type=int, default=0, metavar="ROUNDS")
+    parser.add_argument("--json", action="store_true", help="print only a JSON line of ours")
     args = parser.parse_args(argv)
+    if args.ab_packed:
+        return ab_packed(args.ab_packed, args)
     if args.threads:
         torch.set_num_threads(args.threads)
-    print(f"torch threads: {torch.get_num_threads()}")
     result = ours(args.prefill, args.decode_steps, args.repeat)
+    if args.json:
+        print(json.dumps(result))
+        return
+    print(f"torch threads: {torch.get_num_threads()}")
     print("radixgate:", {k: round(v, 2) for k, v in result.items()})
     if args.vs_transformers:
         ref = transformers_side(args.prefill, args.decode_steps, args.repeat)
