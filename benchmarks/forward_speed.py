@@ -43,7 +43,7 @@ def ours(prefill_len: int, decode_steps: int, repeat: int) -> dict:
     model, cfg = loaded.model, loaded.config
     ids = (loaded.tokenizer.encode("The quick brown fox jumps over the lazy dog. ") * 400)[:prefill_len]
     blocks = -(-(prefill_len + decode_steps) // BLOCK)
-    kv = KVCache(cfg.num_layers, blocks * 16, BLOCK, cfg.num_kv_heads, cfg.head_dim)
+    kv = KVCache(cfg.num_layers, blocks + 16 * 10, BLOCK, cfg.num_kv_heads, cfg.head_dim)
     table = list(range(blocks))
     prefill = _best(lambda: model.forward(build_forward_batch([ids], [0], [table], BLOCK), kv), repeat)
 
