@@ -34,10 +34,15 @@ async def http():
 
 
 async def fresh(http, server, *tenants: str) -> None:
-    """Empty the tenants' unsalted namespaces: their next cache read is exactly 0 unless
-    something of their own is cached (other tests share the server)."""
+    """Empty the tenants' unsalted namespaces and ``public`` (tenants opted into public
+    prefixes match it too, and other suites on this server, e.g. the OpenAPI fuzzer,
+    publish there): their next cache read is exactly 0 unless something of their own is
+    cached."""
     for tenant in tenants:
         await c.flush_tenant(http, server.base_url, ADMIN_KEY, tenant)
+    status, answer = await c.post_json(http, server.base_url + "/v1/cache/flush", ADMIN_KEY,
+                                       {"public": True})
+    assert status == 200, answer
 
 
 def secret_prompt(tag: str) -> str:
