@@ -110,6 +110,13 @@ class BenchServer:
             self.proc.kill()
             self.proc.wait(timeout=10)
 
+    def cpu_seconds(self) -> float:
+        """User + system CPU time of the server process so far (all its threads): the
+        compute a workload cost, much less sensitive than wall time to other load."""
+        import psutil
+        times = psutil.Process(self.proc.pid).cpu_times()
+        return times.user + times.system
+
     def log_tail(self, n_chars: int = 3000) -> str:
         try:
             return (self.workdir / "server.log").read_text(errors="replace")[-n_chars:]

@@ -57,17 +57,18 @@ def load_transformers_model(gguf_path: str | None = None):
 
 
 def transformers_baseline(workloads: Sequence[Workload], traces: dict[str, list[TraceEntry]],
-                          progress=None) -> dict:
-    """{"load_s": ..., "workloads": {name: summary}}; requests run sequentially."""
+                          progress=None, sample: int | None = None) -> dict:
+    """{"load_s": ..., "workloads": {name: summary}}; requests run sequentially, only the
+    first ``sample`` of each workload when given (full recompute: order does not matter)."""
     import torch
     torch.set_num_threads(os.cpu_count() or 1)
     started = time.perf_counter()
     model = load_transformers_model()
-    out = {"load_s": round(time.perf_counter() - started, 1), "workloads": {}}
+    out = {"load_s": round(time.perf_counter() - started, 1), "sample": sample, "workloads": {}}
     eos = model.generation_config.eos_token_id
     for workload in workloads:
-        results, wall_start = [], time.perf_counter()
-        for req, entry in zip(workload.requests, traces[workload.name]):
+        results, wall_start, cpu_start = [], time.perf_counter(), time.process_time()
+        for req, entry in list(zip(workload.requests, traces[workload.name]))[:sample]:
             ids = torch.tensor([list(entry.tokens)], dtype=torch.long)
             streamer = _TimingStreamer()
             t0 = time.perf_counter()
@@ -78,7 +79,9 @@ def transformers_baseline(workloads: Sequence[Workload], traces: dict[str, list[
             results.append(_result(req.session, len(entry.tokens), t0, streamer.times))
             if progress is not None:
                 progress.update(1)
-        out["workloads"][workload.name] = summarize(results, time.perf_counter() - wall_start)
+        summary = summarize(results, time.perf_counter() - wall_start)
+        summary["cpu_s"] = round(time.process_time() - cpu_start, 2)
+        out["workloads"][workload.name] = summary
     return out
 
 
@@ -101,7 +104,7 @@ def llama_cpp_baseline(workloads: Sequence[Workload], traces: dict[str, list[Tra
     llm.set_cache(LlamaRAMCache(capacity_bytes=cache_bytes))
     out = {"load_s": round(time.perf_counter() - started, 1), "workloads": {}}
     for workload in workloads:
-        results, wall_start = [], time.perf_counter()
+        results, wall_start, cpu_start = [], time.perf_counter(), time.process_time()
         for req, entry in zip(workload.requests, traces[workload.name]):
             times: list[float] = []
             t0 = time.perf_counter()
@@ -114,6 +117,7 @@ def llama_cpp_baseline(workloads: Sequence[Workload], traces: dict[str, list[Tra
             if progress is not None:
                 progress.update(1)
         summary = summarize(results, time.perf_counter() - wall_start)
-        summary.update(hit_rate=None, prefill_tokens=None, cache_read_tokens=None)
+        summary.update(hit_rate=None, prefill_tokens=None, cache_read_tokens=None,
+                       cpu_s=round(time.process_time() - cpu_start, 2))
         out["workloads"][workload.name] = summary
     return out

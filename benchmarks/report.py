@@ -48,7 +48,7 @@ def _row(label: str, s: dict) -> str:
             f"{_fmt(s.get('hit_rate'), '{:.1%}')} | {_fmt(ttft.get('p50'))} | "
             f"{_fmt(ttft.get('p95'))} | {_fmt(ttft.get('p99'))} | {_fmt(itl.get('mean'))} | "
             f"{_fmt(tput.get('requests_per_s'))} | {_fmt(tput.get('output_tok_per_s'))} | "
-            f"{_fmt(s.get('kv_blocks_peak'))} | {s.get('errors', 0)} |")
+            f"{_fmt(s.get('cpu_s'))} | {_fmt(s.get('kv_blocks_peak'))} | {s.get('errors', 0)} |")
 
 
 def http_tables(results: dict) -> str:
@@ -58,10 +58,17 @@ def http_tables(results: dict) -> str:
     for name in names:
         lines += [f"\n#### {name}\n",
                   "| system | prompt tok | prefill tok | hit rate | TTFT p50 ms | p95 | p99 | "
-                  "ITL ms | req/s | out tok/s | KV blocks peak | errors |",
-                  "|---|" + "---:|" * 11]
+                  "ITL ms | req/s | out tok/s | CPU s | KV blocks peak | errors |",
+                  "|---|" + "---:|" * 12]
         lines += [_row(SYSTEM_LABELS.get(k, k), v[name]) for k, v in table.items() if name in v]
     return "\n".join(lines) + "\n"
+
+
+def cpu(summary: dict) -> float | None:
+    """CPU seconds per request (the transformers baseline may run a sample of requests)."""
+    if summary.get("cpu_s") is None or not summary.get("requests"):
+        return None
+    return summary["cpu_s"] / summary["requests"]
 
 
 def _ratio(a, b) -> str:
@@ -74,8 +81,9 @@ def ratio_table(results: dict) -> str:
     on, off = table.get("radixgate", {}), table.get("cache_off", {})
     page, hf = table.get("page_rounded", {}), table.get("transformers", {})
     lines = ["| workload | hit rate (on / page-rounded / upper bound) | prefill tokens off / on | "
-             "TTFT p50 off / on | TTFT p50 transformers / on | req/s on / off |",
-             "|---|---|---:|---:|---:|---:|"]
+             "TTFT p50 off / on | TTFT p50 transformers / on | req/s on / off | "
+             "CPU s per request off / on | CPU s per request transformers / on |",
+             "|---|---|---:|---:|---:|---:|---:|---:|"]
     for name, ub in (results.get("upper_bound") or {}).items():
         o, f, p, h = on.get(name, {}), off.get(name, {}), page.get(name, {}), hf.get(name, {})
         hits = " / ".join(_fmt(x, "{:.1%}") for x in (o.get("hit_rate"), p.get("hit_rate"),
@@ -84,7 +92,8 @@ def ratio_table(results: dict) -> str:
         rps = lambda s: (s.get("throughput") or {}).get("requests_per_s")  # noqa: E731
         lines.append(f"| {name} | {hits} | {_ratio(f.get('prefill_tokens'), o.get('prefill_tokens'))}"
                      f" | {_ratio(p50(f), p50(o))} | {_ratio(p50(h), p50(o))} | "
-                     f"{_ratio(rps(o), rps(f))} |")
+                     f"{_ratio(rps(o), rps(f))} | {_ratio(cpu(f), cpu(o))} | "
+                     f"{_ratio(cpu(h), cpu(o))} |")
     return "\n".join(lines) + "\n"
 
 
@@ -104,6 +113,7 @@ def plot_http(results: dict, path: Path) -> None:
     names = list(results.get("upper_bound") or {})
     metrics = (("hit rate (%)", lambda s: 100 * (s.get("hit_rate") or 0)),
                ("TTFT p50 (ms)", lambda s: (s.get("ttft_ms") or {}).get("p50") or 0),
+               ("CPU seconds", lambda s: s.get("cpu_s") or 0),
                ("prefill tokens computed", lambda s: s.get("prefill_tokens") or 0))
     fig, axes = plt.subplots(1, len(metrics), figsize=(6 * len(metrics), 4))
     width = 0.8 / max(1, len(table))
@@ -132,6 +142,10 @@ def workloads_markdown(results: dict) -> str:
         parts += ["### Ratios (same run)\n", ratio_table(results),
                   "### Per workload (HTTP, streaming; transformers/llama.cpp in-process, "
                   "sequential)\n", http_tables(results)]
+        sample = (results.get("transformers") or {}).get("sample")
+        if sample:
+            parts.append(f"transformers ran the first {sample} requests of each workload "
+                         "(full recompute, so its per-request figures do not depend on order).\n")
         errors = {v: r["error"][-300:] for v, r in (results.get("http") or {}).items()
                   if r.get("error")}
         if errors:

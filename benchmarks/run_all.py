@@ -67,7 +67,10 @@ def run_variant(variant: str, workloads, args) -> dict:
         total = sum(len(w.requests) for w in workloads)
         with tqdm(total=total, desc=f"http {variant}", unit="req") as bar:
             for workload in workloads:
-                out["workloads"][workload.name] = asyncio.run(run_workload(cfg, workload, bar))
+                cpu_before = server.cpu_seconds()
+                summary = asyncio.run(run_workload(cfg, workload, bar))
+                summary["cpu_s"] = round(server.cpu_seconds() - cpu_before, 2)
+                out["workloads"][workload.name] = summary
     finally:
         server.stop()
     return out
@@ -108,6 +111,10 @@ def parse_args(argv):
     parser.add_argument("--cache-control", action="store_true",
                         help="mark system prompts and tool lists with cache_control breakpoints")
     parser.add_argument("--no-transformers", action="store_true")
+    parser.add_argument("--transformers-requests", type=int, default=None,
+                        help="transformers runs only the first N requests of each workload "
+                             "(full recompute: TTFT does not depend on order); 0 = all; "
+                             "default 4 in quick mode, all in full mode")
     parser.add_argument("--peers", action="store_true", help="also llama.cpp when installed")
     parser.add_argument("--no-scripts", action="store_true", help="skip the other scripts")
     parser.add_argument("--tiny", action="store_true", help="servers with --tiny weights")
@@ -117,6 +124,8 @@ def parse_args(argv):
     parser.add_argument("--kv-cache-gb", type=float, default=None)
     args = parser.parse_args(argv)
     args.quick = not args.full
+    if args.transformers_requests is None:
+        args.transformers_requests = 4 if args.quick else 0
     if args.kv_cache_gb is None:
         args.kv_cache_gb = 1.0 if args.quick else 4.0
     return args
@@ -143,14 +152,16 @@ def run(argv: list[str] | None = None) -> dict:
         _save(results, args.out)
     if not args.no_transformers:
         from benchmarks.peers import transformers_baseline
-        with tqdm(total=sum(len(w.requests) for w in workloads), desc="transformers",
+        sample = args.transformers_requests or None
+        with tqdm(total=sum(len(w.requests[:sample]) for w in workloads), desc="transformers",
                   unit="req") as bar:
-            results["transformers"] = transformers_baseline(workloads, traces, bar)
+            results["transformers"] = transformers_baseline(workloads, traces, bar, sample)
         _save(results, args.out)
     if args.peers:
         from benchmarks.peers import llama_cpp_available, llama_cpp_baseline
         results["llama_cpp"] = (llama_cpp_baseline(workloads, traces) if llama_cpp_available()
                                 else {"error": "llama_cpp is not installed"})
+        _save(results, args.out)
     if not args.no_scripts:
         results["scripts"] = {name: run_other_script(name, args.quick, args.out,
                                                      300 if args.quick else 3600)

@@ -17,8 +17,8 @@ def results_dict() -> dict:
     shared = list(range(100, 164))
     entries = [TraceEntry("n", tuple(shared + [i, i + 1]), f"s{i}") for i in range(6)]
     sweep = sweep_trace("tiny", [(e.namespace, e.tokens) for e in entries], 16, (0.5, 1.0))
-    on = summarize([request(66, 64, 0.05)] * 5 + [request(66, 0, 0.2)], 2.0)
-    off = summarize([request(66, 0, 0.2)] * 6, 4.0)
+    on = {**summarize([request(66, 64, 0.05)] * 5 + [request(66, 0, 0.2)], 2.0), "cpu_s": 1.0}
+    off = {**summarize([request(66, 0, 0.2)] * 6, 4.0), "cpu_s": 3.0}
     return {"date": "2026-11-29 14:00 UTC", "command": "python -m benchmarks.run_all --quick",
             "mode": "quick", "seed": 0, "machine": report.machine_info(), "elapsed_s": 1.0,
             "sweep": {"mode": "full", "workloads": [asdict(sweep)], "goals": goal_checks([sweep])},
@@ -42,7 +42,7 @@ def test_report_shows_side_by_side_ratios_and_failed_variants(tmp_path):
     ratio_row = next(line for line in text.splitlines() if line.startswith("| tiny |"))
     assert "80.8% / - /" in ratio_row                 # hit rate on / page-rounded / bound
     assert "| 5.21x |" in ratio_row                    # prefill tokens off / on (396 / 76)
-    assert "| 4.00x | 4.00x | 2.00x |" in ratio_row    # TTFT off/on, transformers/on, req/s
+    assert "| 4.00x | 4.00x | 2.00x | 3.00x | 3.00x |" in ratio_row   # TTFT, req/s, CPU s
     assert "radixgate --no-prefix-cache" in text and "transformers generate" in text
     assert "`page_rounded`" in text                    # the variant that failed is reported
     assert results["command"] in text and "2026-11-29" in text
