@@ -136,10 +136,11 @@ def workloads_markdown(results: dict) -> str:
     parts = [f"## Workload benchmarks ({results['mode']} mode)\n",
              f"Run {results['date']} with `{results['command']}` (seed {results['seed']}) on "
              f"{m['cpus']} CPUs ({m['cpu']}), Python {m['python']}; "
-             f"total {results.get('elapsed_s', '-')} s. Every figure below comes from this "
-             "one run, systems side by side on the same prompts.\n"]
+             f"total {results.get('elapsed_s') or '-'} s. "
+             + (results.get("note") or "Every figure below comes from this one run, systems "
+                "side by side on the same prompts.") + "\n"]
     if results.get("http") or results.get("transformers"):
-        parts += ["### Ratios (same run)\n", ratio_table(results),
+        parts += ["### Ratios (side by side)\n", ratio_table(results),
                   "### Per workload (HTTP, streaming; transformers/llama.cpp in-process, "
                   "sequential)\n", http_tables(results)]
         sample = (results.get("transformers") or {}).get("sample")
