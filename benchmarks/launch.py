@@ -18,6 +18,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 ADMIN_KEY = "sk-admin-bench-0001"
 
@@ -37,6 +38,24 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def wait_healthy(proc: subprocess.Popen, base_url: str, timeout_s: float,
+                 log_tail: Callable[[], str]) -> None:
+    """Poll ``GET /health`` until it answers 200. Raises RuntimeError if the process exits
+    first and TimeoutError after ``timeout_s`` (the caller stops the process)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}:\n{log_tail()}")
+        try:
+            with urllib.request.urlopen(base_url + "/health", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(0.25)
+    raise TimeoutError(f"server not healthy after {timeout_s}s:\n{log_tail()}")
 
 
 def config_toml(tenants: list[str], kv_cache_gb: float, max_model_len: int) -> str:
@@ -86,19 +105,11 @@ class BenchServer:
         return self
 
     def _wait_healthy(self, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log_tail()}")
-            try:
-                with urllib.request.urlopen(self.base_url + "/health", timeout=2) as r:
-                    if r.status == 200:
-                        return
-            except (urllib.error.URLError, OSError):
-                pass
-            time.sleep(0.3)
-        self.stop()
-        raise TimeoutError(f"server not healthy after {timeout_s}s:\n{self.log_tail()}")
+        try:
+            wait_healthy(self.proc, self.base_url, timeout_s, self.log_tail)
+        except TimeoutError:
+            self.stop()
+            raise
 
     def stop(self, grace_s: float = 20.0) -> None:
         if self.proc is None or self.proc.poll() is not None:

@@ -13,17 +13,15 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+
+from benchmarks.launch import free_port, wait_healthy
 
 ADMIN_KEY = "sk-admin-reliability-0001"
 DEFAULT_TENANTS = ("acme", "beta", "gamma", "delta", "org_1", "org_12345")
@@ -32,13 +30,6 @@ DEFAULT_TENANTS = ("acme", "beta", "gamma", "delta", "org_1", "org_12345")
 def tenant_key(tenant: str) -> str:
     """The API key the generated config gives ``tenant``."""
     return f"sk-{tenant}-reliability-key"
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass(frozen=True)
@@ -132,19 +123,11 @@ class ServerProcess:
         return self
 
     def _wait_healthy(self, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log_tail()}")
-            try:
-                with urllib.request.urlopen(self.base_url + "/health", timeout=2) as r:
-                    if r.status == 200:
-                        return
-            except (urllib.error.URLError, OSError):
-                pass
-            time.sleep(0.25)
-        self.kill()
-        raise TimeoutError(f"server not healthy after {timeout_s}s:\n{self.log_tail()}")
+        try:
+            wait_healthy(self.proc, self.base_url, timeout_s, self.log_tail)
+        except TimeoutError:
+            self.kill()
+            raise
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
