@@ -48,3 +48,23 @@ def hf_reference_tokenizer(default_model_path):
     transformers = pytest.importorskip("transformers")
     return transformers.AutoTokenizer.from_pretrained(
         str(default_model_path.parent), gguf_file=default_model_path.name)
+
+
+@pytest.fixture
+def make_engine():
+    """Build tiny-model engines (``make(**EngineConfig fields)``, 128 blocks unless given);
+    every one is shut down after the test."""
+    from radixgate.runtime.engine import Engine
+    from radixgate.runtime.engine_config import EngineConfig
+    from tests.support.engine import tiny_model as shared_tiny_model
+    engines = []
+
+    def make(**fields):
+        fields.setdefault("num_blocks", 128)
+        engine = Engine(shared_tiny_model(), EngineConfig(**fields)).start()
+        engines.append(engine)
+        return engine
+
+    yield make
+    for engine in engines:
+        engine.shutdown(grace_s=0)

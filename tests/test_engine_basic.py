@@ -8,27 +8,12 @@ import pytest
 
 from radixgate.runtime.api import (Breakpoint, ErrorKind, FinishReason, Request, SamplingParams,
                                    TextDelta)
-from radixgate.runtime.engine import Engine
-from radixgate.runtime.engine_config import EngineConfig, TenantQuota
-from tests.support.engine import tiny_model
+from radixgate.runtime.engine_config import TenantQuota
 from tests.support.engine_compare import assert_clean, greedy, held
 
 PROMPT = list(range(1000, 1100))   # 100 tokens: 6 full blocks + 4
 
 
-@pytest.fixture
-def make_engine():
-    engines = []
-
-    def make(**fields):
-        fields.setdefault("num_blocks", 128)
-        engine = Engine(tiny_model(), EngineConfig(**fields)).start()
-        engines.append(engine)
-        return engine
-
-    yield make
-    for engine in engines:
-        engine.shutdown(grace_s=0)
 
 
 def test_second_identical_request_reads_all_but_the_last_prompt_token(make_engine):

@@ -3,27 +3,13 @@ per-tenant running quota, preemption, stop strings and tokens, seeds, fault isol
 import pytest
 
 from radixgate.runtime.api import ErrorKind, FinishReason, Request, SamplingParams
-from radixgate.runtime.engine import Engine
-from radixgate.runtime.engine_config import EngineConfig, TenantQuota
+from radixgate.runtime.engine_config import TenantQuota
 from tests.support.engine import tiny_model
 from tests.support.engine_compare import assert_clean, compare_greedy, greedy, held
 
 SHARED = list(range(2000, 2100))   # a 100-token shared prefix
 
 
-@pytest.fixture
-def make_engine():
-    engines = []
-
-    def make(**fields):
-        fields.setdefault("num_blocks", 128)
-        engine = Engine(tiny_model(), EngineConfig(**fields)).start()
-        engines.append(engine)
-        return engine
-
-    yield make
-    for engine in engines:
-        engine.shutdown(grace_s=0)
 
 
 def _submit_held(engine, requests):

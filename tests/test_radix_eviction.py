@@ -1,6 +1,7 @@
 """Eviction: LRU order over unlocked leaves, own-block counting, flush, events."""
 
 from radixgate.radix_cache import BlockPool, CacheEvent, RadixTree
+from tests.support.radix import cache, hit
 
 B = 4
 
@@ -10,17 +11,6 @@ def make_tree(num_blocks=64, events=None):
     return pool, RadixTree(pool, on_event=None if events is None else events.append)
 
 
-def cache(pool, tree, tokens, namespace="ns"):
-    blocks = pool.allocate(-(-len(tokens) // B))
-    tree.insert(namespace, tokens, blocks)
-    pool.decref_many(blocks)
-    return blocks
-
-
-def hit(pool, tree, tokens, namespace="ns"):
-    match = tree.match(namespace, tokens)
-    tree.unlock(match.handle)
-    pool.decref_many(match.blocks)
     return match
 
 

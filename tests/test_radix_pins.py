@@ -3,6 +3,7 @@
 import pytest
 
 from radixgate.radix_cache import BlockPool, RadixTree
+from tests.support.radix import cache, hit
 
 B = 4
 
@@ -21,17 +22,6 @@ def make_tree(num_blocks=64):
     return pool, RadixTree(pool, clock=clock), clock
 
 
-def cache(pool, tree, tokens, namespace="ns"):
-    blocks = pool.allocate(-(-len(tokens) // B))
-    tree.insert(namespace, tokens, blocks)
-    pool.decref_many(blocks)
-    return blocks
-
-
-def hit(pool, tree, tokens, namespace="ns"):
-    match = tree.match(namespace, tokens)
-    tree.unlock(match.handle)
-    pool.decref_many(match.blocks)
 
 
 def test_pin_survives_eviction_until_expiry():
