@@ -14,14 +14,13 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
-from benchmarks.launch import free_port, wait_healthy
+from benchmarks.launch import free_port, radixgate_command, wait_healthy
 
 ADMIN_KEY = "sk-admin-reliability-0001"
 DEFAULT_TENANTS = ("acme", "beta", "gamma", "delta", "org_1", "org_12345")
@@ -75,13 +74,6 @@ def config_toml(spec: ServerSpec) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _radixgate_command() -> list[str]:
-    script = Path(sys.executable).with_name("radixgate")
-    if script.exists():
-        return [str(script)]
-    return [sys.executable, "-c", "from radixgate.gateway.cli import main; main()"]
-
-
 @dataclass
 class ServerProcess:
     """One ``radixgate serve --tiny`` subprocess; logs go to ``workdir/server.log``."""
@@ -102,7 +94,7 @@ class ServerProcess:
 
     def command(self) -> list[str]:
         assert self.workdir is not None
-        return _radixgate_command() + [
+        return radixgate_command() + [
             "serve", "--tiny", "--config", str(self.workdir / "radixgate.toml"),
             "--host", "127.0.0.1", "--port", str(self.port),
             "--kv-cache-gb", str(self.spec.kv_cache_gb),
