@@ -125,7 +125,12 @@ def test_published_system_prompt_is_read_by_tenants_and_can_be_unpinned(http):
     listed = http.get("/v1/cache/prefixes", headers=ADMIN).json()["data"]
     assert not any(p["namespace"] == "public" and p["tokens"] == published["tokens"] for p in listed)
     flushed = http.post("/v1/cache/flush", json={"public": True}, headers=ADMIN).json()
-    assert flushed["namespace"] == "public" and flushed["freed_blocks"] > 0
+    # the tenant's continuation still references every full public block; the public
+    # prefix's last block is its own only when the prefix ends inside a block (the tenant
+    # copied it before writing), so that is what a flush of public must free
+    block_size = http.get("/v1/cache/stats", headers=ADMIN).json()["block_size"]
+    ends_inside_a_block = published["tokens"] % block_size != 0
+    assert flushed["namespace"] == "public" and flushed["freed_blocks"] >= int(ends_inside_a_block)
     assert ask(http, ONE, system)["cache_read_input_tokens"] < 20     # public is empty again
 
 
