@@ -1,4 +1,5 @@
-"""Taking nodes out of the tree: one evicted leaf at a time, or a whole flushed subtree."""
+"""Taking blocks out of the tree: an evicted leaf (whole, or its tail trimmed to a block
+boundary), or a whole flushed subtree."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from . import pins
 from .events import CacheEvent
-from .node import TreeNode, first_token
+from .node import TOKEN_BYTES, TreeNode, first_token
 
 if TYPE_CHECKING:
     from .tree import RadixTree
@@ -35,6 +36,42 @@ def remove_leaf(tree: RadixTree, node: TreeNode, reason: str) -> int:
                                  node.start, node.end, reason))
     if parent.parent is not None and not parent.children and parent.lock_ref == 0:
         tree.queue.push(parent)
+    return freed
+
+
+def trimmable_blocks(tree: RadixTree, node: TreeNode) -> int:
+    """Own blocks that can come off the tail of unpinned leaf ``node`` while it keeps at
+    least one token (its first block, which may be shared with its parent, always stays)."""
+    if node.pin is not None or node.children:
+        return 0
+    return len(node.blocks) - 1
+
+
+def trim_leaf(tree: RadixTree, node: TreeNode, num_blocks: int, reason: str) -> int:
+    """Drop the last ``num_blocks`` (1 ..= ``trimmable_blocks``) blocks of an unlocked leaf:
+    its range shrinks to ``[start, end')`` with ``end'`` on a block boundary, so the cached
+    prefix it still serves stays exact. Emits ``removed`` for the dropped range, counts one
+    eviction, and offers the (shorter) leaf for eviction again. Returns blocks freed."""
+    B = tree.block_size
+    keep = len(node.blocks) - num_blocks
+    new_end = (node.start // B + keep) * B
+    dropped = node.blocks[keep:]
+    old_end = node.end
+    tree._count_node(node, -1)
+    node.key = node.key[:(new_end - node.start) * TOKEN_BYTES]
+    node.blocks = node.blocks[:keep]
+    node.end = new_end
+    node.own_blocks = node.count_own_blocks()
+    tree._count_node(node, +1)
+    freed = tree.pool.decref_many(dropped)
+    for block in dropped:
+        del tree.block_holders[block]          # tail blocks have no other holder node
+    tree.evictions[reason] += 1
+    tree.evicted_tokens[reason] += old_end - new_end
+    if tree.on_event is not None:
+        tree.on_event(CacheEvent("removed", node.ns.name, tuple(dropped), new_end, old_end,
+                                 reason))
+    tree.queue.push(node)
     return freed
 
 

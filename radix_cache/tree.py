@@ -240,8 +240,10 @@ class RadixTree:
     def evict(self, num_blocks: int) -> int:
         """Evict unlocked leaves, least recently used first, until ``num_blocks`` own blocks
         are freed or nothing evictable is left; returns the blocks that went back to the
-        pool. Leaves with an unexpired pin are skipped; an evicted expired pin counts as a
-        ``ttl`` eviction, everything else as ``lru``.
+        pool. A leaf larger than what is still needed loses only its tail (whole blocks;
+        its prefix stays cached and matchable) instead of all of it, so eviction frees no
+        more than it must. Leaves with an unexpired pin are skipped; an evicted expired pin
+        counts as a ``ttl`` eviction, everything else as ``lru``.
         """
         now = self.clock()
         if self.queue.size() > 2 * self.num_nodes + 1024:
@@ -252,7 +254,11 @@ class RadixTree:
             node = self.queue.pop(now)
             if node is None:
                 break
-            freed += removal.remove_leaf(self, node, "ttl" if node.pin is not None else "lru")
+            still_needed = num_blocks - freed
+            if removal.trimmable_blocks(self, node) > still_needed:
+                freed += removal.trim_leaf(self, node, still_needed, "lru")
+            else:
+                freed += removal.remove_leaf(self, node, "ttl" if node.pin is not None else "lru")
         return freed
 
     def flush(self, namespace: str | None = None) -> int:

@@ -157,3 +157,63 @@ def test_flush_leaves_no_stale_heap_entries():
     cache(pool, tree, [9] * 8)
     assert tree.evict(2) == 2
     tree.check_integrity()
+
+
+def test_evict_trims_a_large_leafs_tail_and_keeps_its_prefix_matchable():
+    events = []
+    pool, tree = make_tree(events=events)
+    blocks = cache(pool, tree, list(range(40)))              # one leaf, 10 blocks
+    free_before = pool.num_free()
+    assert tree.evict(3) == 3                                # only what was asked for
+    assert pool.num_free() == free_before + 3
+    assert all(pool.refcount(b) == 0 for b in blocks[7:])
+    assert all(pool.refcount(b) == 1 for b in blocks[:7])
+    assert events[-1] == CacheEvent("removed", "ns", tuple(blocks[7:]), 28, 40, "lru")
+    match = tree.match("ns", list(range(40)))
+    assert (match.length, match.blocks) == (28, blocks[:7])
+    tree.unlock(match.handle)
+    pool.decref_many(match.blocks)
+    stats = tree.stats()
+    assert stats.evictions["lru"] == 1 and stats.evicted_tokens["lru"] == 12
+    assert stats.cached_tokens == 28
+    tree.check_integrity()
+
+
+def test_trimmed_leaf_stays_evictable_and_goes_whole_when_more_is_needed():
+    pool, tree = make_tree()
+    cache(pool, tree, list(range(40)))
+    other = cache(pool, tree, [99] * 8)                      # more recent, 2 blocks
+    assert tree.evict(2) == 2                                # trims the older leaf
+    assert tree.evict(8) == 8                                # the rest of it goes whole
+    assert all(pool.refcount(b) == 1 for b in other)
+    assert tree.stats().cached_tokens == 8
+    tree.check_integrity()
+
+
+def test_trim_keeps_a_boundary_block_shared_with_the_parent():
+    pool, tree = make_tree()
+    blocks = cache(pool, tree, list(range(20)))              # one leaf, blocks 0..4
+    cache(pool, tree, list(range(6)) + [90, 91])             # split at 6, inside block 1
+    hit(pool, tree, list(range(6)) + [90, 91])               # the new branch is not the LRU
+    free_before = pool.num_free()
+    assert tree.evict(2) == 2                                # [6, 20) keeps [6, 12)
+    assert pool.num_free() == free_before + 2
+    assert pool.refcount(blocks[1]) == 2                     # still parent's and child's
+    match = tree.match("ns", list(range(20)))
+    assert (match.length, match.blocks) == (12, blocks[:3])
+    tree.unlock(match.handle)
+    pool.decref_many(match.blocks)
+    tree.check_integrity()
+
+
+def test_an_expired_pin_is_evicted_whole_never_trimmed():
+    now = [0.0]
+    pool = BlockPool(64, B)
+    tree = RadixTree(pool, clock=lambda: now[0])
+    cache(pool, tree, list(range(40)))
+    tree.pin("ns", list(range(40)), ttl_s=5)
+    assert tree.evict(1) == 0                                # unexpired pin: untouched
+    now[0] = 10
+    assert tree.evict(1) == 10
+    assert tree.stats().evictions["ttl"] == 1
+    tree.check_integrity()
