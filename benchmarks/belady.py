@@ -111,13 +111,18 @@ class BeladyCache:
     - ``lru``: least recently matched or inserted (what RadixTree does; a cross-check);
     - ``gdsf``: GreedyDual-Size-Frequency with cost = size, i.e. priority = L + hits where
       L is the priority of the last evicted leaf (an online, frequency-aware comparison).
+
+    With ``trim_tails`` a victim larger than the excess loses only its last blocks (down
+    to a block boundary, keeping its first block), as ``RadixTree.evict`` does; without it
+    victims go whole (the issue's leaf-eviction baseline).
     """
 
     def __init__(self, trace: Sequence[tuple[str, Sequence[int]]], block_size: int,
-                 policy: str = "belady"):
+                 policy: str = "belady", trim_tails: bool = False):
         if policy not in POLICIES:
             raise ValueError(f"unknown policy {policy!r}; one of {POLICIES}")
         self.policy = policy
+        self.trim_tails = trim_tails
         self.tick = 0
         self.inflation = 0.0
         self.oracle = FutureOracle(trace)
@@ -238,6 +243,18 @@ class BeladyCache:
             victim = self._victim(now)
             if victim is None:
                 return
+            excess = self.used_blocks - budget_blocks
+            if self.trim_tails and len(victim.blocks) - 1 > excess:
+                self._trim(victim, excess)
+                continue
             del victim.parent.children[self.tokens[victim.rep][victim.start]]
             for b in victim.blocks:
                 self._release(b)
+
+    def _trim(self, leaf: _Node, num_blocks: int) -> None:
+        """Drop the last ``num_blocks`` blocks of ``leaf``; it ends on a block boundary."""
+        keep = len(leaf.blocks) - num_blocks
+        for b in leaf.blocks[keep:]:
+            self._release(b)
+        leaf.blocks = leaf.blocks[:keep]
+        leaf.end = (leaf.start // self.block_size + keep) * self.block_size

@@ -50,7 +50,7 @@ def test_simulator_in_lru_mode_reproduces_radix_tree_hits_under_pressure(seed):
     trace = random_trace(seed, n=60)
     for budget in (6, 15, 40):
         real = replay_radix(trace, B, budget)
-        sim = replay_belady(trace, B, budget, policy="lru")
+        sim = replay_belady(trace, B, budget, policy="lru", trim_tails=True)
         assert sim.reused_tokens == real.reused_tokens
 
 
@@ -119,5 +119,19 @@ def test_sweep_outputs_table_plot_and_goal_checks(tmp_path):
     assert (tmp_path / "sweep.png").read_bytes()[:4] == b"\x89PNG"
     goals = goal_checks([s])
     assert set(goals) == {"lru_within_10pct_of_belady_at_25pct_plus",
+                          "lru_within_10pct_of_belady_trim_at_25pct_plus",
                           "lru_at_or_above_page_rounded"}
     json.dumps(goals)
+
+
+def test_tail_trimming_simulator_never_holds_more_than_budget_and_never_loses_to_whole_leaves():
+    trace = random_trace(4, n=80)
+    for budget in (6, 15, 40):
+        cache = BeladyCache(trace, B, "lru", trim_tails=True)
+        for i, (ns, _) in enumerate(trace):
+            cache.serve(ns, i)
+            cache.evict_to(budget, now=i)
+            assert cache.used_blocks <= budget
+        trimmed = replay_belady(trace, B, budget, policy="lru", trim_tails=True)
+        whole = replay_belady(trace, B, budget, policy="lru")
+        assert trimmed.reused_tokens >= whole.reused_tokens
