@@ -12,13 +12,17 @@ Five workloads (issue 7), each a list of ``ChatRequest`` in the order a client s
 
 Messages are stored in Anthropic Messages form (``benchmarks.bodies`` converts them to
 OpenAI bodies). Requests of one ``session`` depend on each other (a turn is sent after the
-previous one finished); sessions are independent. ``make_workloads(quick, seed)`` is fully
+previous one finished); sessions are independent. Arrivals: sessions open over time, at
+most ``Scale.live_sessions`` at once (users come and go: when one conversation or agent
+loop ends, the next opens); each next request comes from an open session picked at random.
+``live_sessions=0`` opens every session at once (no temporal locality at all: the worst
+case for any online eviction policy, reported as a stress variant). ``make_workloads(quick, seed)`` is fully
 deterministic: the same seed gives byte-identical requests.
 """
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from benchmarks.text import NAMES, TextGen
 
@@ -57,18 +61,21 @@ class Scale:
     control_requests: int       # workload 5
     control_tokens: int
     max_tokens: int
+    live_sessions: int          # sessions open at once (0: all; see the module docstring)
 
 
 QUICK = Scale(system_tokens=400, num_users=12, chat_conversations=3, chat_turns=4,
               chat_reply_tokens=40, num_tenants=2, tenant_prefix_tokens=320,
               loops_per_tenant=1, tool_calls_per_loop=3, observation_tokens=30,
               num_documents=8, document_tokens=250, fewshot_tokens=100, doc_questions=12,
-              zipf_s=1.1, control_requests=6, control_tokens=300, max_tokens=8)
+              zipf_s=1.1, control_requests=6, control_tokens=300, max_tokens=8,
+              live_sessions=2)
 FULL = Scale(system_tokens=2000, num_users=256, chat_conversations=24, chat_turns=10,
              chat_reply_tokens=150, num_tenants=8, tenant_prefix_tokens=3000,
              loops_per_tenant=2, tool_calls_per_loop=10, observation_tokens=150,
              num_documents=50, document_tokens=1500, fewshot_tokens=400, doc_questions=300,
-             zipf_s=1.1, control_requests=100, control_tokens=1500, max_tokens=64)
+             zipf_s=1.1, control_requests=100, control_tokens=1500, max_tokens=64,
+             live_sessions=8)
 
 
 @dataclass
@@ -93,17 +100,22 @@ def _assistant(text: str) -> dict:
     return {"role": "assistant", "content": text}
 
 
-def interleave(sessions: list[list[ChatRequest]], rng: random.Random) -> list[ChatRequest]:
-    """Merge sessions in a random order that keeps each session's own order."""
-    cursors = [0] * len(sessions)
-    live = [i for i, s in enumerate(sessions) if s]
+def interleave(sessions: list[list[ChatRequest]], rng: random.Random,
+               live_sessions: int = 0) -> list[ChatRequest]:
+    """Merge sessions in a random order that keeps each session's own order: sessions open
+    in list order, at most ``live_sessions`` at once (0: all at once), and each next
+    request comes from an open session picked uniformly."""
+    waiting = [list(s) for s in sessions if s]
+    limit = live_sessions or len(waiting)
+    open_: list[list[ChatRequest]] = []       # each: the session's requests not yet sent
     out = []
-    while live:
-        i = rng.choice(live)
-        out.append(sessions[i][cursors[i]])
-        cursors[i] += 1
-        if cursors[i] == len(sessions[i]):
-            live.remove(i)
+    while waiting or open_:
+        while waiting and len(open_) < limit:
+            open_.append(waiting.pop(0))
+        i = rng.randrange(len(open_))
+        out.append(open_[i].pop(0))
+        if not open_[i]:
+            del open_[i]
     return out
 
 
@@ -131,7 +143,9 @@ def multi_turn(scale: Scale, rng: random.Random) -> Workload:
             history.append(_assistant(gen.reply(scale.chat_reply_tokens)))
         sessions.append(turns)
     return Workload("multi_turn", f"{scale.chat_conversations} conversations x "
-                    f"{scale.chat_turns} turns re-sending history", interleave(sessions, rng))
+                    f"{scale.chat_turns} turns re-sending history, "
+                    f"{_live(scale, len(sessions))} open at once",
+                    interleave(sessions, rng, scale.live_sessions))
 
 
 def _tenant_prefix(gen: TextGen, tenant: str, approx_tokens: int) -> tuple[str, tuple[dict, ...]]:
@@ -168,9 +182,15 @@ def agents(scale: Scale, rng: random.Random) -> Workload:
                     {"type": "tool_result", "tool_use_id": call_id,
                      "content": gen.observation(scale.observation_tokens)}]})
             sessions.append(steps)
+    rng.shuffle(sessions)                 # tasks of different tenants arrive mixed
     return Workload("agents", f"{scale.num_tenants} tenants, ~{scale.tenant_prefix_tokens}-token "
-                    f"tools+system prefix, loops of {scale.tool_calls_per_loop} tool calls",
-                    interleave(sessions, rng))
+                    f"tools+system prefix, loops of {scale.tool_calls_per_loop} tool calls, "
+                    f"{_live(scale, len(sessions))} loops open at once",
+                    interleave(sessions, rng, scale.live_sessions))
+
+
+def _live(scale: Scale, num_sessions: int) -> str:
+    return "all" if not scale.live_sessions else str(min(scale.live_sessions, num_sessions))
 
 
 def zipf_weights(n: int, s: float) -> list[float]:
@@ -209,8 +229,12 @@ GENERATORS = {"shared_system": shared_system, "multi_turn": multi_turn, "agents"
 
 
 def make_workloads(quick: bool = True, seed: int = 0, scale: Scale | None = None,
-                   names: tuple[str, ...] = WORKLOAD_NAMES) -> list[Workload]:
-    """The named workloads at ``scale`` (default QUICK or FULL); each has its own RNG
-    derived from ``seed`` and its name, so adding a workload changes no other one."""
+                   names: tuple[str, ...] = WORKLOAD_NAMES,
+                   live_sessions: int | None = None) -> list[Workload]:
+    """The named workloads at ``scale`` (default QUICK or FULL; ``live_sessions``
+    overrides its arrival setting); each has its own RNG derived from ``seed`` and its
+    name, so adding a workload changes no other one."""
     scale = scale or (QUICK if quick else FULL)
+    if live_sessions is not None:
+        scale = replace(scale, live_sessions=live_sessions)
     return [GENERATORS[name](scale, random.Random(f"{seed}:{name}")) for name in names]
