@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import bisect
 import math
+import random
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -79,11 +80,18 @@ class FutureOracle:
             nodes.append(node)
         return ends, nodes
 
+    def _through(self, request: int, position: int) -> list[int]:
+        ends, nodes = self.paths[request]
+        return nodes[bisect.bisect_left(ends, position)].reqs
+
+    def popularity(self, request: int, position: int) -> int:
+        """How many requests of the whole trace share ``tokens[request][:position]``."""
+        return len(self._through(request, position))
+
     def next_use(self, request: int, position: int, now: int) -> float:
         """First request after ``now`` whose prompt shares ``tokens[request][:position]``
         (``position >= 1``); ``inf`` when none does."""
-        ends, nodes = self.paths[request]
-        reqs = nodes[bisect.bisect_left(ends, position)].reqs
+        reqs = self._through(request, position)
         j = bisect.bisect_right(reqs, now)
         return reqs[j] if j < len(reqs) else math.inf
 
@@ -101,7 +109,7 @@ class _Node:
     priority: float = 0.0             # GreedyDual-Size-Frequency value (policy "gdsf")
 
 
-POLICIES = ("belady", "lru", "gdsf")
+POLICIES = ("belady", "lru", "gdsf", "random", "popularity")
 
 
 class BeladyCache:
@@ -110,7 +118,12 @@ class BeladyCache:
     - ``belady`` (default): offline, the leaf whose next use is furthest in the future;
     - ``lru``: least recently matched or inserted (what RadixTree does; a cross-check);
     - ``gdsf``: GreedyDual-Size-Frequency with cost = size, i.e. priority = L + hits where
-      L is the priority of the last evicted leaf (an online, frequency-aware comparison).
+      L is the priority of the last evicted leaf (an online, frequency-aware comparison);
+    - ``random``: a uniformly random leaf (seeded): what an online policy gets from a trace
+      with no recency signal;
+    - ``popularity``: the leaf whose prefix the fewest requests of the whole trace share,
+      LRU among equals: frequency known perfectly but not when requests come (the best a
+      frequency-learning online policy could hope for).
 
     With ``trim_tails`` a victim larger than the excess loses only its last blocks (down
     to a block boundary, keeping its first block), as ``RadixTree.evict`` does; without it
@@ -123,6 +136,7 @@ class BeladyCache:
             raise ValueError(f"unknown policy {policy!r}; one of {POLICIES}")
         self.policy = policy
         self.trim_tails = trim_tails
+        self.rng = random.Random(0)
         self.tick = 0
         self.inflation = 0.0
         self.oracle = FutureOracle(trace)
@@ -232,6 +246,12 @@ class BeladyCache:
                        key=lambda n: (self.oracle.next_use(n.rep, n.start + 1, now), n.end))
         if self.policy == "lru":
             return min(self._leaves(), default=None, key=lambda n: n.last_access)
+        if self.policy == "random":
+            leaves = list(self._leaves())
+            return self.rng.choice(leaves) if leaves else None
+        if self.policy == "popularity":
+            return min(self._leaves(), default=None, key=lambda n: (
+                self.oracle.popularity(n.rep, n.start + 1), n.last_access))
         victim = min(self._leaves(), default=None, key=lambda n: (n.priority, n.last_access))
         if victim is not None:
             self.inflation = victim.priority

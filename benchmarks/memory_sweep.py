@@ -147,6 +147,27 @@ def sweep_trace(name: str, trace: Trace, block_size: int = 16,
     return result
 
 
+COMPARED_POLICIES = ("lru", "random", "gdsf", "popularity", "belady")
+
+
+def compare_policies(traces: dict[str, Trace], block_size: int = 16,
+                     fractions: Sequence[float] = (0.1, 0.25, 0.35, 0.5),
+                     policies: Sequence[str] = COMPARED_POLICIES) -> str:
+    """Markdown table: hit rate of each simulator policy (all trimming tails as
+    ``RadixTree`` does) per workload and budget, and its ratio to Belady's."""
+    lines = ["| workload | budget | " + " | ".join(policies) + " |",
+             "|---|---:|" + "---:|" * len(policies)]
+    for name, trace in traces.items():
+        working_set = replay_radix(trace, block_size, None).peak_blocks
+        for fraction in fractions:
+            budget = max(1, round(fraction * working_set))
+            rates = {p: replay_belady(trace, block_size, budget, policy=p,
+                                      trim_tails=True).hit_rate for p in policies}
+            cells = [f"{rates[p]:.1%} ({_ratio(rates[p], rates['belady'])})" for p in policies]
+            lines.append(f"| {name} | {fraction:.0%} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def goal_checks(sweeps: list[WorkloadSweep]) -> dict:
     """Issue 7's goals: LRU >= 90% of Belady at budgets >= 25%; LRU >= page-rounded always
     (and, for transparency, the first goal against the tail-trimming oracle too)."""
@@ -211,26 +232,32 @@ def plot(sweeps: list[WorkloadSweep], path: Path) -> None:
     plt.close(fig)
 
 
-def run_sweep(quick: bool, seed: int = 0, out_dir: Path = Path("benchmarks/out"),
-              block_size: int = 16, fractions: Sequence[float] = FRACTIONS) -> dict:
-    """Build the workloads, replay them at every budget, write sweep.{json,md,png}."""
-    from tqdm import tqdm
-
+def sweep_traces(quick: bool, seed: int) -> dict[str, Trace]:
+    """Token traces of every workload, plus ``<name>/all_open`` for the session workloads."""
     from benchmarks.traces import load_tokenizer, workload_trace
     from benchmarks.workloads import make_workloads
 
     tokenizer = load_tokenizer()
-    started = time.perf_counter()
     workloads = make_workloads(quick=quick, seed=seed)
     for stress in make_workloads(quick=quick, seed=seed, names=SESSION_WORKLOADS,
                                  live_sessions=0):
         stress.name += "/all_open"
         workloads.append(stress)
+    return {w.name: [(e.namespace, e.tokens) for e in workload_trace(w, tokenizer)]
+            for w in workloads}
+
+
+def run_sweep(quick: bool, seed: int = 0, out_dir: Path = Path("benchmarks/out"),
+              block_size: int = 16, fractions: Sequence[float] = FRACTIONS) -> dict:
+    """Build the workloads, replay them at every budget, write sweep.{json,md,png}."""
+    from tqdm import tqdm
+
+    started = time.perf_counter()
+    traces = sweep_traces(quick, seed)
     sweeps = []
-    with tqdm(total=len(workloads) * len(fractions), desc="memory sweep", unit="point") as bar:
-        for workload in workloads:
-            trace = [(e.namespace, e.tokens) for e in workload_trace(workload, tokenizer)]
-            sweeps.append(sweep_trace(workload.name, trace, block_size, fractions, bar))
+    with tqdm(total=len(traces) * len(fractions), desc="memory sweep", unit="point") as bar:
+        for name, trace in traces.items():
+            sweeps.append(sweep_trace(name, trace, block_size, fractions, bar))
     result = {"mode": "quick" if quick else "full", "seed": seed, "block_size": block_size,
               "elapsed_s": round(time.perf_counter() - started, 2),
               "workloads": [asdict(s) for s in sweeps], "goals": goal_checks(sweeps)}
@@ -246,7 +273,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--full", action="store_true", help="full-size workloads")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/out"))
+    parser.add_argument("--compare-policies", action="store_true",
+                        help="instead: hit rate of each simulator eviction policy "
+                             "(writes policies.md)")
     args = parser.parse_args(argv)
+    if args.compare_policies:
+        table = compare_policies(sweep_traces(not args.full, args.seed))
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "policies.md").write_text(table)
+        print(table)
+        return
     result = run_sweep(quick=not args.full, seed=args.seed, out_dir=args.out)
     print((args.out / "sweep.md").read_text())
     print(json.dumps(result["goals"], indent=1))

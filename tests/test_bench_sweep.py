@@ -6,8 +6,8 @@ import random
 import pytest
 
 from benchmarks.belady import BeladyCache, FutureOracle
-from benchmarks.memory_sweep import (goal_checks, markdown, plot, replay_belady, replay_radix,
-                                     sweep_trace)
+from benchmarks.memory_sweep import (compare_policies, goal_checks, markdown, plot, replay_belady,
+                                     replay_radix, sweep_trace)
 from benchmarks.traces import load_tokenizer, workload_trace
 from benchmarks.workloads import make_workloads
 
@@ -135,3 +135,22 @@ def test_tail_trimming_simulator_never_holds_more_than_budget_and_never_loses_to
         trimmed = replay_belady(trace, B, budget, policy="lru", trim_tails=True)
         whole = replay_belady(trace, B, budget, policy="lru")
         assert trimmed.reused_tokens >= whole.reused_tokens
+
+
+def test_popularity_policy_keeps_the_prefix_most_requests_share():
+    hot, cold = list(range(100, 164)), list(range(200, 264))      # 4 blocks each
+    trace = [("n", hot + [1]), ("n", hot + [2]), ("n", cold + [3]), ("n", hot + [4]),
+             ("n", hot + [5])]
+    lru = replay_belady(trace, B, budget_blocks=5, policy="lru", trim_tails=True)
+    popular = replay_belady(trace, B, budget_blocks=5, policy="popularity", trim_tails=True)
+    assert popular.reused_tokens > lru.reused_tokens
+
+
+def test_random_policy_is_seeded_and_compare_table_lists_every_policy():
+    trace = random_trace(2, n=50)
+    runs = {replay_belady(trace, B, 10, policy="random").reused_tokens for _ in range(2)}
+    assert len(runs) == 1
+    table = compare_policies({"t": trace}, B, fractions=(0.5,))
+    header, rule, row = table.splitlines()
+    assert header.split(" | ")[2:] == ["lru", "random", "gdsf", "popularity", "belady |"]
+    assert row.startswith("| t | 50% |") and row.endswith("(1.00) |")

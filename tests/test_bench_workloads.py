@@ -5,7 +5,9 @@ import pytest
 
 from benchmarks.bodies import anthropic_body, openai_body
 from benchmarks.traces import load_tokenizer, workload_trace
-from benchmarks.workloads import QUICK, WORKLOAD_NAMES, make_workloads
+import random
+
+from benchmarks.workloads import QUICK, WORKLOAD_NAMES, ChatRequest, interleave, make_workloads
 
 
 @pytest.fixture(scope="module")
@@ -123,3 +125,32 @@ def test_trace_namespaces_are_tenants(quick, tokenizer):
 
 def test_every_workload_is_generated():
     assert [w.name for w in make_workloads(quick=True)] == list(WORKLOAD_NAMES)
+
+
+def _open_sessions_over_time(order):
+    """Most sessions that had started and not yet sent their last request, at any point."""
+    last = {r.session: i for i, r in enumerate(order)}
+    first = {}
+    for i, r in enumerate(order):
+        first.setdefault(r.session, i)
+    return max(sum(first[s] <= i <= last[s] for s in first) for i in range(len(order)))
+
+
+@pytest.mark.parametrize("live", [1, 3, 0])
+def test_interleave_opens_at_most_live_sessions_and_keeps_each_sessions_order(live):
+    sessions = [[ChatRequest(f"s{s}", "t", "", ({"turn": t},)) for t in range(4)]
+                for s in range(7)]
+    order = interleave(sessions, random.Random(1), live)
+    assert sorted(order, key=lambda r: r.session) == [r for s in sessions for r in s]
+    for s in sessions:
+        assert [r for r in order if r.session == s[0].session] == s
+    overlap = _open_sessions_over_time(order)
+    assert overlap == live if live else overlap > 3
+
+
+def test_live_sessions_override_changes_only_the_arrival_order():
+    staggered = make_workloads(quick=False, seed=2, names=("multi_turn",))[0]
+    all_open = make_workloads(quick=False, seed=2, names=("multi_turn",), live_sessions=0)[0]
+    assert staggered.requests != all_open.requests
+    assert staggered.sessions() == all_open.sessions()
+    assert _open_sessions_over_time(staggered.requests) == 8
