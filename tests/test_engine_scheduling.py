@@ -167,3 +167,17 @@ def test_fault_in_a_shared_step_fails_every_request_of_that_step(make_engine):
     assert [r.error_kind for r in results] == [ErrorKind.INTERNAL] * 2
     assert engine.request_snapshot().result().errors == 2
     assert_clean(engine)
+
+
+def test_memory_pressure_trims_a_cached_prompt_instead_of_dropping_it(make_engine):
+    reference = make_engine(enable_prefix_cache=False, record_logits=True)
+    engine = make_engine(num_blocks=12, record_logits=True)       # 192 token slots
+    long_prompt = list(range(3000, 3150))                          # 150 tokens: 10 blocks
+    engine.generate(greedy(long_prompt, max_tokens=1))
+    engine.generate(greedy(list(range(6000, 6080)), max_tokens=4))  # needs ~5 more blocks
+    again = engine.generate(greedy(long_prompt, max_tokens=8))
+    kept = again.usage.cache_read_tokens
+    assert 0 < kept < len(long_prompt) and kept % 16 == 0          # a block-aligned prefix
+    compare_greedy(engine, again, reference, reference.generate(greedy(long_prompt, max_tokens=8)),
+                   logit_tol=1e-3)
+    assert_clean(engine)
