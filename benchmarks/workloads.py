@@ -16,8 +16,9 @@ previous one finished); sessions are independent. Arrivals: sessions open over t
 most ``Scale.live_sessions`` at once (users come and go: when one conversation or agent
 loop ends, the next opens); each next request comes from an open session picked at random.
 ``live_sessions=0`` opens every session at once (no temporal locality at all: the worst
-case for any online eviction policy, reported as a stress variant). ``make_workloads(quick, seed)`` is fully
-deterministic: the same seed gives byte-identical requests.
+case for any online eviction policy, reported as a stress variant).
+``make_workloads(quick, seed)`` is fully deterministic: the same seed gives byte-identical
+requests.
 """
 from __future__ import annotations
 

@@ -39,12 +39,11 @@ def remove_leaf(tree: RadixTree, node: TreeNode, reason: str) -> int:
     return freed
 
 
-def trimmable_blocks(tree: RadixTree, node: TreeNode) -> int:
-    """Own blocks that can come off the tail of unpinned leaf ``node`` while it keeps at
-    least one token (its first block, which may be shared with its parent, always stays)."""
-    if node.pin is not None or node.children:
-        return 0
-    return len(node.blocks) - 1
+def trimmable_blocks(leaf: TreeNode) -> int:
+    """Blocks that can come off the tail of an evictable leaf while it keeps at least one
+    token (its first block, which may be shared with its parent, always stays); 0 for a
+    pinned leaf (an expired pin goes whole, as a ``ttl`` eviction)."""
+    return 0 if leaf.pin is not None else len(leaf.blocks) - 1
 
 
 def trim_leaf(tree: RadixTree, node: TreeNode, num_blocks: int, reason: str) -> int:

@@ -255,7 +255,7 @@ class RadixTree:
             if node is None:
                 break
             still_needed = num_blocks - freed
-            if removal.trimmable_blocks(self, node) > still_needed:
+            if removal.trimmable_blocks(node) > still_needed:
                 freed += removal.trim_leaf(self, node, still_needed, "lru")
             else:
                 freed += removal.remove_leaf(self, node, "ttl" if node.pin is not None else "lru")
