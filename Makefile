@@ -31,10 +31,10 @@ test-slow: install browser-deps
 	TRITON_INTERPRET=1 $(PY) -m pytest -q -m slow
 
 bench: install
-	$(PY) -m benchmarks.run_all --quick
+	$(PY) -m benchmarks.run_all --quick $(ARGS)
 
 bench-full: install
-	$(PY) -m benchmarks.run_all --full
+	$(PY) -m benchmarks.run_all --full $(ARGS)
 
 soak: install
 	$(PY) -m pytest -q -m slow tests/test_soak.py
