@@ -18,13 +18,7 @@ def remove_leaf(tree: RadixTree, node: TreeNode, reason: str) -> int:
     counter, emit ``removed``, offer its parent for eviction. Returns blocks freed."""
     parent = node.parent
     del parent.children[first_token(node.key)]
-    freed = tree.pool.decref_many(node.blocks)
-    holders = tree.block_holders
-    for block in node.blocks:
-        if holders[block] == 1:
-            del holders[block]
-        else:
-            holders[block] -= 1
+    freed = _drop_references(tree, node.blocks)
     tree._count_node(node, -1)
     node.alive = False
     if node.pin is not None:
@@ -62,9 +56,7 @@ def trim_leaf(tree: RadixTree, node: TreeNode, num_blocks: int, reason: str) -> 
     node.end = new_end
     node.own_blocks = node.count_own_blocks()
     tree._count_node(node, +1)
-    freed = tree.pool.decref_many(dropped)
-    for block in dropped:
-        del tree.block_holders[block]          # tail blocks have no other holder node
+    freed = _drop_references(tree, dropped)
     tree.evictions[reason] += 1
     tree.evicted_tokens[reason] += old_end - new_end
     if tree.on_event is not None:
@@ -72,6 +64,19 @@ def trim_leaf(tree: RadixTree, node: TreeNode, num_blocks: int, reason: str) -> 
                                  reason))
     tree.queue.push(node)
     return freed
+
+
+def _drop_references(tree: RadixTree, blocks: list[int]) -> int:
+    """Drop one node's reference to each of ``blocks`` (pool and holder counts); a block
+    may have other holders: its parent at a split inside a block, or a node of another
+    namespace that was inserted with the same blocks. Returns blocks freed."""
+    holders = tree.block_holders
+    for block in blocks:
+        if holders[block] == 1:
+            del holders[block]
+        else:
+            holders[block] -= 1
+    return tree.pool.decref_many(blocks)
 
 
 def flush_below(tree: RadixTree, root: TreeNode) -> int:

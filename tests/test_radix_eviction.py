@@ -217,3 +217,22 @@ def test_an_expired_pin_is_evicted_whole_never_trimmed():
     assert tree.evict(1) == 10
     assert tree.stats().evictions["ttl"] == 1
     tree.check_integrity()
+
+
+def test_trim_of_a_leaf_sharing_blocks_with_another_namespace_keeps_both_consistent():
+    pool, tree = make_tree()
+    shared = cache(pool, tree, list(range(16)), namespace="public")        # 4 blocks
+    match = tree.match("public", list(range(16)))                          # a tenant reads it
+    own = pool.allocate(4)
+    tree.insert("t", list(range(32)), match.blocks + own)                  # and caches it as its own
+    tree.unlock(match.handle)
+    pool.decref_many(match.blocks + own)
+    hit(pool, tree, list(range(16)), namespace="public")                   # t's leaf is the LRU one
+    assert tree.evict(4) == 4                                              # t's own tail
+    assert all(pool.refcount(b) == 0 for b in own)
+    assert all(pool.refcount(b) == 2 for b in shared)
+    assert tree.evict(1) == 1            # a shared block dropped by t frees nothing: go on
+    assert tree.stats().cached_tokens < 32
+    tree.check_integrity()
+    public = tree.match("public", list(range(16)))
+    assert public.length >= 12

@@ -23,8 +23,9 @@ from radixgate.radix_cache import BlockPool, RadixTree
 B = 4
 NUM_BLOCKS = 40
 NAMESPACES = st.sampled_from(["a", "b", "c"])
-PREFIXES = [(), (1, 2, 3, 4, 5), (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11), (7, 7, 7)]
-TOKENS = st.tuples(st.sampled_from(PREFIXES), st.lists(st.integers(1, 4), max_size=12)).map(
+PREFIXES = [(), (1, 2, 3, 4, 5), (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11), (7, 7, 7),
+            tuple(range(20, 46))]    # long enough for evictions to trim leaves
+TOKENS = st.tuples(st.sampled_from(PREFIXES), st.lists(st.integers(1, 4), max_size=24)).map(
     lambda parts: list(parts[0]) + parts[1]).filter(bool)
 
 
@@ -101,7 +102,16 @@ class RadixMachine(RuleBasedStateMachine):
 
     @rule(namespace=NAMESPACES, tokens=TOKENS, first_output=st.integers(1, 4))
     def start_request(self, namespace, tokens, first_output):
-        match = self.tree.match(namespace, tokens)
+        self._start(namespace, namespace, tokens, first_output)
+
+    @rule(namespace=NAMESPACES, source=NAMESPACES, tokens=TOKENS, first_output=st.integers(1, 4))
+    def start_request_reading_another_namespace(self, namespace, source, tokens, first_output):
+        """As the engine does with the ``public`` namespace: read another namespace's
+        blocks, then cache the prompt in one's own (two namespaces' nodes share blocks)."""
+        self._start(namespace, source, tokens, first_output)
+
+    def _start(self, namespace, source, tokens, first_output):
+        match = self.tree.match(source, tokens)
         self.check_contents(tokens, match.length, match.blocks)
         request = Request(namespace, tokens)
         request.handle = match.handle
@@ -177,7 +187,7 @@ class RadixMachine(RuleBasedStateMachine):
     def unlock_extra(self):
         self.tree.unlock(self.extra_locks.pop(0))
 
-    @rule(n=st.integers(1, 12))
+    @rule(n=st.one_of(st.integers(1, 2), st.integers(1, 12)))   # small n: leaves get trimmed
     def evict(self, n):
         now = self.clock()
         protected = [node for node in self.tree.pinned_nodes if node.pin.expiry > now]
