@@ -1,12 +1,11 @@
 """Smoke tests of the benchmark workload generators, request bodies and token traces."""
+import random
 from collections import Counter
 
 import pytest
 
 from benchmarks.bodies import anthropic_body, openai_body
 from benchmarks.traces import load_tokenizer, workload_trace
-import random
-
 from benchmarks.workloads import QUICK, WORKLOAD_NAMES, ChatRequest, interleave, make_workloads
 
 
