@@ -8,11 +8,13 @@ from typing import Callable, Literal
 
 @dataclass(frozen=True, slots=True)
 class CacheEvent:
-    """One tree node gained (``stored``) or lost (``removed``) its blocks.
+    """One tree node gained (``stored``) or lost (``removed``) blocks.
 
-    ``blocks`` are the node's block ids for block indices ``start // B .. (end - 1) // B``;
-    ``start``/``end`` is the node's token range ``[start, end)`` in its namespace. Splits emit
-    nothing: they only re-divide a stored range.
+    ``blocks`` are the block ids for block indices ``start // B .. (end - 1) // B`` of the
+    token range ``[start, end)`` in its namespace: the node's whole range, or for an
+    eviction that trims a leaf's tail only the dropped part (``start`` is then on a block
+    boundary and the node keeps ``[node.start, start)``). Splits emit nothing: they only
+    re-divide a stored range.
     """
 
     kind: Literal["stored", "removed"]
