@@ -8,10 +8,14 @@ block), insert the prompt, drop the request's references, then evict down to the
 The budget is the cache's capacity between requests; the running request's blocks come on
 top of it. Policies:
 
-- ``lru``           ``radixgate.radix_cache.RadixTree`` with its own LRU eviction (which
-                    trims a victim leaf's tail instead of dropping all of it when that frees
-                    enough);
-- ``page_rounded``  the same tree, reuse rounded down to whole blocks (hash-block caches);
+- ``radixgate``     ``radixgate.radix_cache.RadixTree`` with its own eviction: LRU with
+                    credits for expected continuations and branching prefixes
+                    (``EvictionPolicy``), trimming a victim leaf's tail instead of dropping
+                    all of it when that frees enough. A request whose response is a tool
+                    call (the session's next request carries it as an assistant
+                    ``tool_use``) is followed by ``expect_continuation``, as the gateway does;
+- ``plain_lru``     the same tree with plain LRU order (``EvictionPolicy(0, 0)``);
+- ``page_rounded``  the radixgate tree, reuse rounded down to whole blocks (hash-block caches);
 - ``belady``        ``benchmarks.belady.BeladyCache``: offline furthest-next-use eviction of
                     whole leaves (the issue's baseline);
 - ``belady_trim``   the same oracle, trimming victims' tails as ``RadixTree`` does (so the
@@ -34,7 +38,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-from radixgate.radix_cache import BlockPool, RadixTree
+from radixgate.radix_cache import LRU, BlockPool, EvictionPolicy, RadixTree
 
 from benchmarks.belady import BeladyCache
 
@@ -58,10 +62,11 @@ class Replay:
 class SweepPoint:
     fraction: float
     budget_blocks: int
-    lru: float
+    radixgate: float
     page_rounded: float
     belady: float
     belady_trim: float = 0.0
+    plain_lru: float = 0.0
 
 
 @dataclass
@@ -80,15 +85,18 @@ def _blocks(num_tokens: int, block_size: int) -> int:
 
 
 def replay_radix(trace: Trace, block_size: int, budget_blocks: int | None,
-                 round_to_block: bool = False) -> Replay:
-    """Replay through the real ``RadixTree`` (LRU eviction); ``None`` = unlimited memory."""
+                 round_to_block: bool = False, policy: EvictionPolicy = EvictionPolicy(),
+                 tool_calls: Sequence[bool] | None = None) -> Replay:
+    """Replay through the real ``RadixTree`` with eviction ``policy``; ``None`` = unlimited
+    memory. ``tool_calls[i]``: request ``i``'s response is a tool call (the tree is told to
+    expect its continuation, as the gateway does)."""
     largest = max(_blocks(len(t), block_size) for _, t in trace)
     total = sum(_blocks(len(t), block_size) for _, t in trace)
     capacity = total + 1 if budget_blocks is None else budget_blocks + largest + 1
     pool = BlockPool(capacity, block_size)
-    tree = RadixTree(pool)
+    tree = RadixTree(pool, policy=policy)
     reused_total = prompt_total = peak = 0
-    for namespace, tokens in trace:
+    for index, (namespace, tokens) in enumerate(trace):
         match = tree.match(namespace, tokens)
         reused = min(match.length, len(tokens) - 1)
         if round_to_block:
@@ -102,6 +110,8 @@ def replay_radix(trace: Trace, block_size: int, budget_blocks: int | None,
         tree.unlock(match.handle)
         pool.decref_many(match.blocks)
         pool.decref_many(new_blocks)
+        if tool_calls is not None and tool_calls[index]:
+            tree.expect_continuation(namespace, tokens)
         held = pool.num_blocks - pool.num_free()
         if budget_blocks is not None and held > budget_blocks:
             tree.evict(held - budget_blocks)
@@ -128,7 +138,8 @@ def replay_belady(trace: Trace, block_size: int, budget_blocks: int | None,
 
 
 def sweep_trace(name: str, trace: Trace, block_size: int = 16,
-                fractions: Sequence[float] = FRACTIONS, progress=None) -> WorkloadSweep:
+                fractions: Sequence[float] = FRACTIONS, progress=None,
+                tool_calls: Sequence[bool] | None = None) -> WorkloadSweep:
     unlimited = replay_radix(trace, block_size, None)
     working_set = unlimited.peak_blocks
     page_unlimited = replay_radix(trace, block_size, None, round_to_block=True)
@@ -138,10 +149,12 @@ def sweep_trace(name: str, trace: Trace, block_size: int = 16,
         budget = max(1, round(fraction * working_set))
         result.points.append(SweepPoint(
             fraction, budget,
-            lru=replay_radix(trace, block_size, budget).hit_rate,
-            page_rounded=replay_radix(trace, block_size, budget, round_to_block=True).hit_rate,
+            radixgate=replay_radix(trace, block_size, budget, tool_calls=tool_calls).hit_rate,
+            page_rounded=replay_radix(trace, block_size, budget, round_to_block=True,
+                                      tool_calls=tool_calls).hit_rate,
             belady=replay_belady(trace, block_size, budget).hit_rate,
-            belady_trim=replay_belady(trace, block_size, budget, trim_tails=True).hit_rate))
+            belady_trim=replay_belady(trace, block_size, budget, trim_tails=True).hit_rate,
+            plain_lru=replay_radix(trace, block_size, budget, policy=LRU).hit_rate))
         if progress is not None:
             progress.update(1)
     return result
@@ -152,34 +165,39 @@ COMPARED_POLICIES = ("lru", "random", "gdsf", "popularity", "belady")
 
 def compare_policies(traces: dict[str, Trace], block_size: int = 16,
                      fractions: Sequence[float] = (0.1, 0.25, 0.35, 0.5),
-                     policies: Sequence[str] = COMPARED_POLICIES) -> str:
-    """Markdown table: hit rate of each simulator policy (all trimming tails as
-    ``RadixTree`` does) per workload and budget, and its ratio to Belady's."""
-    lines = ["| workload | budget | " + " | ".join(policies) + " |",
-             "|---|---:|" + "---:|" * len(policies)]
+                     policies: Sequence[str] = COMPARED_POLICIES,
+                     tool_calls: dict[str, Sequence[bool]] | None = None) -> str:
+    """Markdown table: hit rate of radixgate's own eviction (``RadixTree``, told about
+    ``tool_calls``) and of each simulator policy (all trimming tails as ``RadixTree``
+    does) per workload and budget, and its ratio to Belady's."""
+    columns = ["radixgate", *policies]
+    lines = ["| workload | budget | " + " | ".join(columns) + " |",
+             "|---|---:|" + "---:|" * len(columns)]
     for name, trace in traces.items():
         working_set = replay_radix(trace, block_size, None).peak_blocks
         for fraction in fractions:
             budget = max(1, round(fraction * working_set))
             rates = {p: replay_belady(trace, block_size, budget, policy=p,
                                       trim_tails=True).hit_rate for p in policies}
-            cells = [f"{rates[p]:.1%} ({_ratio(rates[p], rates['belady'])})" for p in policies]
+            rates["radixgate"] = replay_radix(trace, block_size, budget,
+                                              tool_calls=(tool_calls or {}).get(name)).hit_rate
+            cells = [f"{rates[p]:.1%} ({_ratio(rates[p], rates['belady'])})" for p in columns]
             lines.append(f"| {name} | {fraction:.0%} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
 def goal_checks(sweeps: list[WorkloadSweep]) -> dict:
-    """Issue 7's goals: LRU >= 90% of Belady at budgets >= 25%; LRU >= page-rounded always
+    """Issue 7's goals: ours >= 90% of Belady at budgets >= 25%; ours >= page-rounded always
     (and, for transparency, the first goal against the tail-trimming oracle too)."""
     within, within_trim, above = {}, {}, {}
     for s in sweeps:
         high = [p for p in s.points if p.fraction >= 0.25]
-        within[s.name] = all(p.lru >= 0.9 * p.belady for p in high)
-        within_trim[s.name] = all(p.lru >= 0.9 * p.belady_trim for p in high)
-        above[s.name] = all(p.lru >= p.page_rounded for p in s.points)
-    return {"lru_within_10pct_of_belady_at_25pct_plus": within,
-            "lru_within_10pct_of_belady_trim_at_25pct_plus": within_trim,
-            "lru_at_or_above_page_rounded": above}
+        within[s.name] = all(p.radixgate >= 0.9 * p.belady for p in high)
+        within_trim[s.name] = all(p.radixgate >= 0.9 * p.belady_trim for p in high)
+        above[s.name] = all(p.radixgate >= p.page_rounded for p in s.points)
+    return {"within_10pct_of_belady_at_25pct_plus": within,
+            "within_10pct_of_belady_trim_at_25pct_plus": within_trim,
+            "at_or_above_page_rounded": above}
 
 
 def markdown(sweeps: list[WorkloadSweep], header: str = "") -> str:
@@ -188,13 +206,14 @@ def markdown(sweeps: list[WorkloadSweep], header: str = "") -> str:
         lines += [f"\n#### {s.name}: {s.requests} requests, {s.prompt_tokens} prompt tokens, "
                   f"working set {s.working_set_blocks} blocks; upper bound (unlimited memory) "
                   f"{s.upper_bound:.1%} (page-rounded {s.page_rounded_upper_bound:.1%})\n",
-                  "| budget | blocks | LRU (ours) | page-rounded | Belady (offline) | "
-                  "LRU / Belady | Belady + tail trim | LRU / (Belady + trim) |",
-                  "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+                  "| budget | blocks | radixgate | plain LRU | page-rounded | Belady (offline) | "
+                  "ours / Belady | Belady + tail trim | ours / (Belady + trim) |",
+                  "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for p in s.points:
-            lines.append(f"| {p.fraction:.0%} | {p.budget_blocks} | {p.lru:.1%} | "
-                         f"{p.page_rounded:.1%} | {p.belady:.1%} | {_ratio(p.lru, p.belady)} | "
-                         f"{p.belady_trim:.1%} | {_ratio(p.lru, p.belady_trim)} |")
+            lines.append(f"| {p.fraction:.0%} | {p.budget_blocks} | {p.radixgate:.1%} | "
+                         f"{p.plain_lru:.1%} | {p.page_rounded:.1%} | {p.belady:.1%} | "
+                         f"{_ratio(p.radixgate, p.belady)} | {p.belady_trim:.1%} | "
+                         f"{_ratio(p.radixgate, p.belady_trim)} |")
     return "\n".join(lines) + "\n"
 
 
@@ -216,7 +235,9 @@ def plot(sweeps: list[WorkloadSweep], path: Path) -> None:
         ax.plot(xs, [p.belady * 100 for p in s.points], "k:", marker="s", label="Belady (offline)")
         ax.plot(xs, [p.belady_trim * 100 for p in s.points], "C7:", marker="x",
                 label="Belady + tail trim")
-        ax.plot(xs, [p.lru * 100 for p in s.points], "C0-", marker="o", label="LRU (radixgate)")
+        ax.plot(xs, [p.radixgate * 100 for p in s.points], "C0-", marker="o", label="radixgate")
+        ax.plot(xs, [p.plain_lru * 100 for p in s.points], "C4-", lw=1, marker=".",
+                label="plain LRU")
         ax.plot(xs, [p.page_rounded * 100 for p in s.points], "C1--", marker="^",
                 label="page-rounded")
         ax.axhline(s.upper_bound * 100, color="C2", ls="-.", lw=1, label="upper bound")
@@ -232,8 +253,9 @@ def plot(sweeps: list[WorkloadSweep], path: Path) -> None:
     plt.close(fig)
 
 
-def sweep_traces(quick: bool, seed: int) -> dict[str, Trace]:
-    """Token traces of every workload, plus ``<name>/all_open`` for the session workloads."""
+def sweep_traces(quick: bool, seed: int) -> dict[str, list]:
+    """Trace entries (``benchmarks.traces.TraceEntry``) of every workload, plus
+    ``<name>/all_open`` for the session workloads."""
     from benchmarks.traces import load_tokenizer, workload_trace
     from benchmarks.workloads import make_workloads
 
@@ -243,8 +265,16 @@ def sweep_traces(quick: bool, seed: int) -> dict[str, Trace]:
                                  live_sessions=0):
         stress.name += "/all_open"
         workloads.append(stress)
-    return {w.name: [(e.namespace, e.tokens) for e in workload_trace(w, tokenizer)]
-            for w in workloads}
+    return {w.name: workload_trace(w, tokenizer) for w in workloads}
+
+
+def pairs(entries) -> Trace:
+    """``(namespace, tokens)`` of each trace entry."""
+    return [(e.namespace, e.tokens) for e in entries]
+
+
+def tool_call_flags(entries) -> list[bool]:
+    return [e.ends_in_tool_call for e in entries]
 
 
 def run_sweep(quick: bool, seed: int = 0, out_dir: Path = Path("benchmarks/out"),
@@ -256,8 +286,9 @@ def run_sweep(quick: bool, seed: int = 0, out_dir: Path = Path("benchmarks/out")
     traces = sweep_traces(quick, seed)
     sweeps = []
     with tqdm(total=len(traces) * len(fractions), desc="memory sweep", unit="point") as bar:
-        for name, trace in traces.items():
-            sweeps.append(sweep_trace(name, trace, block_size, fractions, bar))
+        for name, entries in traces.items():
+            sweeps.append(sweep_trace(name, pairs(entries), block_size, fractions, bar,
+                                      tool_call_flags(entries)))
     result = {"mode": "quick" if quick else "full", "seed": seed, "block_size": block_size,
               "elapsed_s": round(time.perf_counter() - started, 2),
               "workloads": [asdict(s) for s in sweeps], "goals": goal_checks(sweeps)}
@@ -278,7 +309,9 @@ def main(argv: list[str] | None = None) -> None:
                              "(writes policies.md)")
     args = parser.parse_args(argv)
     if args.compare_policies:
-        table = compare_policies(sweep_traces(not args.full, args.seed))
+        traces = sweep_traces(not args.full, args.seed)
+        table = compare_policies({n: pairs(e) for n, e in traces.items()},
+                                 tool_calls={n: tool_call_flags(e) for n, e in traces.items()})
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "policies.md").write_text(table)
         print(table)

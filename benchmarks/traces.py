@@ -24,6 +24,7 @@ class TraceEntry:
     namespace: str
     tokens: tuple[int, ...]
     session: str
+    ends_in_tool_call: bool = False   # the response is a tool call (see ``tool_call_answers``)
 
 
 def default_gguf_path() -> str:
@@ -73,8 +74,28 @@ class _MemoTokenizer:
         return getattr(self.tokenizer, name)
 
 
+def tool_call_answers(workload: Workload) -> list[bool]:
+    """Per request (arrival order): was it answered with a tool call? Read from the
+    conversation record: the session's next request carries the answer as the assistant
+    message right after this request's messages. A session's last request is taken as
+    answered in text (an agent loop ends with its final answer)."""
+    answered: dict[int, bool] = {}
+    for steps in workload.sessions().values():
+        for req, following in zip(steps, steps[1:]):
+            answer = following.messages[len(req.messages):][:1]
+            answered[id(req)] = bool(answer) and _has_tool_use(answer[0])
+    return [answered.get(id(req), False) for req in workload.requests]
+
+
+def _has_tool_use(message: dict) -> bool:
+    content = message.get("content")
+    return (message.get("role") == "assistant" and isinstance(content, list)
+            and any(block.get("type") == "tool_use" for block in content))
+
+
 def workload_trace(workload: Workload, tokenizer) -> list[TraceEntry]:
     """Token ids of every request in arrival order."""
     memo = _MemoTokenizer(tokenizer)
     return [TraceEntry(req.tenant, tuple(render_prompt(memo, to_conversation(req)).tokens),
-                       req.session) for req in workload.requests]
+                       req.session, tool_call)
+            for req, tool_call in zip(workload.requests, tool_call_answers(workload))]

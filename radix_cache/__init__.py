@@ -3,6 +3,7 @@
 See DESIGN.md section 3 for the reference, lock and copy-on-write rules.
 """
 
+from .eviction import LRU, EvictionPolicy
 from .events import CacheEvent
 from .integrity import IntegrityError
 from .node import LockHandle, token_array
@@ -11,7 +12,7 @@ from .stats import InsertResult, MatchResult, NamespaceStats, PrefixInfo, TreeSt
 from .tree import RadixTree
 
 __all__ = [
-    "BlockPool", "BlockPoolError", "CacheEvent", "InsertResult", "IntegrityError", "LockHandle",
-    "MatchResult", "NamespaceStats", "OutOfBlocks", "PrefixInfo", "RadixTree", "TreeStats",
-    "token_array",
+    "BlockPool", "BlockPoolError", "CacheEvent", "EvictionPolicy", "InsertResult",
+    "IntegrityError", "LockHandle", "LRU", "MatchResult", "NamespaceStats", "OutOfBlocks",
+    "PrefixInfo", "RadixTree", "TreeStats", "token_array",
 ]

@@ -1,9 +1,15 @@
-"""Eviction order: an LRU heap of candidate leaves plus a heap of pin expiries.
+"""Eviction order: a heap of candidate leaves by ``EvictionPolicy.key`` plus a heap of pin
+expiries.
 
-Both heaps use lazy invalidation, so no call rescans the tree:
-- the LRU heap holds ``(last_access, seq, node)``; a popped entry whose node has been
-  touched since is pushed again with its new time, one that is no longer an unlocked leaf is
-  dropped (unlock / removal of its last child pushes it again);
+The key is LRU's last-access tick plus two credits (``EvictionPolicy``), so plain LRU is
+the policy with both credits 0. Both heaps use lazy invalidation, so no call rescans the
+tree:
+- the eviction heap holds ``(key, seq, node)`` and ``node.heap_key`` is the key of the
+  node's newest entry. A key that grew (a hit) is fixed when its entry is popped: pushed
+  again with the new key. A key that shrank (a match consumed a continuation credit) gets
+  a new entry at once (``push``), and the old one is dropped when popped. An entry of a
+  node that is no longer an unlocked leaf is dropped (unlock / removal of its last child
+  pushes it again);
 - a leaf with an unexpired pin is dropped from the LRU heap; the expiry heap hands it back
   once the pin has expired (a hit that refreshed the pin pushes a new expiry entry).
 Invariant (checked by ``check_integrity``): every unlocked leaf is in the LRU heap or has a
@@ -13,22 +19,63 @@ pin that is watched by the expiry heap.
 from __future__ import annotations
 
 import heapq
+import math
+from dataclasses import dataclass
 from itertools import count
 
 from .node import Pin, TreeNode
 
 
+@dataclass(frozen=True)
+class EvictionPolicy:
+    """Which unlocked leaf goes first: the smallest ``key``, LRU with two credits.
+
+    Credits are in LRU ticks (a request makes about two: its match and its insert).
+
+    - ``continuation_ticks``: after ``RadixTree.expect_continuation`` (the cached response
+      ends in a tool call, so the client will come back with the tool's result appended),
+      the path counts as accessed that many ticks in the future, until the next match
+      through it consumes the credit. Agent loops whose tool is still running outlive
+      finished ones; the credit runs out by itself if the client never comes back.
+    - ``branch_ticks``: per doubling of a node's ``branches`` (distinct continuations that
+      requests created below it), the node counts as accessed that many ticks later. A
+      document or system prompt that many different questions extended outlives an equally
+      recent prefix that only one conversation used; a chain of turns (one branch per
+      node) gets nothing, so conversations keep plain LRU order.
+
+    ``EvictionPolicy(0, 0)`` is plain LRU. The defaults come from the memory sweep
+    (benchmarks/RESULTS.md): they raise the agent and document workloads' hit rates at
+    every budget and leave the others unchanged.
+    """
+
+    continuation_ticks: int = 200
+    branch_ticks: int = 32
+
+    def key(self, node: TreeNode) -> float:
+        key = max(node.last_access, node.expected_access)
+        if node.branches > 1:
+            key += self.branch_ticks * math.log2(node.branches)
+        return key
+
+
+LRU = EvictionPolicy(0, 0)
+
+
 class EvictionQueue:
-    def __init__(self):
-        self._lru: list[tuple[int, int, TreeNode]] = []
+    def __init__(self, policy: EvictionPolicy = EvictionPolicy()):
+        self.policy = policy
+        self._lru: list[tuple[float, int, TreeNode]] = []
         self._expiries: list[tuple[float, int, TreeNode, Pin]] = []
         self._seq = count()
 
     def push(self, node: TreeNode) -> None:
-        """Offer a (possibly) evictable leaf; a no-op if it is already queued."""
-        if not node.in_heap:
+        """Offer a (possibly) evictable leaf; a no-op if it is already queued with a key no
+        larger than its current one."""
+        key = self.policy.key(node)
+        if not node.in_heap or key < node.heap_key:
             node.in_heap = True
-            heapq.heappush(self._lru, (node.last_access, next(self._seq), node))
+            node.heap_key = key
+            heapq.heappush(self._lru, (key, next(self._seq), node))
 
     def watch_pin(self, node: TreeNode, pin: Pin) -> None:
         """Track ``pin``'s expiry (a no-op if already tracked; stale times are fixed lazily)."""
@@ -50,14 +97,16 @@ class EvictionQueue:
                 self.push(node)
 
     def pop(self, now: float) -> TreeNode | None:
-        """The least recently used evictable leaf, or None when there is none."""
+        """The evictable leaf with the smallest key, or None when there is none."""
         lru = self._lru
         while lru:
-            last_access, _, node = heapq.heappop(lru)
+            key, _, node = heapq.heappop(lru)
+            if key != node.heap_key:
+                continue                    # superseded by a newer entry with a smaller key
             node.in_heap = False
             if not node.alive or node.children or node.lock_ref:
                 continue
-            if last_access != node.last_access:
+            if key != self.policy.key(node):
                 self.push(node)
                 continue
             pin = node.pin
@@ -68,9 +117,10 @@ class EvictionQueue:
         return None
 
     def compact(self) -> None:
-        """Drop entries of removed nodes and dropped pins (after a flush, or when the heaps
-        have grown well past the tree), keeping each live entry and its flag."""
-        lru = [entry for entry in self._lru if entry[2].alive]
+        """Drop entries of removed nodes, superseded entries and dropped pins (after a
+        flush, or when the heaps have grown well past the tree), keeping each live entry
+        and its flag."""
+        lru = [entry for entry in self._lru if entry[2].alive and entry[0] == entry[2].heap_key]
         for entry in self._lru:
             if not entry[2].alive:
                 entry[2].in_heap = False

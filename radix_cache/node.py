@@ -88,7 +88,8 @@ class TreeNode:
     """
 
     __slots__ = ("key", "start", "end", "blocks", "children", "parent", "ns", "lock_ref",
-                 "last_access", "hits", "pin", "in_heap", "alive", "own_blocks")
+                 "last_access", "hits", "pin", "in_heap", "alive", "own_blocks", "branches",
+                 "expected_access", "heap_key")
 
     def __init__(self, key: bytes, start: int, end: int, blocks: list[int],
                  parent: TreeNode | None, ns):
@@ -106,6 +107,9 @@ class TreeNode:
         self.in_heap = False        # has an entry in the LRU heap
         self.alive = True
         self.own_blocks = 0
+        self.branches = 0           # children ever created below it (requests that diverged here)
+        self.expected_access = 0    # tick by which a continuation is expected (0: none)
+        self.heap_key = 0.0         # eviction key of its newest heap entry (if in_heap)
 
     @property
     def num_tokens(self) -> int:

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 
 from . import pins, removal, reports
-from .eviction import EvictionQueue
+from .eviction import EvictionPolicy, EvictionQueue
 from .events import CacheEvent, EventSink
 from .namespaces import Namespace, NamespaceTable
 from .node import TOKEN_BYTES, LockHandle, TreeNode, common_prefix_tokens, first_token
@@ -30,20 +30,22 @@ from .stats import EVICTION_REASONS, InsertResult, MatchResult, PrefixInfo, Tree
 class RadixTree:
     """Per-namespace radix trees over one ``BlockPool``.
 
-    ``clock`` (seconds) drives pin expiry only; LRU order uses a logical tick bumped by
-    every match and insert. ``on_event`` receives a ``CacheEvent`` for each node stored or
+    ``clock`` (seconds) drives pin expiry only; eviction order (``policy``: LRU plus
+    credits for expected continuations and for branching prefixes) uses a logical tick
+    bumped by every match and insert. ``on_event`` receives a ``CacheEvent`` for each node stored or
     removed. Counters read by the engine: ``evictable_blocks`` (own blocks of unlocked
     nodes, pinned ones included), ``handles`` (live lock handles), ``pinned_nodes``.
     """
 
     def __init__(self, pool: BlockPool, clock: Callable[[], float] = time.monotonic,
-                 on_event: EventSink | None = None):
+                 on_event: EventSink | None = None,
+                 policy: EvictionPolicy = EvictionPolicy()):
         self.pool = pool
         self.block_size = pool.block_size
         self.clock = clock
         self.on_event = on_event
         self.namespaces = NamespaceTable()
-        self.queue = EvictionQueue()
+        self.queue = EvictionQueue(policy)
         self.packer = QueryPacker()
         self.handles: set[LockHandle] = set()     # handles holding at least one lock
         self.pinned_nodes: set[TreeNode] = set()
@@ -97,6 +99,7 @@ class RadixTree:
             blocks.extend(child.blocks[:take])
             child.last_access = tick
             child.hits += 1
+            child.expected_access = 0           # the expected continuation (if any) came
             if child.pin is not None:
                 now = self.clock() if now is None else now
                 pins.refresh(self, child, now)
@@ -151,6 +154,8 @@ class RadixTree:
         leaf = TreeNode(key, start, end, taken, parent, parent.ns)
         leaf.last_access = self.tick
         leaf.own_blocks = leaf.count_own_blocks()
+        if parent.parent is not None:
+            parent.branches += 1
         parent.children[first_token(key)] = leaf
         holders = self.block_holders
         for block in taken:
@@ -173,6 +178,7 @@ class RadixTree:
         cut = (at - node.start) * TOKEN_BYTES
         upper = TreeNode(node.key[:cut], node.start, at, upper_blocks, node.parent, node.ns)
         upper.lock_ref, upper.last_access, upper.hits = node.lock_ref, node.last_access, node.hits
+        upper.expected_access, upper.branches = node.expected_access, 1
         node.parent.children[first_token(node.key)] = upper
         node.key = node.key[cut:]
         node.blocks = node.blocks[at // B - first_index:]
@@ -237,8 +243,31 @@ class RadixTree:
 
     # ---- eviction -------------------------------------------------------------------
 
+    def expect_continuation(self, namespace: str, tokens: Sequence[int]) -> int:
+        """A request extending ``tokens`` is expected soon (the response cached with them
+        ends in a tool call): every node on their cached path counts as accessed
+        ``policy.continuation_ticks`` ticks from now. Touches no hit or LRU counter and
+        locks nothing. Returns how many of ``tokens`` are cached (0: nothing marked)."""
+        ns = self.namespaces.get(namespace)
+        if ns is None or not tokens:
+            return 0
+        data = self.packer.pack(tokens)
+        until = self.tick + self.queue.policy.continuation_ticks
+        node, pos, n = ns.root, 0, len(tokens)
+        while pos < n:
+            child = node.children.get(tokens[pos])
+            if child is None:
+                break
+            pos += common_prefix_tokens(child.key, data, pos * TOKEN_BYTES)
+            child.expected_access = max(child.expected_access, until)
+            node = child
+            if pos < child.end:
+                break
+        return pos
+
     def evict(self, num_blocks: int) -> int:
-        """Evict unlocked leaves, least recently used first, until ``num_blocks`` own blocks
+        """Evict unlocked leaves, smallest ``policy.key`` first (least recently used, with
+        credits for expected continuations and branching prefixes), until ``num_blocks`` own blocks
         are freed or nothing evictable is left; returns the blocks that went back to the
         pool. A leaf larger than what is still needed loses only its tail (whole blocks;
         its prefix stays cached and matchable) instead of all of it, so eviction frees no

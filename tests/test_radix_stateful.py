@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from radixgate.radix_cache import BlockPool, RadixTree
+from radixgate.radix_cache import BlockPool, EvictionPolicy, RadixTree
 
 B = 4
 NUM_BLOCKS = 40
@@ -56,7 +56,8 @@ class RadixMachine(RuleBasedStateMachine):
         super().__init__()
         self.clock = FakeClock()
         self.pool = BlockPool(NUM_BLOCKS, B)
-        self.tree = RadixTree(self.pool, clock=self.clock)
+        # small credits, so continuation and branch credits expire and reorder within a run
+        self.tree = RadixTree(self.pool, clock=self.clock, policy=EvictionPolicy(6, 3))
         self.slots: dict[int, list] = {}    # block -> token id written per slot
         self.running: list[Request] = []
         self.extra_locks = []
@@ -206,6 +207,12 @@ class RadixMachine(RuleBasedStateMachine):
     def pin_inserted(self, i, cut, ttl):
         namespace, tokens = self.inserted[-1 - i % len(self.inserted)]
         self.tree.pin(namespace, tokens[: max(1, len(tokens) - cut)], ttl, "x")
+
+    @precondition(lambda self: self.inserted)
+    @rule(i=st.integers(0, 63), cut=st.integers(0, 3))
+    def expect_continuation(self, i, cut):
+        namespace, tokens = self.inserted[-1 - i % len(self.inserted)]
+        assert 0 <= self.tree.expect_continuation(namespace, tokens[: len(tokens) - cut]) <= len(tokens)
 
     @rule(namespace=NAMESPACES, tokens=TOKENS)
     def unpin(self, namespace, tokens):

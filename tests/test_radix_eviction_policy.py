@@ -1,0 +1,112 @@
+"""Eviction order with credits (``EvictionPolicy``): expected continuations (a response
+that ends in a tool call) and branching prefixes (a document many questions extended)
+outlive equally recent leaves; plain LRU (``LRU``) ignores both."""
+
+import pytest
+
+from radixgate.radix_cache import LRU, BlockPool, EvictionPolicy, RadixTree
+from tests.support.radix import cache, hit
+
+B = 4
+
+
+def make_tree(policy: EvictionPolicy, num_blocks: int = 64):
+    pool = BlockPool(num_blocks, B)
+    return pool, RadixTree(pool, policy=policy)
+
+
+def cached(pool, tree, tokens) -> bool:
+    """Is all of ``tokens`` still cached (without touching LRU state)?"""
+    return tree.peek_length("ns", tokens) == len(tokens)
+
+
+def test_expected_continuation_outlives_a_more_recent_leaf():
+    pool, tree = make_tree(EvictionPolicy(continuation_ticks=100, branch_ticks=0))
+    agent, chat = [1] * 8, [2] * 8
+    cache(pool, tree, agent)
+    cache(pool, tree, chat)
+    assert tree.expect_continuation("ns", agent) == 8
+    assert tree.evict(2) == 2
+    assert cached(pool, tree, agent) and not cached(pool, tree, chat)
+    tree.check_integrity()
+
+
+def test_the_next_match_consumes_the_continuation_credit():
+    pool, tree = make_tree(EvictionPolicy(continuation_ticks=100, branch_ticks=0))
+    agent, later = [1] * 8, [3] * 8
+    cache(pool, tree, agent)
+    tree.expect_continuation("ns", agent)
+    hit(pool, tree, agent)                  # the tool result came back
+    cache(pool, tree, later)
+    assert tree.evict(2) == 2               # the agent's leaf is now the older one
+    assert not cached(pool, tree, agent) and cached(pool, tree, later)
+    tree.check_integrity()
+
+
+@pytest.mark.parametrize("credit, agent_survives", [(2, False), (100, True)])
+def test_a_continuation_credit_runs_out_when_the_client_never_returns(credit, agent_survives):
+    """Agent cached at tick 1 (credit: counts as accessed at 1 + credit), then four
+    one-block leaves at ticks 2..5; three single-block evictions follow."""
+    pool, tree = make_tree(EvictionPolicy(continuation_ticks=credit, branch_ticks=0))
+    agent = [1] * 8
+    cache(pool, tree, agent)
+    tree.expect_continuation("ns", agent)
+    others = [[10 + i] * 4 for i in range(4)]
+    for tokens in others:
+        cache(pool, tree, tokens)
+    for _ in range(3):
+        assert tree.evict(1) >= 1
+    assert cached(pool, tree, agent) == agent_survives
+    survivors = others[3:] if agent_survives else others[2:]  # newer than an expired credit
+    assert [cached(pool, tree, t) for t in others] == [t in survivors for t in others]
+    tree.check_integrity()
+
+
+def test_expect_continuation_of_an_uncached_prompt_marks_nothing():
+    pool, tree = make_tree(EvictionPolicy())
+    assert tree.expect_continuation("ns", [5, 6, 7]) == 0
+    cache(pool, tree, [5, 6, 7, 8])
+    assert tree.expect_continuation("ns", [5, 6, 9]) == 2
+    assert tree.expect_continuation("other", [5, 6]) == 0
+    tree.check_integrity()
+
+
+def _document_then_unshared_prompt(policy: EvictionPolicy):
+    """A 2-block document extended by four one-off questions, then a 2-block unshared
+    prompt cached after it; the questions' tails are evicted first (oldest leaves)."""
+    pool, tree = make_tree(policy)
+    document = list(range(100, 108))
+    for q in range(4):
+        cache(pool, tree, document + [200 + q] * 4)
+    unshared = [7] * 8
+    cache(pool, tree, unshared)
+    assert tree.evict(4) == 4                  # the four question tails
+    return pool, tree, document, unshared
+
+
+def test_a_prefix_many_requests_branched_from_outlives_a_more_recent_unshared_one():
+    pool, tree, document, unshared = _document_then_unshared_prompt(
+        EvictionPolicy(continuation_ticks=0, branch_ticks=8))
+    assert tree.evict(2) == 2
+    assert cached(pool, tree, document) and not cached(pool, tree, unshared)
+    tree.check_integrity()
+
+
+def test_plain_lru_evicts_the_older_document_first():
+    pool, tree, document, unshared = _document_then_unshared_prompt(LRU)
+    assert tree.evict(2) == 2
+    assert not cached(pool, tree, document) and cached(pool, tree, unshared)
+
+
+def test_a_chain_of_turns_earns_no_branch_credit():
+    """Each turn extends the previous one (one branch per node): plain LRU order."""
+    pool, tree = make_tree(EvictionPolicy(continuation_ticks=0, branch_ticks=1000))
+    conversation = [1] * 4
+    for turn in range(3):
+        conversation = conversation + [10 + turn] * 4
+        cache(pool, tree, conversation)
+    newer = [9] * 8
+    cache(pool, tree, newer)
+    assert tree.evict(4) == 4                  # the chain's 4 blocks, not the newer prompt
+    assert tree.peek_length("ns", conversation) == 0 and cached(pool, tree, newer)
+    tree.check_integrity()
