@@ -68,7 +68,10 @@ async def messages(request: web.Request) -> web.StreamResponse:
         return await _stream(request, generation, converted, body.model, message_id)
     async with generation:
         finished = await generation.result()
-    return web.json_response(message_body(message_id, body.model, converted, finished))
+    response_body = message_body(message_id, body.model, converted, finished)
+    if response_body["stop_reason"] == "tool_use":
+        generation.expect_continuation()
+    return web.json_response(response_body)
 
 
 def usage_body(usage: Usage, output_tokens: int | None = None) -> dict:
@@ -142,6 +145,8 @@ async def _stream_events(response, generation: Generation, converted: ConvertedP
         await response.write(error.sse_event(Api.ANTHROPIC).encode())
         return
     await writer.finish()
+    if writer.has_tool:
+        generation.expect_continuation()
     delta = {"stop_reason": _stop_reason(finished, writer.has_tool),
              "stop_sequence": finished.stop_sequence}
     await send_event(response, {"type": "message_delta", "delta": delta,

@@ -75,7 +75,10 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         return await _stream(request, generation, chunks)
     async with generation:
         finished = await generation.result()
-    return web.json_response(_chat_body(completion_id, body.model, converted, finished))
+    response_body = _chat_body(completion_id, body.model, converted, finished)
+    if response_body["choices"][0]["finish_reason"] == "tool_calls":
+        generation.expect_continuation()
+    return web.json_response(response_body)
 
 
 def _chat_body(completion_id: str, model: str, converted: ConvertedPrompt,
@@ -163,6 +166,8 @@ async def _stream(request: web.Request, generation: Generation, chunks) -> web.S
                         for chunk in chunks.text(event.text):
                             await send_event(response, chunk)
             await _stream_end(response, generation.finished, chunks)
+            if chunks.num_calls:
+                generation.expect_continuation()
         except ConnectionResetError:
             pass
     return response
@@ -239,6 +244,7 @@ class _TextChunks:
         self.base = {"id": completion_id, "object": "text_completion",
                      "created": int(time.time()), "model": model, "system_fingerprint": None}
         self.include_usage = include_usage
+        self.num_calls = 0          # plain completions never parse tool calls
 
     def _chunk(self, text: str, finish_reason=None) -> dict:
         chunk = {**self.base, "choices": [{"index": 0, "text": text, "logprobs": None,

@@ -118,6 +118,17 @@ class Generation:
         raise_if_error(self.finished)
         return self.finished
 
+    def expect_continuation(self) -> None:
+        """The response is a tool call: the client will send the tool's result back with
+        this conversation as its prefix, so the cache keeps it a while longer
+        (``EvictionPolicy.continuation_ticks``). Fire and forget."""
+        finished = self.finished
+        if finished is None or finished.reason in (FinishReason.ERROR, FinishReason.ABORTED):
+            return
+        tokens = list(self.request.tokens) + list(finished.output_token_ids)
+        if self.state.engine is not None:   # a stopped engine fails the future, never raises
+            self.state.engine.expect_continuation(self.request.namespace, tokens)
+
     def _observe_delta(self, event: TextDelta) -> None:
         now = time.monotonic()
         if self._last_delta is not None:

@@ -131,6 +131,12 @@ class Engine:
         """Future[int]: pins the longest cached prefix of tokens; returns the pinned length."""
         return self._command(self.core.tree.pin, namespace, list(tokens), ttl_s, owner)
 
+    def expect_continuation(self, namespace: str, tokens: Sequence[int]) -> Future:
+        """Future[int]: a request extending ``tokens`` is expected soon (the response ends
+        in a tool call); their cached path outlives other leaves for a while
+        (``EvictionPolicy.continuation_ticks``). Returns the cached length marked."""
+        return self._command(self.core.tree.expect_continuation, namespace, list(tokens))
+
     def unpin(self, namespace: str, tokens: Sequence[int]) -> Future:
         return self._command(self.core.tree.unpin, namespace, list(tokens))
 
