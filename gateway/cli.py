@@ -2,7 +2,8 @@
 
     radixgate serve [--config radixgate.toml] [--host H] [--port P] [--model PATH] [--tiny]
                     [--kv-cache-gb G] [--block-size B] [--max-model-len N] [--threads N]
-                    [--log-level L] [--no-prefix-cache] [--page-rounded-match]  # baselines
+                    [--log-level L] [--no-prefix-cache] [--page-rounded-match]
+                    [--plain-lru]                                # baselines
     radixgate generate "prompt" [--chat] [--system S] [--max-tokens N] [--temperature T]
                     [--repeat K] [--tiny] [--model PATH] [--threads N]
     radixgate plan [planner args...]       # runtime/planner.py's CLI
@@ -44,6 +45,9 @@ def build_parser() -> argparse.ArgumentParser:
                        default=None, help="compute every prompt in full (benchmark baseline)")
     serve.add_argument("--page-rounded-match", action="store_true", default=None,
                        help="reuse cached prefixes in whole blocks only (benchmark baseline)")
+    serve.add_argument("--plain-lru", action="store_true", default=None,
+                       help="evict in plain LRU order, without the continuation and branch "
+                            "credits (benchmark baseline)")
     gen = sub.add_parser("generate", help="run one prompt through the engine (no HTTP)")
     gen.add_argument("prompt")
     gen.add_argument("--chat", action="store_true", help="render the prompt as a user message")
@@ -75,6 +79,8 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
                  "threads": _threads_override(args.threads)}
     for name in ("host", "port", "log_level", "enable_prefix_cache", "page_rounded_match"):
         overrides[name] = getattr(args, name, None)
+    if getattr(args, "plain_lru", None):
+        overrides["continuation_ticks"] = overrides["branch_ticks"] = 0
     return load_config(getattr(args, "config", None), overrides)
 
 

@@ -42,6 +42,8 @@ class ModelSettings:
     tiny: bool = False
     enable_prefix_cache: bool = True     # False: every prompt is computed in full (baseline)
     page_rounded_match: bool = False     # reuse rounded down to whole blocks (baseline)
+    continuation_ticks: int = 200        # eviction credit: tool-call answers (0: none)
+    branch_ticks: int = 32               # eviction credit: branching prefixes (0: none)
     threads: int = 0                     # torch CPU threads; 0 = torch's default
 
 
@@ -83,6 +85,8 @@ _FLAG_FIELDS = {
     "model_name": ("model", "name"),
     "enable_prefix_cache": ("model", "enable_prefix_cache"),
     "page_rounded_match": ("model", "page_rounded_match"),
+    "continuation_ticks": ("model", "continuation_ticks"),
+    "branch_ticks": ("model", "branch_ticks"),
     "threads": ("model", "threads"),
 }
 
@@ -183,6 +187,9 @@ def _validate(cfg: GatewayConfig) -> None:
         raise ConfigError("model.block_size >= 1, max_model_len >= 2 and kv_cache_gb > 0 required")
     if m.threads < 0:
         raise ConfigError("model.threads must be >= 0 (0 = torch's default)")
+    if m.continuation_ticks < 0 or m.branch_ticks < 0:
+        raise ConfigError("model.continuation_ticks and model.branch_ticks must be >= 0 "
+                          "(0: no credit)")
     if not (0 <= s.port <= 65535) or s.max_queue < 1:
         raise ConfigError("server.port must be 0..65535 and max_queue >= 1")
     seen: dict[str, str] = {k: "admin" for k in cfg.admin_keys}

@@ -34,6 +34,7 @@ def default_engine_factory(config: GatewayConfig):
 
 
 def engine_config(config: GatewayConfig):
+    from radixgate.radix_cache import EvictionPolicy
     from radixgate.runtime.engine_config import EngineConfig, TenantQuota
     quotas = {t.name: TenantQuota(max_running=t.max_running, max_pinned_tokens=t.max_pinned_tokens)
               for t in config.tenants}
@@ -43,7 +44,9 @@ def engine_config(config: GatewayConfig):
                         max_model_len=config.model.max_model_len,
                         max_queue=config.server.max_queue, tenant_quotas=quotas,
                         enable_prefix_cache=config.model.enable_prefix_cache,
-                        page_rounded_match=config.model.page_rounded_match)
+                        page_rounded_match=config.model.page_rounded_match,
+                        eviction=EvictionPolicy(config.model.continuation_ticks,
+                                                config.model.branch_ticks))
 
 
 class GatewayState:

@@ -38,7 +38,7 @@ class EvictionPolicy:
       through it consumes the credit. Agent loops whose tool is still running outlive
       finished ones; the credit runs out by itself if the client never comes back.
     - ``branch_ticks``: per doubling of a node's ``branches`` (distinct continuations that
-      requests created below it), the node counts as accessed that many ticks later. A
+      requests created below it; a continuation evicted and cached again counts once), the node counts as accessed that many ticks later. A
       document or system prompt that many different questions extended outlives an equally
       recent prefix that only one conversation used; a chain of turns (one branch per
       node) gets nothing, so conversations keep plain LRU order.
@@ -50,6 +50,10 @@ class EvictionPolicy:
 
     continuation_ticks: int = 200
     branch_ticks: int = 32
+
+    def __post_init__(self) -> None:
+        if self.continuation_ticks < 0 or self.branch_ticks < 0:
+            raise ValueError("eviction credits must be >= 0 (0: none)")
 
     def key(self, node: TreeNode) -> float:
         key = max(node.last_access, node.expected_access)

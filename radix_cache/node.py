@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 TOKEN_BYTES = 4
+MAX_BRANCHES = 256            # distinct continuations counted per node (eviction credit)
 assert array("i").itemsize == TOKEN_BYTES, "radix_cache needs a 4-byte C int"
 _first_token = struct.Struct("i").unpack_from
 
@@ -89,7 +90,7 @@ class TreeNode:
 
     __slots__ = ("key", "start", "end", "blocks", "children", "parent", "ns", "lock_ref",
                  "last_access", "hits", "pin", "in_heap", "alive", "own_blocks", "branches",
-                 "expected_access", "heap_key")
+                 "branch_tokens", "expected_access", "heap_key")
 
     def __init__(self, key: bytes, start: int, end: int, blocks: list[int],
                  parent: TreeNode | None, ns):
@@ -107,9 +108,21 @@ class TreeNode:
         self.in_heap = False        # has an entry in the LRU heap
         self.alive = True
         self.own_blocks = 0
-        self.branches = 0           # children ever created below it (requests that diverged here)
+        self.branches = 0           # distinct continuations ever created below it
+        self.branch_tokens: set[int] | None = None   # their first tokens (up to MAX_BRANCHES)
         self.expected_access = 0    # tick by which a continuation is expected (0: none)
         self.heap_key = 0.0         # eviction key of its newest heap entry (if in_heap)
+
+    def record_branch(self, token: int) -> None:
+        """A child starting with ``token`` was created below this node. Counts distinct
+        first tokens only, so a continuation that is evicted and cached again is not a new
+        branch; saturates at ``MAX_BRANCHES``."""
+        tokens = self.branch_tokens
+        if tokens is None:
+            tokens = self.branch_tokens = set()
+        if len(tokens) < MAX_BRANCHES:
+            tokens.add(token)
+            self.branches = len(tokens)
 
     @property
     def num_tokens(self) -> int:

@@ -155,7 +155,7 @@ class RadixTree:
         leaf.last_access = self.tick
         leaf.own_blocks = leaf.count_own_blocks()
         if parent.parent is not None:
-            parent.branches += 1
+            parent.record_branch(first_token(key))
         parent.children[first_token(key)] = leaf
         holders = self.block_holders
         for block in taken:
@@ -178,12 +178,13 @@ class RadixTree:
         cut = (at - node.start) * TOKEN_BYTES
         upper = TreeNode(node.key[:cut], node.start, at, upper_blocks, node.parent, node.ns)
         upper.lock_ref, upper.last_access, upper.hits = node.lock_ref, node.last_access, node.hits
-        upper.expected_access, upper.branches = node.expected_access, 1
+        upper.expected_access = node.expected_access
         node.parent.children[first_token(node.key)] = upper
         node.key = node.key[cut:]
         node.blocks = node.blocks[at // B - first_index:]
         node.start, node.parent = at, upper
         upper.children[first_token(node.key)] = node
+        upper.record_branch(first_token(node.key))
         if at % B:
             boundary = node.blocks[0]
             self.pool.incref(boundary)

@@ -46,7 +46,7 @@ class EngineCore:
         self.tokenizer = loaded.tokenizer
         self.kv = _make_kv_cache(loaded, config)
         self.pool = BlockPool(self.kv.num_blocks, config.block_size)
-        self.tree = RadixTree(self.pool)
+        self.tree = RadixTree(self.pool, policy=config.eviction)
         self.blocks = BlockManager(self.tree, self.pool, self.kv,
                                    enable_prefix_cache=config.enable_prefix_cache,
                                    page_rounded=config.page_rounded_match)

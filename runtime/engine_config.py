@@ -4,6 +4,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from radixgate.radix_cache import EvictionPolicy
+
 
 @dataclass(frozen=True, slots=True)
 class TenantQuota:
@@ -31,6 +33,7 @@ class EngineConfig:
     ``max_step_tokens`` is the per-step token budget shared by decodes and prefill chunks;
     ``prefill_chunk`` caps one request's prefill tokens per step.
     ``page_rounded_match`` rounds reuse down to whole blocks (a baseline for benchmarks).
+    ``eviction``: the radix tree's eviction order (``EvictionPolicy(0, 0)``: plain LRU).
     ``debug_integrity`` runs the tree/pool integrity check whenever the engine goes idle.
     ``record_logits`` keeps each request's per-step logits and top-2 gaps for
     ``Engine.debug_trace`` (tests of the near-tie rule; costs memory).
@@ -50,6 +53,7 @@ class EngineConfig:
     prefill_chunk: int | None = None
     enable_prefix_cache: bool = True
     page_rounded_match: bool = False
+    eviction: EvictionPolicy = field(default_factory=EvictionPolicy)
     debug_integrity: bool = False
     record_logits: bool = False
     tenant_quotas: QuotaSource = None

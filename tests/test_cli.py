@@ -115,3 +115,12 @@ def test_help_of_delegated_commands_is_their_own(command, flag, capsys):
 def test_unknown_subcommand_exits_with_usage():
     with pytest.raises(SystemExit):
         main(["frobnicate"])
+
+
+def test_plain_lru_flag_turns_both_eviction_credits_off():
+    from radixgate.gateway.state import engine_config
+    default = config_from_args(build_parser().parse_args(["serve"]))
+    plain = config_from_args(build_parser().parse_args(["serve", "--plain-lru"]))
+    assert (default.model.continuation_ticks, default.model.branch_ticks) == (200, 32)
+    assert (engine_config(plain).eviction.continuation_ticks,
+            engine_config(plain).eviction.branch_ticks) == (0, 0)

@@ -54,6 +54,7 @@ def test_design_toml_loads_and_flags_override_file(tmp_path):
     ({"model": {"block_size": 0}}, "block_size"),
     ({"admin": {"keys": ["k"]}}, r"unknown keys in \[admin\]"),
     ({"sever": {}}, "unknown config sections"),
+    ({"model": {"branch_ticks": -1}}, "branch_ticks"),
 ])
 def test_invalid_config_values_are_rejected_with_a_reason(raw, fragment):
     with pytest.raises(ConfigError, match=fragment):

@@ -110,3 +110,18 @@ def test_a_chain_of_turns_earns_no_branch_credit():
     assert tree.evict(4) == 4                  # the chain's 4 blocks, not the newer prompt
     assert tree.peek_length("ns", conversation) == 0 and cached(pool, tree, newer)
     tree.check_integrity()
+
+
+def test_a_continuation_cached_again_after_eviction_is_not_a_new_branch():
+    pool, tree = make_tree(EvictionPolicy(), num_blocks=16)
+    document = list(range(100, 108))
+    cache(pool, tree, document + [1] * 4)
+    cache(pool, tree, document + [2] * 4)
+    node = tree.namespace("ns").root.children[100]
+    assert node.branches == 2
+    for _ in range(3):                         # the same question evicted and asked again
+        assert tree.evict(1) == 1
+        cache(pool, tree, document + [2] * 4)
+    cache(pool, tree, document + [3] * 4)      # a new question is a new branch
+    assert node.alive and node.branches == 3
+    tree.check_integrity()
