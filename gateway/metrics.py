@@ -43,6 +43,9 @@ class GatewayMetrics:
                                          ["tenant"], registry=r)
         self.requests = Counter("radixgate_requests", "Finished HTTP generation requests",
                                 ["tenant", "api", "outcome"], registry=r)
+        self.continuations = Counter("radixgate_expected_continuations", "Responses that "
+                                     "ended in a tool call, kept longer in the prefix cache "
+                                     "until the tool result comes back", ["tenant"], registry=r)
         self.ttft = Histogram("radixgate_time_to_first_token_seconds", "Time to first token",
                               ["tenant", "cache"], buckets=_TTFT_BUCKETS, registry=r)
         self.itl = Histogram("radixgate_inter_token_latency_seconds", "Time between output "

@@ -128,6 +128,7 @@ class Generation:
         tokens = list(self.request.tokens) + list(finished.output_token_ids)
         if self.state.engine is not None:   # a stopped engine fails the future, never raises
             self.state.engine.expect_continuation(self.request.namespace, tokens)
+            self.state.metrics.continuations.labels(self.principal.tenant).inc()
 
     def _observe_delta(self, event: TextDelta) -> None:
         now = time.monotonic()

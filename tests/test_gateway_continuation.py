@@ -49,6 +49,8 @@ async def test_tool_use_response_marks_the_conversation_for_continuation(aiohttp
     assert response.status == 200
     assert (await response.json())["stop_reason"] == "tool_use"
     assert await expected_nodes(client) >= 1
+    metrics = await (await client.get("/metrics", headers=HEADERS)).text()
+    assert 'radixgate_expected_continuations_total{tenant="solo"} 1.0' in metrics
 
 
 async def test_text_response_marks_nothing(aiohttp_client):
@@ -59,3 +61,5 @@ async def test_text_response_marks_nothing(aiohttp_client):
     assert response.status == 200
     assert (await response.json())["stop_reason"] != "tool_use"
     assert await expected_nodes(client) == 0
+    metrics = await (await client.get("/metrics", headers=HEADERS)).text()
+    assert 'radixgate_expected_continuations_total{tenant="solo"}' not in metrics

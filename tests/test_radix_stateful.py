@@ -212,7 +212,8 @@ class RadixMachine(RuleBasedStateMachine):
     @rule(i=st.integers(0, 63), cut=st.integers(0, 3))
     def expect_continuation(self, i, cut):
         namespace, tokens = self.inserted[-1 - i % len(self.inserted)]
-        assert 0 <= self.tree.expect_continuation(namespace, tokens[: len(tokens) - cut]) <= len(tokens)
+        marked = self.tree.expect_continuation(namespace, tokens[: len(tokens) - cut])
+        assert 0 <= marked <= len(tokens)
 
     @rule(namespace=NAMESPACES, tokens=TOKENS)
     def unpin(self, namespace, tokens):
