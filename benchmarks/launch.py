@@ -27,7 +27,9 @@ VARIANTS = {
     "radixgate": (),
     "cache_off": ("--no-prefix-cache",),
     "page_rounded": ("--page-rounded-match",),
+    "plain_lru": ("--plain-lru",),          # eviction without credits (pressure runs)
 }
+DEFAULT_VARIANTS = ("radixgate", "cache_off", "page_rounded")
 
 
 def tenant_key(tenant: str) -> str:

@@ -9,6 +9,7 @@ from benchmarks.memory_sweep import SweepPoint, WorkloadSweep, markdown as sweep
 
 SYSTEM_LABELS = {"radixgate": "radixgate (cache on)", "cache_off": "radixgate --no-prefix-cache",
                  "page_rounded": "radixgate --page-rounded-match",
+                 "plain_lru": "radixgate --plain-lru",
                  "upper_bound": "offline upper bound", "transformers": "transformers generate",
                  "llama_cpp": "llama.cpp + RAM cache"}
 

@@ -4,7 +4,9 @@
    in both modes since it takes about a minute);
 2. the five workloads over HTTP against ``radixgate serve`` subprocesses with the default
    real model, one variant after the other: cache on, ``--no-prefix-cache``,
-   ``--page-rounded-match``; plus the offline upper bound from the token traces;
+   ``--page-rounded-match`` (``--variants plain_lru`` adds ``--plain-lru``, eviction
+   without credits: compare it with a small ``--kv-cache-gb``); plus the offline upper
+   bound from the token traces;
 3. ``transformers`` ``generate`` on the same model and prompts (sequential, full recompute);
 4. with ``--peers``, llama.cpp (llama-cpp-python + RAM prompt cache) when installed;
 5. the other helpers' scripts when present (``runtime_bench``, ``radix_ops``, ``kernels_bench``).
@@ -20,6 +22,7 @@ import json
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -27,7 +30,7 @@ from tqdm import tqdm
 
 from benchmarks import report
 from benchmarks.http_runner import ClientConfig, run_workload
-from benchmarks.launch import ADMIN_KEY, VARIANTS, BenchServer, tenant_key
+from benchmarks.launch import ADMIN_KEY, DEFAULT_VARIANTS, VARIANTS, BenchServer, tenant_key
 from benchmarks.memory_sweep import replay_radix, run_sweep
 from benchmarks.traces import load_tokenizer, workload_trace
 from benchmarks.workloads import WORKLOAD_NAMES, make_workloads
@@ -105,8 +108,9 @@ def parse_args(argv):
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/out"))
     parser.add_argument("--concurrency", type=int, default=4)
-    parser.add_argument("--variants", default=",".join(VARIANTS),
-                        help="server variants to run (comma separated; empty for none)")
+    parser.add_argument("--variants", default=",".join(DEFAULT_VARIANTS),
+                        help=f"server variants to run (comma separated; empty for none): "
+                             f"{', '.join(VARIANTS)}")
     parser.add_argument("--workloads", default="", help="only these workloads (comma separated)")
     parser.add_argument("--cache-control", action="store_true",
                         help="mark system prompts and tool lists with cache_control breakpoints")
@@ -122,7 +126,10 @@ def parse_args(argv):
     parser.add_argument("--sweep-quick", action="store_true",
                         help="sweep the quick-size traces (default: full size in both modes; "
                              "the sweep runs no model and takes about a minute)")
-    parser.add_argument("--kv-cache-gb", type=float, default=None)
+    parser.add_argument("--kv-cache-gb", type=float, default=None,
+                        help="KV budget of each server (small: a run under memory pressure)")
+    parser.add_argument("--max-tokens", type=int, default=None,
+                        help="output tokens per request (default: the mode's)")
     args = parser.parse_args(argv)
     args.quick = not args.full
     if args.transformers_requests is None:
@@ -130,6 +137,12 @@ def parse_args(argv):
     if args.kv_cache_gb is None:
         args.kv_cache_gb = 1.0 if args.quick else 4.0
     return args
+
+
+def set_max_tokens(workloads, max_tokens: int) -> None:
+    """Every request asks for ``max_tokens`` output tokens (prompts unchanged)."""
+    for w in workloads:
+        w.requests = [replace(r, max_tokens=max_tokens) for r in w.requests]
 
 
 def run(argv: list[str] | None = None) -> dict:
@@ -144,6 +157,8 @@ def run(argv: list[str] | None = None) -> dict:
     results["sweep"] = run_sweep(args.quick and args.sweep_quick, args.seed, args.out)
     names = tuple(args.workloads.split(",")) if args.workloads else WORKLOAD_NAMES
     workloads = make_workloads(quick=args.quick, seed=args.seed, names=names)
+    if args.max_tokens is not None:
+        set_max_tokens(workloads, args.max_tokens)
     tokenizer = load_tokenizer()
     traces = {w.name: workload_trace(w, tokenizer) for w in workloads}
     results["upper_bound"] = upper_bounds(traces)

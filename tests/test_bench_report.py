@@ -55,3 +55,18 @@ def test_quick_is_the_default_mode_and_kv_budget_follows_it():
     quick, full = parse_args([]), parse_args(["--full"])
     assert quick.quick and not full.quick
     assert quick.kv_cache_gb < full.kv_cache_gb
+
+
+def test_max_tokens_override_changes_output_length_only():
+    from benchmarks.run_all import set_max_tokens
+    from benchmarks.workloads import make_workloads
+    before = make_workloads(quick=True, seed=0, names=("agents", "doc_qa"))
+    after = make_workloads(quick=True, seed=0, names=("agents", "doc_qa"))
+    set_max_tokens(after, 3)
+    for old, new in zip(before, after):
+        assert [r.max_tokens for r in new.requests] == [3] * len(old.requests)
+        assert [r.messages for r in new.requests] == [r.messages for r in old.requests]
+    args = parse_args(["--variants", "radixgate,plain_lru", "--kv-cache-gb", "0.5",
+                       "--max-tokens", "8"])
+    assert (args.variants, args.kv_cache_gb, args.max_tokens) == ("radixgate,plain_lru", 0.5, 8)
+    assert parse_args([]).variants == "radixgate,cache_off,page_rounded"
