@@ -32,8 +32,8 @@ class RadixTree:
 
     ``clock`` (seconds) drives pin expiry only; eviction order (``policy``: LRU plus
     credits for expected continuations and for branching prefixes) uses a logical tick
-    bumped by every match and insert. ``on_event`` receives a ``CacheEvent`` for each node stored or
-    removed. Counters read by the engine: ``evictable_blocks`` (own blocks of unlocked
+    bumped by every match and insert. ``on_event`` receives a ``CacheEvent`` for each node
+    stored or removed. Counters read by the engine: ``evictable_blocks`` (own blocks of unlocked
     nodes, pinned ones included), ``handles`` (live lock handles), ``pinned_nodes``.
     """
 
@@ -250,27 +250,19 @@ class RadixTree:
         ``policy.continuation_ticks`` ticks from now. Touches no hit or LRU counter and
         locks nothing. Returns how many of ``tokens`` are cached (0: nothing marked)."""
         ns = self.namespaces.get(namespace)
-        if ns is None or not tokens:
+        if ns is None:
             return 0
-        data = self.packer.pack(tokens)
+        path, length = pins.walk(ns.root, tokens)
         until = self.tick + self.queue.policy.continuation_ticks
-        node, pos, n = ns.root, 0, len(tokens)
-        while pos < n:
-            child = node.children.get(tokens[pos])
-            if child is None:
-                break
-            pos += common_prefix_tokens(child.key, data, pos * TOKEN_BYTES)
-            child.expected_access = max(child.expected_access, until)
-            node = child
-            if pos < child.end:
-                break
-        return pos
+        for node in path:
+            node.expected_access = max(node.expected_access, until)
+        return length
 
     def evict(self, num_blocks: int) -> int:
         """Evict unlocked leaves, smallest ``policy.key`` first (least recently used, with
-        credits for expected continuations and branching prefixes), until ``num_blocks`` own blocks
-        are freed or nothing evictable is left; returns the blocks that went back to the
-        pool. A leaf larger than what is still needed loses only its tail (whole blocks;
+        credits for expected continuations and branching prefixes), until ``num_blocks``
+        own blocks are freed or nothing evictable is left; returns the blocks that went back
+        to the pool. A leaf larger than what is still needed loses only its tail (whole blocks;
         its prefix stays cached and matchable) instead of all of it, so eviction frees no
         more than it must. Leaves with an unexpired pin are skipped; an evicted expired pin
         counts as a ``ttl`` eviction, everything else as ``lru``.
