@@ -9,7 +9,8 @@
    bound from the token traces;
 3. ``transformers`` ``generate`` on the same model and prompts (sequential, full recompute);
 4. with ``--peers``, llama.cpp (llama-cpp-python + RAM prompt cache) when installed;
-5. the other helpers' scripts when present (``runtime_bench``, ``radix_ops``, ``kernels_bench``).
+5. the other helpers' scripts when present (``runtime_bench``, ``radix_ops``, ``kernels_bench``,
+   ``seed_spread``: the sweep's goal ratios over several seeds).
 
 Writes ``benchmarks/out/results.json``, ``sweep.png``, ``http.png`` and ``workloads.md``.
 Quick mode (``make bench``) keeps prefixes under ~512 tokens and requests few and short.
@@ -35,7 +36,7 @@ from benchmarks.memory_sweep import replay_radix, run_sweep
 from benchmarks.traces import load_tokenizer, workload_trace
 from benchmarks.workloads import WORKLOAD_NAMES, make_workloads
 
-OTHER_SCRIPTS = ("runtime_bench", "radix_ops", "kernels_bench")
+OTHER_SCRIPTS = ("runtime_bench", "radix_ops", "kernels_bench", "seed_spread")
 
 
 def upper_bounds(traces: dict, block_size: int = 16) -> dict:

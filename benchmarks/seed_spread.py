@@ -1,0 +1,146 @@
+"""How much the memory sweep's goal ratio depends on the trace: the sweep for several seeds.
+
+``benchmarks.memory_sweep`` replays one seeded trace per workload, so a policy tuned on
+it can win by luck of the draw (a document asked again just before it would have been
+evicted). This replays the same workloads generated with seeds ``0 .. N-1`` and reports,
+per workload and budget, the spread of ``radixgate / Belady`` (the issue's goal: >= 0.9 at
+budgets of 25% and more) and of plain LRU's ratio beside it. Run:
+``python -m benchmarks.seed_spread [--quick|--full|--seeds N]`` (3 / 5 / N seeds of the
+full-size traces, as the sweep in both bench modes uses; about 25 s a seed;
+``--small-traces`` for the quick-size ones, seconds). ``run_all`` runs it with its mode.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+from benchmarks.memory_sweep import (FRACTIONS, SESSION_WORKLOADS, WorkloadSweep, pairs,
+                                     sweep_trace, sweep_traces, tool_call_flags)
+from benchmarks.workloads import WORKLOAD_NAMES
+
+GOAL_RATIO = 0.9
+GOAL_FROM = 0.25
+QUICK_SEEDS, FULL_SEEDS = 3, 5
+
+
+@dataclass
+class RatioSpread:
+    """Ratios to Belady of one workload at one budget, one per seed (None: Belady reused
+    nothing there, so there is no ratio)."""
+    workload: str
+    fraction: float
+    radixgate: list[float | None] = field(default_factory=list)
+    plain_lru: list[float | None] = field(default_factory=list)
+
+    def summary(self, column: str) -> tuple[float, float, float] | None:
+        """(mean, min, max) of ``column``'s ratios, None if no seed has one."""
+        values = [v for v in getattr(self, column) if v is not None]
+        if not values:
+            return None
+        return statistics.fmean(values), min(values), max(values)
+
+    def seeds_meeting_goal(self) -> int:
+        return sum(1 for v in self.radixgate if v is not None and v >= GOAL_RATIO)
+
+
+def _ratio(ours: float, belady: float) -> float | None:
+    return ours / belady if belady > 0 else None
+
+
+def collect(sweeps_by_seed: Sequence[list[WorkloadSweep]]) -> list[RatioSpread]:
+    """One ``RatioSpread`` per (workload, budget), in the sweeps' order."""
+    spreads: dict[tuple[str, float], RatioSpread] = {}
+    for sweeps in sweeps_by_seed:
+        for sweep in sweeps:
+            for point in sweep.points:
+                spread = spreads.setdefault((sweep.name, point.fraction),
+                                            RatioSpread(sweep.name, point.fraction))
+                spread.radixgate.append(_ratio(point.radixgate, point.belady))
+                spread.plain_lru.append(_ratio(point.plain_lru, point.belady))
+    return list(spreads.values())
+
+
+def run_seeds(seeds: Sequence[int], quick: bool, fractions: Sequence[float] = FRACTIONS,
+              progress=None) -> list[RatioSpread]:
+    """Build and sweep every workload once per seed."""
+    sweeps_by_seed = []
+    for seed in seeds:
+        traces = sweep_traces(quick, seed)
+        sweeps_by_seed.append([sweep_trace(name, pairs(entries), fractions=fractions,
+                                           progress=progress,
+                                           tool_calls=tool_call_flags(entries))
+                               for name, entries in traces.items()])
+    return collect(sweeps_by_seed)
+
+
+def _cell(summary: tuple[float, float, float] | None) -> str:
+    if summary is None:
+        return "-"
+    mean, low, high = summary
+    return f"{mean:.3f} ({low:.2f}-{high:.2f})"
+
+
+def markdown(spreads: Sequence[RatioSpread], num_seeds: int) -> str:
+    lines = ["| workload | budget | radixgate / Belady: mean (min-max) | "
+             f"seeds >= {GOAL_RATIO} | plain LRU / Belady: mean (min-max) |",
+             "|---|---:|---:|---:|---:|"]
+    for s in spreads:
+        met = f"{s.seeds_meeting_goal()} of {num_seeds}" if s.summary("radixgate") else "-"
+        lines.append(f"| {s.workload} | {s.fraction:.0%} | {_cell(s.summary('radixgate'))} | "
+                     f"{met} | {_cell(s.summary('plain_lru'))} |")
+    return "\n".join(lines) + "\n"
+
+
+def goal_by_workload(spreads: Sequence[RatioSpread]) -> dict[str, bool]:
+    """Whether the mean ratio over seeds is >= GOAL_RATIO at every budget >= GOAL_FROM."""
+    goal: dict[str, bool] = {}
+    for s in spreads:
+        summary = s.summary("radixgate")
+        if s.fraction >= GOAL_FROM and summary is not None:
+            goal[s.workload] = goal.get(s.workload, True) and summary[0] >= GOAL_RATIO
+    return goal
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--quick", action="store_true", help=f"{QUICK_SEEDS} seeds")
+    mode.add_argument("--full", action="store_true", help=f"{FULL_SEEDS} seeds (default)")
+    parser.add_argument("--seeds", type=int, help="seeds 0 .. N-1 (overrides the mode's)")
+    parser.add_argument("--small-traces", action="store_true",
+                        help="the quick-size traces (seconds; default: full size, as the "
+                             "sweep of both bench modes)")
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/out"))
+    args = parser.parse_args(argv)
+    if args.seeds is None:
+        args.seeds = QUICK_SEEDS if args.quick else FULL_SEEDS
+    if args.seeds < 1:
+        parser.error("--seeds must be >= 1")
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    from tqdm import tqdm
+
+    args = parse_args(argv)
+    seeds = range(args.seeds)
+    traces_per_seed = len(WORKLOAD_NAMES) + len(SESSION_WORKLOADS)
+    with tqdm(total=args.seeds * traces_per_seed * len(FRACTIONS), desc="seed spread",
+              unit="point") as bar:
+        spreads = run_seeds(seeds, quick=args.small_traces, progress=bar)
+    table = markdown(spreads, args.seeds)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "seed_spread.md").write_text(table)
+    (args.out / "seed_spread.json").write_text(json.dumps(
+        {"seeds": list(seeds), "traces": "quick" if args.small_traces else "full",
+         "spreads": [asdict(s) for s in spreads], "goal_mean": goal_by_workload(spreads)},
+        indent=1))
+    print(table)
+
+
+if __name__ == "__main__":
+    main()
