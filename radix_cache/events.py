@@ -14,7 +14,9 @@ class CacheEvent:
     token range ``[start, end)`` in its namespace: the node's whole range, or for an
     eviction that trims a leaf's tail only the dropped part (``start`` is then on a block
     boundary and the node keeps ``[node.start, start)``). Splits emit nothing: they only
-    re-divide a stored range.
+    re-divide a stored range. When an extension lets a node swap its partial last block for
+    the extending request's copy, the node emits ``removed`` (reason ``replaced``) and then
+    ``stored`` for that block's part of its range.
     """
 
     kind: Literal["stored", "removed"]
@@ -22,7 +24,7 @@ class CacheEvent:
     blocks: tuple[int, ...]
     start: int
     end: int
-    reason: str = ""  # for "removed": "lru", "ttl" or "flush"
+    reason: str = ""  # for "removed": "lru", "ttl", "flush" or "replaced"
 
 
 EventSink = Callable[[CacheEvent], None]

@@ -120,9 +120,16 @@ class TreeNode:
         tokens = self.branch_tokens
         if tokens is None:
             tokens = self.branch_tokens = set()
-        if len(tokens) < MAX_BRANCHES:
+        if token not in tokens and len(tokens) < MAX_BRANCHES:
             tokens.add(token)
-            self.branches = len(tokens)
+            self.branches = min(self.branches + 1, MAX_BRANCHES)
+
+    def branches_now_start_with(self, token: int) -> None:
+        """The node lost its tail (a trim), so every continuation created below its old end
+        now starts with ``token``: re-caching one of them is not a new branch. The count
+        is kept."""
+        if self.branch_tokens is not None:
+            self.branch_tokens = {token}
 
     @property
     def num_tokens(self) -> int:

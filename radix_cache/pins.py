@@ -44,10 +44,17 @@ def pin(tree: RadixTree, namespace: str, tokens: Sequence[int], ttl_s: float, ow
     node = path[-1]
     if length < node.end:
         node = tree._split(node, length)
-    if node.pin is not None:
-        drop(tree, node)
-    node.pin = Pin(ttl_s, owner, tree.clock() + ttl_s)
-    tree.pinned_nodes.add(node)
+    expiry = tree.clock() + ttl_s
+    old = node.pin
+    if old is not None:
+        # re-pinned (every request repeating a breakpoint): update in place, so the expiry
+        # heap gets no new entry unless the pin now ends sooner than its queued time
+        if expiry < old.expiry:
+            old.watched = False
+        old.ttl_s, old.owner, old.expiry = ttl_s, owner, expiry
+    else:
+        node.pin = Pin(ttl_s, owner, expiry)
+        tree.pinned_nodes.add(node)
     tree.queue.watch_pin(node, node.pin)
     return length
 

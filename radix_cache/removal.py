@@ -18,7 +18,7 @@ def remove_leaf(tree: RadixTree, node: TreeNode, reason: str) -> int:
     counter, emit ``removed``, offer its parent for eviction. Returns blocks freed."""
     parent = node.parent
     del parent.children[first_token(node.key)]
-    freed = _drop_references(tree, node.blocks)
+    freed = drop_references(tree, node.blocks)
     tree._count_node(node, -1)
     node.alive = False
     if node.pin is not None:
@@ -51,12 +51,14 @@ def trim_leaf(tree: RadixTree, node: TreeNode, num_blocks: int, reason: str) -> 
     dropped = node.blocks[keep:]
     old_end = node.end
     tree._count_node(node, -1)
-    node.key = node.key[:(new_end - node.start) * TOKEN_BYTES]
+    cut = (new_end - node.start) * TOKEN_BYTES
+    node.branches_now_start_with(first_token(node.key[cut:]))
+    node.key = node.key[:cut]
     node.blocks = node.blocks[:keep]
     node.end = new_end
     node.own_blocks = node.count_own_blocks()
     tree._count_node(node, +1)
-    freed = _drop_references(tree, dropped)
+    freed = drop_references(tree, dropped)
     tree.evictions[reason] += 1
     tree.evicted_tokens[reason] += old_end - new_end
     if tree.on_event is not None:
@@ -66,7 +68,7 @@ def trim_leaf(tree: RadixTree, node: TreeNode, num_blocks: int, reason: str) -> 
     return freed
 
 
-def _drop_references(tree: RadixTree, blocks: list[int]) -> int:
+def drop_references(tree: RadixTree, blocks: list[int]) -> int:
     """Drop one node's reference to each of ``blocks`` (pool and holder counts); a block
     may have other holders: its parent at a split inside a block, or a node of another
     namespace that was inserted with the same blocks. Returns blocks freed."""

@@ -99,13 +99,13 @@ class RadixTree:
             blocks.extend(child.blocks[:take])
             child.last_access = tick
             child.hits += 1
-            child.expected_access = 0           # the expected continuation (if any) came
             if child.pin is not None:
                 now = self.clock() if now is None else now
                 pins.refresh(self, child, now)
             node = child
             if pos < child.end:
-                break
+                break                           # stopped inside: not its continuation
+            child.expected_access = 0           # the expected continuation (if any) came
         return node, pos, blocks
 
     def insert(self, namespace: str, tokens: Sequence[int], blocks: Sequence[int],
@@ -130,6 +130,8 @@ class RadixTree:
             child = node.children.get(tokens[pos])
             if child is None:
                 cached_before = pos
+                if pos % B and node.parent is not None:
+                    self._adopt_boundary_block(node, blocks[pos // B])
                 node = self._add_leaf(node, data[pos * TOKEN_BYTES:], pos, n, blocks)
                 break
             child.last_access = self.tick
@@ -145,6 +147,27 @@ class RadixTree:
             handle = LockHandle(node)
             self.lock(handle)
         return InsertResult(cached_before, handle)
+
+    def _adopt_boundary_block(self, node: TreeNode, block: int) -> None:
+        """``node`` ends inside its last block and is being extended by a request whose own
+        copy of that block, ``block``, holds the same K/V up to ``node.end`` (the request
+        matched ``node``'s tokens and copied the partial block before writing, or computed
+        the same tokens itself). When ``node`` is the tree's only holder of its block, it
+        takes ``block`` instead, so the extension shares one block with it rather than
+        keeping a second copy: one block saved per turn of a conversation or agent loop."""
+        old = node.blocks[-1]
+        holders = self.block_holders
+        if old == block or holders.get(old) != 1:
+            return                  # shared with a parent, child or other namespace: keep
+        node.blocks[-1] = block
+        self.pool.incref(block)
+        holders[block] = holders.get(block, 0) + 1
+        removal.drop_references(self, [old])
+        if self.on_event is not None:
+            start = max(node.start, (node.end - 1) // self.block_size * self.block_size)
+            self.on_event(CacheEvent("removed", node.ns.name, (old,), start, node.end,
+                                     "replaced"))
+            self.on_event(CacheEvent("stored", node.ns.name, (block,), start, node.end))
 
     def _add_leaf(self, parent: TreeNode, key: bytes, start: int, end: int,
                   blocks: Sequence[int]) -> TreeNode:
@@ -247,16 +270,19 @@ class RadixTree:
     def expect_continuation(self, namespace: str, tokens: Sequence[int]) -> int:
         """A request extending ``tokens`` is expected soon (the response cached with them
         ends in a tool call): every node on their cached path counts as accessed
-        ``policy.continuation_ticks`` ticks from now. Touches no hit or LRU counter and
-        locks nothing. Returns how many of ``tokens`` are cached (0: nothing marked)."""
+        ``policy.continuation_ticks`` ticks from now; a node where ``tokens`` diverge inside
+        is another request's and is left alone. Touches no hit or LRU counter and locks
+        nothing. Returns how many of ``tokens`` the marked path covers (0: nothing marked)."""
         ns = self.namespaces.get(namespace)
         if ns is None:
             return 0
         path, length = pins.walk(ns.root, tokens)
+        if path and length < min(path[-1].end, len(tokens)):
+            path.pop()              # diverges inside it: another request's tail, not ours
         until = self.tick + self.queue.policy.continuation_ticks
         for node in path:
             node.expected_access = max(node.expected_access, until)
-        return length
+        return min(length, path[-1].end) if path else 0
 
     def evict(self, num_blocks: int) -> int:
         """Evict unlocked leaves, smallest ``policy.key`` first (least recently used, with
@@ -277,7 +303,7 @@ class RadixTree:
             if node is None:
                 break
             still_needed = num_blocks - freed
-            if removal.trimmable_blocks(node) > still_needed:
+            if removal.trimmable_blocks(node) >= still_needed:
                 freed += removal.trim_leaf(self, node, still_needed, "lru")
             else:
                 freed += removal.remove_leaf(self, node, "ttl" if node.pin is not None else "lru")

@@ -207,14 +207,22 @@ class EngineCore:
         a prefix counts whole even when part of it is pinned already)."""
         if not self.config.enable_prefix_cache:
             return
+        points = seq.prompt_breakpoints()
+        if not points:
+            return
         quota = self.config.quota_for(seq.tenant).max_pinned_tokens
         share = self.config.pin_share * self.pool.num_blocks * self.pool.block_size
-        for point in seq.prompt_breakpoints():
-            if quota is not None and self.tree.pinned_tokens(seq.tenant) + point.offset > quota:
+        totals = None
+        for point in points:
+            if totals is None:      # walks every pin: only again after a pin changed them
+                totals = (self.tree.pinned_tokens(seq.tenant) if quota is not None else 0,
+                          self.tree.pinned_tokens())
+            if quota is not None and totals[0] + point.offset > quota:
                 continue
-            if self.tree.pinned_tokens() + point.offset > share:
+            if totals[1] + point.offset > share:
                 continue
             self.blocks.pin(seq, point.offset, point.ttl_s)
+            totals = None
 
     def _maybe_inject_fault(self, chunks: list[Chunk]) -> None:
         if not self.faults:

@@ -62,7 +62,8 @@ def test_parent_becomes_evictable_when_last_child_goes():
     assert tree.stats().nodes == 3
     assert tree.evict(2) == 2           # both leaves (one own block each)
     assert tree.stats().nodes == 1
-    assert tree.evict(1) == 2           # then the parent
+    assert tree.evict(1) == 1           # then the parent's tail: one block, no more
+    assert tree.evict(1) == 1           # and its last block
     assert pool.num_free() == 64
     tree.check_integrity()
 
@@ -74,7 +75,9 @@ def test_evict_counts_only_own_blocks_of_a_child_sharing_its_boundary_block():
     hit(pool, tree, [0, 1, 2, 3, 4, 5, 70, 71])       # the [6,10) leaf is now LRU
     assert tree.stats().evictable_blocks == 4          # [0,6): 2, [6,10): 1, [6,8): 1
     assert tree.evict(1) == 1
-    assert tree.stats().nodes == 2
+    # its tail block went; [6,8) stays cached in the block it shares with [0,6) (free)
+    assert tree.stats().nodes == 3 and tree.stats().cached_tokens == 10
+    assert tree.peek_length("ns", list(range(10))) == 8
     tree.check_integrity()
 
 

@@ -66,8 +66,27 @@ def test_expect_continuation_of_an_uncached_prompt_marks_nothing():
     pool, tree = make_tree(EvictionPolicy())
     assert tree.expect_continuation("ns", [5, 6, 7]) == 0
     cache(pool, tree, [5, 6, 7, 8])
-    assert tree.expect_continuation("ns", [5, 6, 9]) == 2
+    assert tree.expect_continuation("ns", [5, 6, 9]) == 0      # diverges inside: not ours
     assert tree.expect_continuation("other", [5, 6]) == 0
+    assert tree.expect_continuation("ns", [5, 6]) == 2          # a prefix of it is
+    tree.check_integrity()
+
+
+def test_a_match_that_only_enters_a_credited_leaf_keeps_its_credit():
+    """Another prompt sharing part of a waiting agent's leaf is not its continuation: the
+    credit survives it (and the split it causes), so the agent outlives newer leaves."""
+    pool, tree = make_tree(EvictionPolicy(continuation_ticks=100, branch_ticks=0))
+    agent = list(range(1, 17))
+    cache(pool, tree, agent)
+    tree.expect_continuation("ns", agent)
+    other = agent[:8] + [900, 901, 902, 903]
+    hit(pool, tree, other)
+    cache(pool, tree, other)
+    newer = [[1000 + 10 * i + j for j in range(8)] for i in range(5)]
+    for tokens in newer:
+        cache(pool, tree, tokens)
+    tree.evict(2)
+    assert tree.peek_length("ns", agent) == 16
     tree.check_integrity()
 
 
@@ -124,4 +143,20 @@ def test_a_continuation_cached_again_after_eviction_is_not_a_new_branch():
         cache(pool, tree, document + [2] * 4)
     cache(pool, tree, document + [3] * 4)      # a new question is a new branch
     assert node.alive and node.branches == 3
+    tree.check_integrity()
+
+
+def test_a_trimmed_prefix_keeps_its_branch_count_without_inflating_it():
+    pool, tree = make_tree(EvictionPolicy(), num_blocks=16)
+    document = list(range(100, 112))
+    cache(pool, tree, document + [1] * 4)
+    cache(pool, tree, document + [2] * 4)
+    node = tree.namespace("ns").root.children[100]
+    assert tree.evict(2) == 2                   # both questions
+    assert tree.evict(1) == 1                   # then the document's last block: [0,8)
+    assert (node.alive, node.end, node.branches) == (True, 8, 2)
+    cache(pool, tree, document + [2] * 4)       # the same question again, through the tail
+    assert node.branches == 2
+    cache(pool, tree, document[:8] + [7] * 4)   # a question on the shorter prefix is new
+    assert node.branches == 3
     tree.check_integrity()

@@ -139,3 +139,29 @@ def test_repin_replaces_owner_and_ttl():
     assert tree.evict(10) == 0
     top = tree.top_prefixes(1)[0]
     assert top.owner == "b" and top.pin_ttl_s == pytest.approx(40)
+
+
+def test_repinning_a_prefix_on_every_request_keeps_one_pin_and_a_small_queue():
+    pool, tree, clock = make_tree()
+    prompt = list(range(1, 33))
+    cache(pool, tree, prompt)
+    for i in range(2000):                  # each request repeats the same breakpoint
+        clock.now += 0.01
+        hit(pool, tree, prompt)
+        assert tree.pin("ns", prompt, 300, owner="t" if i % 2 else "u") == 32
+    assert len(tree.pinned_nodes) == 1
+    assert tree.queue.size() < 10          # no entry per re-pin (and no evict to clean up)
+    assert tree.pinned_tokens("t") == 32 and tree.pinned_tokens("u") == 0
+    tree.check_integrity()
+
+
+def test_repinning_with_a_shorter_ttl_expires_at_the_new_time():
+    pool, tree, clock = make_tree(num_blocks=8)
+    pinned = [1] * 8
+    cache(pool, tree, pinned)
+    tree.pin("ns", pinned, 100, owner="t")
+    tree.pin("ns", pinned, 5, owner="t")   # shortened: must not wait for the old 100 s
+    clock.now += 6
+    assert tree.evict(2) == 2
+    assert tree.peek_length("ns", pinned) == 0
+    tree.check_integrity()

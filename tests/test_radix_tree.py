@@ -115,6 +115,38 @@ def test_block_at_boundary_comes_from_deepest_node():
     tree.check_integrity([own, match.blocks])
 
 
+def test_extending_a_leaf_inside_its_last_block_keeps_one_copy_of_that_block():
+    pool, tree = make_tree(16)
+    first, _ = cache(pool, tree, list(range(6)))          # [0,4) [4,6): block 1 partial
+    match = tree.match("ns", list(range(10)))
+    assert (match.length, match.last_block_partial) == (6, True)
+    copy, tail = pool.allocate(2)                          # copy-on-write of block 1, then [8,10)
+    tree.insert("ns", list(range(10)), [first[0], copy, tail])
+    release(pool, tree, match)
+    pool.decref_many([copy, tail])
+    assert tree.held_blocks() == {first[0], copy, tail}    # the old partial block went back
+    assert pool.num_free() == 16 - 3
+    tree.check_integrity()
+    again = tree.match("ns", list(range(6)) + [99])        # the first prompt is still whole
+    assert (again.length, again.blocks) == (6, [first[0], copy])
+    release(pool, tree, again)
+    tree.check_integrity()
+
+
+def test_extension_keeps_a_partial_block_that_another_node_shares():
+    pool, tree = make_tree(16)
+    first, _ = cache(pool, tree, list(range(10)))
+    cache(pool, tree, [0, 1, 2, 3, 4, 5, 70, 71])          # split at 6: block 1 in two nodes
+    branch = pool.allocate(3)
+    tree.insert("ns", [0, 1, 2, 3, 4, 5, 80, 81, 82], branch)   # extends the upper [0,6)
+    pool.decref_many(branch)
+    assert first[1] in tree.held_blocks()                  # still the lower half's block
+    match = tree.match("ns", [0, 1, 2, 3, 4, 5, 6, 7, 8, 9])
+    assert match.blocks[1] == first[1] and match.length == 10
+    release(pool, tree, match)
+    tree.check_integrity()
+
+
 def test_split_new_parent_inherits_lock_count():
     pool, tree = make_tree()
     cache(pool, tree, list(range(10)))
