@@ -5,7 +5,8 @@ counts are comparable with ``RadixTree``: token-exact radix nodes; a node coveri
 positions ``[s, e)`` holds one physical block per block index ``s // B .. (e - 1) // B``;
 a split shares the boundary block between parent and child; a request that reuses a
 prefix ending inside a block copies that block (copy-on-write), so a branch created there
-holds a block of its own. Memory = distinct blocks held by nodes.
+holds a block of its own, and a node extended there swaps its partial block for the
+request's copy when it holds it alone. Memory = distinct blocks held by nodes.
 
 Eviction is Belady's rule on leaves: evict the leaf whose next use (the first future
 request that would reuse at least one of its tokens) is furthest away. The future is known
@@ -197,6 +198,8 @@ class BeladyCache:
         while depth < len(tokens):
             child = node.children.get(tokens[depth])
             if child is None:
+                if depth % B and node.parent is not None:
+                    self._adopt_boundary_block(node, table[depth // B])
                 leaf = _Node(depth, len(tokens), index, table[depth // B:], node,
                              last_access=self.tick, priority=self.inflation + 1)
                 self._hold(leaf.blocks)
@@ -209,6 +212,15 @@ class BeladyCache:
             if cut < child.end:
                 child = self._split(child, cut)
             node, depth = child, cut
+
+    def _adopt_boundary_block(self, node: _Node, block: int) -> None:
+        """As ``RadixTree``: a node that ends inside its last block, extended by a request,
+        takes the request's copy of that block when no other node holds its own."""
+        old = node.blocks[-1]
+        if old != block and self.refs.get(old) == 1:
+            node.blocks[-1] = block
+            self._hold([block])
+            self._release(old)
 
     def _split(self, child: _Node, cut: int) -> _Node:
         B, parent = self.block_size, child.parent
@@ -264,7 +276,7 @@ class BeladyCache:
             if victim is None:
                 return
             excess = self.used_blocks - budget_blocks
-            if self.trim_tails and len(victim.blocks) - 1 > excess:
+            if self.trim_tails and len(victim.blocks) - 1 >= excess:
                 self._trim(victim, excess)
                 continue
             del victim.parent.children[self.tokens[victim.rep][victim.start]]

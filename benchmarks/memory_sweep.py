@@ -15,7 +15,9 @@ top of it. Policies:
                     call (the session's next request carries it as an assistant
                     ``tool_use``) is followed by ``expect_continuation``, as the gateway does;
 - ``plain_lru``     the same tree with plain LRU order (``EvictionPolicy(0, 0)``);
-- ``page_rounded``  the radixgate tree, reuse rounded down to whole blocks (hash-block caches);
+- ``page_rounded``  a hash-block cache: the radixgate tree holding whole blocks only (a
+                    prompt's partial last block is computed but not cached, so it takes no
+                    memory), reuse rounded down to whole blocks;
 - ``belady``        ``benchmarks.belady.BeladyCache``: offline furthest-next-use eviction of
                     whole leaves (the issue's baseline);
 - ``belady_trim``   the same oracle, trimming victims' tails as ``RadixTree`` does (so the
@@ -88,8 +90,9 @@ def replay_radix(trace: Trace, block_size: int, budget_blocks: int | None,
                  round_to_block: bool = False, policy: EvictionPolicy = EvictionPolicy(),
                  tool_calls: Sequence[bool] | None = None) -> Replay:
     """Replay through the real ``RadixTree`` with eviction ``policy``; ``None`` = unlimited
-    memory. ``tool_calls[i]``: request ``i``'s response is a tool call (the tree is told to
-    expect its continuation, as the gateway does)."""
+    memory. ``round_to_block``: a hash-block cache (reuse and caching in whole blocks only).
+    ``tool_calls[i]``: request ``i``'s response is a tool call (the tree is told to expect
+    its continuation, as the gateway does)."""
     largest = max(_blocks(len(t), block_size) for _, t in trace)
     total = sum(_blocks(len(t), block_size) for _, t in trace)
     capacity = total + 1 if budget_blocks is None else budget_blocks + largest + 1
@@ -106,7 +109,8 @@ def replay_radix(trace: Trace, block_size: int, budget_blocks: int | None,
         if pool.num_free() < need:
             tree.evict(need - pool.num_free())
         new_blocks = pool.allocate(need)
-        tree.insert(namespace, tokens, list(match.blocks[:keep]) + new_blocks)
+        cached = tokens[:len(tokens) - len(tokens) % block_size] if round_to_block else tokens
+        tree.insert(namespace, cached, list(match.blocks[:keep]) + new_blocks)
         tree.unlock(match.handle)
         pool.decref_many(match.blocks)
         pool.decref_many(new_blocks)

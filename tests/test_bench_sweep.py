@@ -47,13 +47,17 @@ def test_belady_simulator_counts_blocks_like_radix_tree_with_unlimited_memory(se
     assert rounded.reused_tokens == replay_belady(trace, B, None, True).reused_tokens
 
 
-@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("seed", range(6))
 def test_simulator_in_lru_mode_reproduces_radix_tree_hits_under_pressure(seed):
+    """Same memory model and order; the two break ties between leaves touched in the same
+    tick differently (the tree by heap push order: a trimmed leaf goes back behind its
+    equals), so a few tokens may differ: at most 0.5% of the prompt tokens (0.17% seen)."""
     trace = random_trace(seed, n=60)
     for budget in (6, 15, 40):
         real = replay_radix(trace, B, budget, policy=LRU)
         sim = replay_belady(trace, B, budget, policy="lru", trim_tails=True)
-        assert sim.reused_tokens == real.reused_tokens
+        assert abs(sim.reused_tokens - real.reused_tokens) <= 0.005 * real.prompt_tokens
+        assert sim.peak_blocks <= budget + max(-(-len(t) // B) for _, t in trace)
 
 
 def test_simulator_rejects_unknown_policy():
@@ -90,12 +94,17 @@ def test_belady_cache_never_holds_more_than_budget_after_eviction():
 
 
 @pytest.mark.parametrize("seed", range(3))
-def test_page_rounding_never_reuses_more_than_token_exact_matching(seed):
+def test_page_rounded_cache_reuses_less_and_holds_no_partial_block(seed):
+    """With unlimited memory a hash-block cache reuses no more than token-exact matching
+    and holds no more blocks (it never caches a prompt's partial last block). Under memory
+    pressure that saving can let it keep more: the sweep measures it, nothing is assumed."""
     trace = random_trace(seed, n=60)
-    for budget in (8, 20, 60):
-        exact = replay_radix(trace, B, budget)
-        rounded = replay_radix(trace, B, budget, round_to_block=True)
-        assert rounded.reused_tokens <= exact.reused_tokens
+    exact = replay_radix(trace, B, None)
+    rounded = replay_radix(trace, B, None, round_to_block=True)
+    assert rounded.reused_tokens <= exact.reused_tokens
+    assert rounded.peak_blocks <= exact.peak_blocks
+    whole_blocks = sum(len(t) // B for _, t in trace)
+    assert rounded.peak_blocks <= whole_blocks
 
 
 def test_sweep_orders_hit_rates_by_sharing_and_meets_upper_bound_at_full_budget(quick_traces):
