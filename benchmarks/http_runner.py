@@ -1,8 +1,9 @@
 """Drive a running radixgate server over HTTP with a workload, streaming, with concurrency.
 
-Sessions (see ``benchmarks.workloads``) run concurrently, up to ``concurrency`` at once, in
-the order they first appear; the requests of one session go one after the other (a turn
-is sent when the previous one finished). Every request streams (``POST /v1/messages`` with
+Requests go out in the workload's arrival order (the order the memory sweep replays), at
+most ``concurrency`` in flight; a session's next turn waits until its previous one was
+answered (the client sends it after reading the reply), holding back the requests behind it
+as a queue at the client would. Every request streams (``POST /v1/messages`` with
 ``stream: true``, or ``/v1/chat/completions`` with ``--api openai``) so time to first
 token and inter-token latency are measured on the client: radixgate sends the 200 and the
 first SSE event only once the first output token exists (gateway/anthropic_api.py), so
@@ -137,25 +138,37 @@ async def send(http: aiohttp.ClientSession, cfg: ClientConfig, req: ChatRequest)
     return result
 
 
-async def cache_stats(http: aiohttp.ClientSession, cfg: ClientConfig) -> dict:
+async def cache_stats(http: aiohttp.ClientSession, cfg: ClientConfig) -> dict | None:
+    """The server's cache stats; None when it refuses them (e.g. no admin key)."""
     async with http.get(cfg.base_url + "/v1/cache/stats", headers=_headers(cfg.admin_key)) as r:
-        return await r.json() if r.status == 200 else {}
+        return await r.json() if r.status == 200 else None
 
 
 async def flush_cache(http: aiohttp.ClientSession, cfg: ClientConfig) -> None:
+    """Empty the server's cache; raises if it refuses (a warm cache would inflate the next
+    workload's hit rate)."""
     async with http.post(cfg.base_url + "/v1/cache/flush", headers=_headers(cfg.admin_key)) as r:
-        await r.read()
+        body = await r.text()
+        if r.status != 200:
+            raise RuntimeError(f"cache flush refused: HTTP {r.status} {body[:200]}")
 
 
-def blocks_used(stats: dict) -> int:
-    blocks = stats.get("blocks") or {}
-    return int(blocks.get("total", 0)) - int(blocks.get("free", 0))
+def blocks_used(stats: dict | None) -> int | None:
+    """KV blocks in use (cached or running), None without stats."""
+    blocks = (stats or {}).get("blocks")
+    if not blocks or "total" not in blocks or "free" not in blocks:
+        return None
+    return int(blocks["total"]) - int(blocks["free"])
 
 
-async def _sample_blocks(http, cfg: ClientConfig, peak: list[int], stop: asyncio.Event) -> None:
+def _max(a: int | None, b: int | None) -> int | None:
+    return a if b is None else b if a is None else max(a, b)
+
+
+async def _sample_blocks(http, cfg: ClientConfig, peak: list, stop: asyncio.Event) -> None:
     while not stop.is_set():
         try:
-            peak[0] = max(peak[0], blocks_used(await cache_stats(http, cfg)))
+            peak[0] = _max(peak[0], blocks_used(await cache_stats(http, cfg)))
         except (aiohttp.ClientError, ValueError):
             pass
         try:
@@ -173,29 +186,51 @@ async def run_workload(cfg: ClientConfig, workload: Workload, progress=None,
         if flush_first:
             await flush_cache(http, cfg)
         before = await cache_stats(http, cfg)
-        limit = asyncio.Semaphore(cfg.concurrency)
         results: list[RequestResult] = []
 
-        async def run_session(requests: list[ChatRequest]) -> None:
-            async with limit:
-                for req in requests:
-                    results.append(await send(http, cfg, req))
-                    if progress is not None:
-                        progress.update(1)
+        async def one(req: ChatRequest) -> None:
+            results.append(await send(http, cfg, req))
+            if progress is not None:
+                progress.update(1)
 
-        peak, stop = [0], asyncio.Event()
+        peak, stop = [None], asyncio.Event()
         sampler = asyncio.create_task(_sample_blocks(http, cfg, peak, stop))
         started = time.perf_counter()
-        await asyncio.gather(*(run_session(s) for s in workload.sessions().values()))
+        await dispatch_in_arrival_order(workload.requests, cfg.concurrency, one)
         wall_s = time.perf_counter() - started
         stop.set()
         await sampler
         after = await cache_stats(http, cfg)
     summary = summarize([asdict(r) for r in results], wall_s)
-    summary["kv_blocks_peak"] = max(peak[0], blocks_used(after))
-    summary["kv_blocks_cached_after"] = (after.get("blocks") or {}).get("cached")
-    summary["server_hit_rate"] = _hit_rate_delta(before, after)
+    summary["kv_blocks_peak"] = _max(peak[0], blocks_used(after))
+    summary["kv_blocks_cached_after"] = ((after or {}).get("blocks") or {}).get("cached")
+    summary["server_hit_rate"] = _hit_rate_delta(before or {}, after or {})
     return summary
+
+
+async def dispatch_in_arrival_order(requests: list[ChatRequest], concurrency: int,
+                                    run_one) -> None:
+    """``await run_one(req)`` for each request, started in list order with at most
+    ``concurrency`` running; a request starts only after its session's previous one ended."""
+    slots = asyncio.Semaphore(concurrency)
+    last_of_session: dict[str, asyncio.Task] = {}
+    tasks = []
+
+    async def run(req: ChatRequest) -> None:
+        try:
+            await run_one(req)
+        finally:
+            slots.release()
+
+    for req in requests:
+        previous = last_of_session.get(req.session)
+        if previous is not None:
+            await asyncio.wait([previous])
+        await slots.acquire()
+        task = asyncio.create_task(run(req))
+        last_of_session[req.session] = task
+        tasks.append(task)
+    await asyncio.gather(*tasks)
 
 
 def _hit_rate_delta(before: dict, after: dict) -> float | None:

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from benchmarks.stats import summarize
+from benchmarks.stats import spread_sample, summarize
 from benchmarks.traces import TraceEntry, default_gguf_path
 from benchmarks.workloads import Workload
 
@@ -58,8 +58,9 @@ def load_transformers_model(gguf_path: str | None = None):
 
 def transformers_baseline(workloads: Sequence[Workload], traces: dict[str, list[TraceEntry]],
                           progress=None, sample: int | None = None) -> dict:
-    """{"load_s": ..., "workloads": {name: summary}}; requests run sequentially, only the
-    first ``sample`` of each workload when given (full recompute: order does not matter)."""
+    """{"load_s": ..., "workloads": {name: summary}}; requests run sequentially, only
+    ``sample`` of each workload when given, spread evenly over its arrival order
+    (``spread_sample``: a session workload's short early turns and long late ones alike)."""
     import torch
     torch.set_num_threads(os.cpu_count() or 1)
     started = time.perf_counter()
@@ -68,7 +69,8 @@ def transformers_baseline(workloads: Sequence[Workload], traces: dict[str, list[
     eos = model.generation_config.eos_token_id
     for workload in workloads:
         results, wall_start, cpu_start = [], time.perf_counter(), time.process_time()
-        for req, entry in list(zip(workload.requests, traces[workload.name]))[:sample]:
+        for req, entry in spread_sample(list(zip(workload.requests, traces[workload.name])),
+                                        sample):
             ids = torch.tensor([list(entry.tokens)], dtype=torch.long)
             streamer = _TimingStreamer()
             t0 = time.perf_counter()

@@ -76,6 +76,21 @@ def _ratio(a, b) -> str:
     return f"{a / b:.2f}x" if a and b else "-"
 
 
+def _compare(x: dict, y: dict, get) -> str:
+    """``get(x) / get(y)``; not given when either side lost requests (its totals and
+    percentiles would cover other requests than the other side's)."""
+    if x.get("errors") or y.get("errors"):
+        return "n/a (errors)"
+    return _ratio(get(x), get(y))
+
+
+def per_request(summary: dict, key: str) -> float | None:
+    """``summary[key]`` per successful request."""
+    done = (summary.get("requests") or 0) - (summary.get("errors") or 0)
+    value = summary.get(key)
+    return value / done if value is not None and done > 0 else None
+
+
 def ratio_table(results: dict) -> str:
     """Side-by-side ratios from the same run: what the cache buys."""
     table = systems(results)
@@ -91,10 +106,10 @@ def ratio_table(results: dict) -> str:
                                                      ub.get("hit_rate")))
         p50 = lambda s: (s.get("ttft_ms") or {}).get("p50")  # noqa: E731
         rps = lambda s: (s.get("throughput") or {}).get("requests_per_s")  # noqa: E731
-        lines.append(f"| {name} | {hits} | {_ratio(f.get('prefill_tokens'), o.get('prefill_tokens'))}"
-                     f" | {_ratio(p50(f), p50(o))} | {_ratio(p50(h), p50(o))} | "
-                     f"{_ratio(rps(o), rps(f))} | {_ratio(cpu(f), cpu(o))} | "
-                     f"{_ratio(cpu(h), cpu(o))} |")
+        prefill = lambda s: s.get("prefill_tokens")  # noqa: E731
+        lines.append(f"| {name} | {hits} | {_compare(f, o, prefill)} | {_compare(f, o, p50)} | "
+                     f"{_compare(h, o, p50)} | {_compare(o, f, rps)} | {_compare(f, o, cpu)} | "
+                     f"{_compare(h, o, cpu)} |")
     return "\n".join(lines) + "\n"
 
 
@@ -114,8 +129,8 @@ def plot_http(results: dict, path: Path) -> None:
     names = list(results.get("upper_bound") or {})
     metrics = (("hit rate (%)", lambda s: 100 * (s.get("hit_rate") or 0)),
                ("TTFT p50 (ms)", lambda s: (s.get("ttft_ms") or {}).get("p50") or 0),
-               ("CPU seconds", lambda s: s.get("cpu_s") or 0),
-               ("prefill tokens computed", lambda s: s.get("prefill_tokens") or 0))
+               ("CPU seconds per request", lambda s: cpu(s) or 0),
+               ("prefill tokens per request", lambda s: per_request(s, "prefill_tokens") or 0))
     fig, axes = plt.subplots(1, len(metrics), figsize=(6 * len(metrics), 4))
     width = 0.8 / max(1, len(table))
     for ax, (title, get) in zip(axes, metrics):
@@ -146,8 +161,9 @@ def workloads_markdown(results: dict) -> str:
                   "sequential)\n", http_tables(results)]
         sample = (results.get("transformers") or {}).get("sample")
         if sample:
-            parts.append(f"transformers ran the first {sample} requests of each workload "
-                         "(full recompute, so its per-request figures do not depend on order).\n")
+            parts.append(f"transformers ran {sample} requests of each workload, spread evenly "
+                         "over its arrival order (early and late turns alike); its ratios "
+                         "compare per-request figures of that sample with radixgate's.\n")
         errors = {v: r["error"][-300:] for v, r in (results.get("http") or {}).items()
                   if r.get("error")}
         if errors:
@@ -164,7 +180,8 @@ def workloads_markdown(results: dict) -> str:
     scripts = {k: v for k, v in (results.get("scripts") or {}).items() if v}
     if scripts:
         parts.append("### Other benchmark scripts\n")
-        parts += [f"- `{k}`: exit {v.get('returncode')}, log `{v.get('log', '-')}`"
+        parts += [f"- `{k}`: " + (f"FAILED: {v['error']}" if v.get("error") else
+                                  f"exit {v.get('returncode')}, log `{v.get('log', '-')}`")
                   for k, v in scripts.items()]
     return "\n".join(parts) + "\n"
 

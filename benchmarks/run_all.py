@@ -27,6 +27,7 @@ from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 
+import aiohttp
 from tqdm import tqdm
 
 from benchmarks import report
@@ -72,7 +73,11 @@ def run_variant(variant: str, workloads, args) -> dict:
         with tqdm(total=total, desc=f"http {variant}", unit="req") as bar:
             for workload in workloads:
                 cpu_before = server.cpu_seconds()
-                summary = asyncio.run(run_workload(cfg, workload, bar))
+                try:
+                    summary = asyncio.run(run_workload(cfg, workload, bar))
+                except (RuntimeError, aiohttp.ClientError) as e:   # e.g. flush refused
+                    out["error"] = f"{workload.name}: {type(e).__name__}: {e}"[-2000:]
+                    break
                 summary["cpu_s"] = round(server.cpu_seconds() - cpu_before, 2)
                 out["workloads"][workload.name] = summary
     finally:
@@ -117,8 +122,8 @@ def parse_args(argv):
                         help="mark system prompts and tool lists with cache_control breakpoints")
     parser.add_argument("--no-transformers", action="store_true")
     parser.add_argument("--transformers-requests", type=int, default=None,
-                        help="transformers runs only the first N requests of each workload "
-                             "(full recompute: TTFT does not depend on order); 0 = all; "
+                        help="transformers runs only N requests of each workload, spread "
+                             "evenly over its arrival order (early and late turns); 0 = all; "
                              "default 4 in quick mode, 16 in full mode (all 1,072 full-size "
                              "requests would take hours on 2 cores)")
     parser.add_argument("--peers", action="store_true", help="also llama.cpp when installed")
@@ -190,11 +195,34 @@ def run(argv: list[str] | None = None) -> dict:
     return results
 
 
+def failures(results: dict) -> list[str]:
+    """What went wrong in a run: server variants that failed, requests that errored, a
+    peer that failed (not merely absent), other scripts that failed or timed out."""
+    out = []
+    for variant, run_ in (results.get("http") or {}).items():
+        if run_.get("error"):
+            out.append(f"{variant}: {run_['error'][-300:]}")
+        for name, summary in (run_.get("workloads") or {}).items():
+            if summary.get("errors"):
+                out.append(f"{variant}/{name}: {summary['errors']} failed requests, e.g. "
+                           f"{(summary.get('error_samples') or [''])[0][:200]}")
+    for peer in ("transformers", "llama_cpp"):
+        error = (results.get(peer) or {}).get("error")
+        if error and "not installed" not in error:
+            out.append(f"{peer}: {error[-300:]}")
+    for name, script in (results.get("scripts") or {}).items():
+        if script and (script.get("error") or script.get("returncode") != 0):
+            out.append(f"script {name}: {script.get('error') or 'exit ' + str(script.get('returncode'))}")
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``python -m benchmarks.run_all`` and ``radixgate bench``: exit code."""
-    results = run(argv)
-    failed = [v for v, r in results["http"].items() if r.get("error")]
-    return 1 if failed else 0
+    """Entry point of ``python -m benchmarks.run_all`` and ``radixgate bench``: exit code
+    (1 when anything in ``failures`` went wrong; the figures are written either way)."""
+    problems = failures(run(argv))
+    for line in problems:
+        print(f"FAILED {line}", file=sys.stderr)
+    return 1 if problems else 0
 
 
 def _save(results: dict, out_dir: Path) -> None:

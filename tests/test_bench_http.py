@@ -1,10 +1,12 @@
 """The benchmark HTTP runner against a scripted SSE endpoint; summary statistics."""
+import asyncio
 import json
+from types import SimpleNamespace
 
 import pytest
 from aiohttp import web
 
-from benchmarks.http_runner import ClientConfig, run_workload
+from benchmarks.http_runner import ClientConfig, dispatch_in_arrival_order, run_workload
 from benchmarks.stats import percentile, summarize
 from benchmarks.workloads import make_workloads
 
@@ -13,8 +15,9 @@ def sse(event: str, data: dict) -> bytes:
     return f"event: {event}\ndata: {json.dumps(data)}\n\n".encode()
 
 
-def scripted_app(seen: list) -> web.Application:
-    """Answers /v1/messages like the Anthropic stream: 10 prompt tokens, 4 read, 3 output."""
+def scripted_app(seen: list, admin_status: int = 200) -> web.Application:
+    """Answers /v1/messages like the Anthropic stream: 10 prompt tokens, 4 read, 3 output;
+    the admin endpoints (stats, flush) answer ``admin_status``."""
     stats = {"blocks": {"total": 100, "free": 90, "cached": 6},
              "tokens": {"prompt": 0, "cache_read": 0}}
 
@@ -38,10 +41,10 @@ def scripted_app(seen: list) -> web.Application:
         return response
 
     async def cache_stats(request):
-        return web.json_response(stats)
+        return web.json_response(stats, status=admin_status)
 
     async def flush(request):
-        return web.json_response({"freed_blocks": 0})
+        return web.json_response({"freed_blocks": 0}, status=admin_status)
 
     app = web.Application()
     app.router.add_post("/v1/messages", messages)
@@ -82,6 +85,38 @@ async def test_session_turns_are_sent_in_order(aiohttp_server):
         by_first_message.setdefault(first, []).append(len(body["messages"]))
     for lengths in by_first_message.values():
         assert lengths == sorted(lengths)
+
+
+async def test_dispatch_keeps_arrival_order_concurrency_and_session_turns():
+    order = [("a", 1), ("b", 1), ("a", 2), ("c", 1), ("d", 1), ("b", 2), ("e", 1)]
+    requests = [SimpleNamespace(session=s, turn=t) for s, t in order]
+    started, running, peak, done = [], set(), [0], set()
+
+    async def run_one(req):
+        if req.turn == 2:
+            assert (req.session, 1) in done          # its previous turn was answered
+        started.append((req.session, req.turn))
+        running.add(req.session)
+        peak[0] = max(peak[0], len(running))
+        await asyncio.sleep(0.02 if req.session == "a" else 0.005)
+        running.discard(req.session)
+        done.add((req.session, req.turn))
+
+    await dispatch_in_arrival_order(requests, 2, run_one)
+    assert started == order                          # never reordered
+    assert peak[0] == 2                              # concurrency used, never exceeded
+    assert done == set(order)
+
+
+async def test_refused_flush_fails_the_run_and_refused_stats_report_no_blocks(aiohttp_server):
+    server = await aiohttp_server(scripted_app([], admin_status=403))
+    workload = make_workloads(quick=True, seed=0, names=("control",))[0]
+    cfg = ClientConfig(str(server.make_url("")).rstrip("/"))
+    with pytest.raises(RuntimeError, match="flush refused: HTTP 403"):
+        await run_workload(cfg, workload)
+    summary = await run_workload(cfg, workload, flush_first=False)
+    assert summary["errors"] == 0 and summary["kv_blocks_peak"] is None
+    assert summary["server_hit_rate"] is None
 
 
 def test_percentiles_interpolate_and_summary_counts_only_successes():

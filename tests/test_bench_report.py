@@ -3,8 +3,8 @@ from dataclasses import asdict
 
 from benchmarks import report
 from benchmarks.memory_sweep import goal_checks, sweep_trace
-from benchmarks.run_all import parse_args, upper_bounds
-from benchmarks.stats import summarize
+from benchmarks.run_all import failures, parse_args, upper_bounds
+from benchmarks.stats import spread_sample, summarize
 from benchmarks.traces import TraceEntry
 
 
@@ -49,6 +49,33 @@ def test_report_shows_side_by_side_ratios_and_failed_variants(tmp_path):
     report.write_all(results, tmp_path)
     assert (tmp_path / "http.png").read_bytes()[:4] == b"\x89PNG"
     assert (tmp_path / "workloads.md").read_text() == text
+
+
+def test_ratios_are_withheld_when_a_side_lost_requests_and_failures_are_listed():
+    results = results_dict()
+    assert failures(results) == ["page_rounded: server exited with 2"]
+    failed = {"ok": False, "prompt_tokens": 0, "cache_read_tokens": 0, "output_tokens": 0,
+              "ttft_s": None, "itl_s": None, "error": "HTTP 529 overloaded"}
+    off = {**summarize([request(66, 0, 0.2)] * 5 + [failed], 4.0), "cpu_s": 3.0}
+    results["http"]["cache_off"]["workloads"]["tiny"] = off
+    results["scripts"] = {"radix_ops": {"returncode": None, "error": "timed out after 300s"}}
+    ratio_row = next(line for line in report.ratio_table(results).splitlines()
+                     if line.startswith("| tiny |"))
+    assert ratio_row.count("n/a (errors)") == 4         # prefill, TTFT, req/s, CPU vs off
+    assert "| 4.00x |" in ratio_row                       # transformers / on still compared
+    problems = failures(results)
+    assert any(p.startswith("cache_off/tiny: 1 failed requests, e.g. HTTP 529") for p in problems)
+    assert "script radix_ops: timed out after 300s" in problems
+    assert "FAILED: timed out after 300s" in report.workloads_markdown(results)
+    nothing = summarize([failed], 1.0)
+    assert nothing["hit_rate"] is None and report.per_request(nothing, "prefill_tokens") is None
+
+
+def test_spread_sample_takes_early_and_late_requests():
+    assert spread_sample(list(range(10)), 4) == [0, 3, 6, 9]
+    assert spread_sample(list(range(10)), 1) == [0]
+    assert spread_sample(list(range(3)), 8) == [0, 1, 2]
+    assert spread_sample(list(range(3)), None) == [0, 1, 2]
 
 
 def test_quick_is_the_default_mode_and_kv_budget_follows_it():
