@@ -8,7 +8,7 @@ Implements DESIGN.md sections 2-3 for one sequence at a time (the scheduler deci
   last block into a private block (copy-on-write), allocate the rest (evicting unlocked cache
   when short). On failure everything taken is given back.
 - ``insert_prefilled``: the computed tokens go into the tree and the request's lock moves to
-  the node ending at them.
+  the node ending at them (with ``page_rounded``, as a hash-block cache, whole blocks only).
 - ``release``: insert what was computed (``tokens[:num_computed]``, i.e. prompt +
   output[:-1] after decoding), unlock, drop the request's references.
 
@@ -142,7 +142,9 @@ class BlockManager:
         """Insert tokens[:num_computed] and move seq's lock to the node ending there."""
         if not self.enable_prefix_cache:
             return
-        n = seq.num_computed
+        n = self.cacheable(seq.num_computed)
+        if n == 0:
+            return
         result = self.tree.insert(seq.namespace, seq.tokens[:n],
                                   seq.block_table[:_ceil_div(n, self.block_size)], lock=True)
         old, seq.lock_handle = seq.lock_handle, result.handle
@@ -151,7 +153,7 @@ class BlockManager:
 
     def release(self, seq: Sequence, cache: bool = True) -> None:
         """Return seq's blocks: insert its computed tokens (when ``cache``), unlock, decref."""
-        n = seq.num_computed
+        n = self.cacheable(seq.num_computed)
         if cache and self.enable_prefix_cache and n > 0:
             self.tree.insert(seq.namespace, seq.tokens[:n],
                              seq.block_table[:_ceil_div(n, self.block_size)])
@@ -162,6 +164,13 @@ class BlockManager:
         seq.lock_handle = None
         seq.num_computed = 0
         seq.prefill_inserted = False
+
+    def cacheable(self, num_computed: int) -> int:
+        """How many computed tokens go into the tree: all of them, or whole blocks only when
+        ``page_rounded`` (a hash-block cache keeps no partial block)."""
+        if self.page_rounded:
+            return num_computed - num_computed % self.block_size
+        return num_computed
 
     def pin(self, seq: Sequence, offset: int, ttl_s: float) -> int:
         return self.tree.pin(seq.namespace, seq.tokens[:offset], ttl_s, owner=seq.tenant)

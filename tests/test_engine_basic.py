@@ -41,6 +41,10 @@ def test_page_rounded_match_reuses_whole_blocks_only(make_engine):
     engine.generate(greedy(PROMPT))
     again = engine.generate(greedy(PROMPT))
     assert again.usage.cache_read_tokens == 96
+    # like a hash-block cache it keeps whole blocks only: prompt + output, rounded down
+    snapshot = engine.request_snapshot().result()
+    assert snapshot.tree.cached_tokens % snapshot.block_size == 0
+    assert snapshot.tree.cached_tokens >= 96
     assert_clean(engine)
 
 
