@@ -131,12 +131,18 @@ def test_a_chain_of_turns_earns_no_branch_credit():
     tree.check_integrity()
 
 
-def test_a_continuation_cached_again_after_eviction_is_not_a_new_branch():
+def _document_with_two_questions(document_tokens: int):
+    """A 16-block tree holding a document (tokens 100, 101, ...) and two one-block questions
+    below it; returns the pool, the tree, the document and its node."""
     pool, tree = make_tree(EvictionPolicy(), num_blocks=16)
-    document = list(range(100, 108))
+    document = list(range(100, 100 + document_tokens))
     cache(pool, tree, document + [1] * 4)
     cache(pool, tree, document + [2] * 4)
-    node = tree.namespace("ns").root.children[100]
+    return pool, tree, document, tree.namespace("ns").root.children[100]
+
+
+def test_a_continuation_cached_again_after_eviction_is_not_a_new_branch():
+    pool, tree, document, node = _document_with_two_questions(8)
     assert node.branches == 2
     for _ in range(3):                         # the same question evicted and asked again
         assert tree.evict(1) == 1
@@ -147,11 +153,7 @@ def test_a_continuation_cached_again_after_eviction_is_not_a_new_branch():
 
 
 def test_a_trimmed_prefix_keeps_its_branch_count_without_inflating_it():
-    pool, tree = make_tree(EvictionPolicy(), num_blocks=16)
-    document = list(range(100, 112))
-    cache(pool, tree, document + [1] * 4)
-    cache(pool, tree, document + [2] * 4)
-    node = tree.namespace("ns").root.children[100]
+    pool, tree, document, node = _document_with_two_questions(12)
     assert tree.evict(2) == 2                   # both questions
     assert tree.evict(1) == 1                   # then the document's last block: [0,8)
     assert (node.alive, node.end, node.branches) == (True, 8, 2)
