@@ -148,6 +148,14 @@ class RadixTree:
             self.lock(handle)
         return InsertResult(cached_before, handle)
 
+    def _hold_references(self, blocks: Sequence[int]) -> None:
+        """One more node holds each of ``blocks``: a pool reference and a holder count (the
+        twin of ``removal.drop_references``)."""
+        self.pool.incref_many(blocks)
+        holders = self.block_holders
+        for block in blocks:
+            holders[block] = holders.get(block, 0) + 1
+
     def _adopt_boundary_block(self, node: TreeNode, block: int) -> None:
         """``node`` ends inside its last block and is being extended by a request whose own
         copy of that block, ``block``, holds the same K/V up to ``node.end`` (the request
@@ -156,12 +164,10 @@ class RadixTree:
         takes ``block`` instead, so the extension shares one block with it rather than
         keeping a second copy: one block saved per turn of a conversation or agent loop."""
         old = node.blocks[-1]
-        holders = self.block_holders
-        if old == block or holders.get(old) != 1:
+        if old == block or self.block_holders.get(old) != 1:
             return                  # shared with a parent, child or other namespace: keep
         node.blocks[-1] = block
-        self.pool.incref(block)
-        holders[block] = holders.get(block, 0) + 1
+        self._hold_references([block])
         removal.drop_references(self, [old])
         if self.on_event is not None:
             start = max(node.start, (node.end - 1) // self.block_size * self.block_size)
@@ -173,16 +179,13 @@ class RadixTree:
                   blocks: Sequence[int]) -> TreeNode:
         B = self.block_size
         taken = list(blocks[start // B:(end - 1) // B + 1])
-        self.pool.incref_many(taken)
+        self._hold_references(taken)
         leaf = TreeNode(key, start, end, taken, parent, parent.ns)
         leaf.last_access = self.tick
         leaf.own_blocks = leaf.count_own_blocks()
         if parent.parent is not None:
             parent.record_branch(first_token(key))
         parent.children[first_token(key)] = leaf
-        holders = self.block_holders
-        for block in taken:
-            holders[block] = holders.get(block, 0) + 1
         self._count_node(leaf, +1)
         self.queue.push(leaf)
         if self.on_event is not None:
@@ -209,9 +212,7 @@ class RadixTree:
         upper.children[first_token(node.key)] = node
         upper.record_branch(first_token(node.key))
         if at % B:
-            boundary = node.blocks[0]
-            self.pool.incref(boundary)
-            self.block_holders[boundary] += 1
+            self._hold_references([node.blocks[0]])
         upper.own_blocks = upper.count_own_blocks()
         node.own_blocks = node.count_own_blocks()
         self.num_nodes += 1
