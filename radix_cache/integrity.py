@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
+from . import pins
 from .node import TOKEN_BYTES, TreeNode, first_token
 
 if TYPE_CHECKING:
@@ -92,6 +93,7 @@ def check_tree(tree: RadixTree, extra_holders: Iterable[Sequence[int]]) -> None:
     recount = _Recount(tree)
     recount.walk()
     _check_counters(tree, recount)
+    _check_pin_totals(tree)
     _check_blocks(tree, recount.node_refs, extra_holders)
 
 
@@ -108,6 +110,33 @@ def _check_counters(tree: RadixTree, r: _Recount) -> None:
     _require(tree.pinned_nodes == r.pinned, "pinned-node registry disagrees with the nodes' pins")
     held = {block: n for block, n in enumerate(r.node_refs) if n}
     _require(tree.block_holders == held, "block_holders disagrees with the nodes' block lists")
+
+
+def _check_pin_totals(tree: RadixTree) -> None:
+    """The running ``PinTotals`` equal a walk over every unexpired pin's path."""
+    totals = tree._settled_pin_totals()
+    now = tree.clock()
+    owners: dict[str, set] = {}
+    for node in tree.pinned_nodes:
+        _require(node.pin.counted == (node.pin.expiry > now),
+                 f"pin at {node.end} counted={node.pin.counted} but expires at {node.pin.expiry}")
+        if node.pin.counted:
+            owners.setdefault(node.pin.owner, set()).update(pins.pinned_path_nodes_of(node))
+    nodes = pins.pinned_path_nodes(tree)
+    blocks: dict[int, int] = {}
+    by_ns: dict[str, int] = {}
+    for node in nodes:
+        for block in node.blocks:
+            blocks[block] = blocks.get(block, 0) + 1
+        by_ns[node.ns.name] = by_ns.get(node.ns.name, 0) + node.num_tokens
+    by_owner = {owner: sum(n.num_tokens for n in path) for owner, path in owners.items()}
+    _require(totals.tokens == sum(n.num_tokens for n in nodes),
+             f"pinned tokens {totals.tokens}, recount gives {sum(n.num_tokens for n in nodes)}")
+    _require(totals.tokens_by_owner == by_owner,
+             f"pinned tokens by owner {totals.tokens_by_owner}, recount gives {by_owner}")
+    _require(totals.tokens_by_namespace == by_ns,
+             f"pinned tokens by namespace {totals.tokens_by_namespace}, recount gives {by_ns}")
+    _require(totals.block_holders == blocks, "pinned block holders disagree with the pinned paths")
 
 
 def _check_blocks(tree: RadixTree, node_refs: list[int], extra_holders) -> None:

@@ -70,13 +70,15 @@ class Pin:
     """A pin keeps its node (and so its whole path) from eviction until ``expiry``.
 
     Every hit sets ``expiry = now + ttl_s``. ``watched`` is True while the pin has an entry
-    in the eviction queue's expiry heap.
+    in the eviction queue's expiry heap; ``counted`` while it is in the pinned totals.
     """
 
     ttl_s: float
     owner: str
     expiry: float
     watched: bool = False
+    counted: bool = False             # in the tree's ``PinTotals``
+    settle_at: float | None = None    # time of its newest ``PinTotals`` due entry
 
 
 class TreeNode:
@@ -90,7 +92,7 @@ class TreeNode:
 
     __slots__ = ("key", "start", "end", "blocks", "children", "parent", "ns", "lock_ref",
                  "last_access", "hits", "pin", "in_heap", "alive", "own_blocks", "branches",
-                 "branch_tokens", "expected_access", "heap_key")
+                 "branch_tokens", "expected_access", "heap_key", "pin_paths")
 
     def __init__(self, key: bytes, start: int, end: int, blocks: list[int],
                  parent: TreeNode | None, ns):
@@ -112,6 +114,7 @@ class TreeNode:
         self.branch_tokens: set[int] | None = None   # their first tokens (up to MAX_BRANCHES)
         self.expected_access = 0    # tick by which a continuation is expected (0: none)
         self.heap_key = 0.0         # eviction key of its newest heap entry (if in_heap)
+        self.pin_paths: dict[str, int] | None = None   # owner -> counted pins at or below
 
     def record_branch(self, token: int) -> None:
         """A child starting with ``token`` was created below this node. Counts distinct

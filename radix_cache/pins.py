@@ -51,11 +51,14 @@ def pin(tree: RadixTree, namespace: str, tokens: Sequence[int], ttl_s: float, ow
         # heap gets no new entry unless the pin now ends sooner than its queued time
         if expiry < old.expiry:
             old.watched = False
+        if owner != old.owner:
+            tree.pin_totals.uncount(node, old)
         old.ttl_s, old.owner, old.expiry = ttl_s, owner, expiry
     else:
         node.pin = Pin(ttl_s, owner, expiry)
         tree.pinned_nodes.add(node)
     tree.queue.watch_pin(node, node.pin)
+    tree.pin_totals.count(node, node.pin)
     return length
 
 
@@ -76,38 +79,33 @@ def refresh(tree: RadixTree, node: TreeNode, now: float) -> None:
     pin = node.pin
     pin.expiry = now + pin.ttl_s
     tree.queue.watch_pin(node, pin)
+    tree.pin_totals.count(node, pin)        # re-arms a pin that had expired
 
 
 def drop(tree: RadixTree, node: TreeNode) -> None:
     """Remove ``node``'s pin; an unlocked leaf becomes an eviction candidate again."""
+    tree.pin_totals.uncount(node, node.pin)
     node.pin = None
     tree.pinned_nodes.discard(node)
     if node.alive and not node.children and node.lock_ref == 0:
         tree.queue.push(node)
 
 
-def pinned_path_nodes(tree: RadixTree, owner: str | None = None, namespace=None) -> set[TreeNode]:
-    """Nodes on the paths to unexpired pins (of ``owner`` / in ``namespace`` when given)."""
+def pinned_path_nodes(tree: RadixTree) -> set[TreeNode]:
+    """Nodes on the paths to unexpired pins, found by walking every pin's path: the
+    reference that ``check_integrity`` holds ``PinTotals`` to."""
     now = tree.clock()
     seen: set[TreeNode] = set()
     for node in tree.pinned_nodes:
-        pin = node.pin
-        if pin.expiry <= now or (owner is not None and pin.owner != owner):
-            continue
-        if namespace is not None and node.ns is not namespace:
-            continue
-        while node.parent is not None and node not in seen:
-            seen.add(node)
-            node = node.parent
+        if node.pin.expiry > now:
+            seen.update(pinned_path_nodes_of(node))
     return seen
 
 
-def pinned_tokens(tree: RadixTree, owner: str | None = None) -> int:
-    return sum(node.num_tokens for node in pinned_path_nodes(tree, owner))
-
-
-def pinned_blocks(tree: RadixTree, owner: str | None = None) -> set[int]:
-    blocks: set[int] = set()
-    for node in pinned_path_nodes(tree, owner):
-        blocks.update(node.blocks)
-    return blocks
+def pinned_path_nodes_of(node: TreeNode) -> list[TreeNode]:
+    """``node`` and its ancestors, namespace root excluded."""
+    path = []
+    while node.parent is not None:
+        path.append(node)
+        node = node.parent
+    return path

@@ -5,7 +5,6 @@ from __future__ import annotations
 import heapq
 from typing import TYPE_CHECKING
 
-from .pins import pinned_path_nodes
 from .stats import NamespaceStats, PrefixInfo, TreeStats
 
 if TYPE_CHECKING:
@@ -14,12 +13,8 @@ if TYPE_CHECKING:
 
 
 def tree_stats(tree: RadixTree) -> TreeStats:
-    pinned = pinned_path_nodes(tree)
-    pinned_blocks: set[int] = set()
-    pinned_by_ns: dict[str, int] = {}
-    for node in pinned:
-        pinned_blocks.update(node.blocks)
-        pinned_by_ns[node.ns.name] = pinned_by_ns.get(node.ns.name, 0) + node.num_tokens
+    pinned = tree._settled_pin_totals()
+    pinned_by_ns = pinned.tokens_by_namespace
     namespaces = {
         ns.name: NamespaceStats(ns.nodes, ns.cached_tokens, ns.queries, ns.query_tokens,
                                 ns.hit_tokens, pinned_by_ns.get(ns.name, 0))
@@ -30,11 +25,11 @@ def tree_stats(tree: RadixTree) -> TreeStats:
         cached_tokens=tree.cached_tokens,
         evictable_tokens=tree.evictable_tokens,
         locked_tokens=tree.locked_tokens,
-        pinned_tokens=sum(node.num_tokens for node in pinned),
+        pinned_tokens=pinned.tokens,
         num_pins=len(tree.pinned_nodes),
         cached_blocks=len(tree.block_holders),
         evictable_blocks=tree.evictable_blocks,
-        pinned_blocks=len(pinned_blocks),
+        pinned_blocks=len(pinned.block_holders),
         evictions=dict(tree.evictions),
         evicted_tokens=dict(tree.evicted_tokens),
         namespaces=namespaces,

@@ -23,6 +23,7 @@ from .events import CacheEvent, EventSink
 from .namespaces import Namespace, NamespaceTable
 from .node import TOKEN_BYTES, LockHandle, TreeNode, common_prefix_tokens, first_token
 from .packing import QueryPacker
+from .pin_totals import PinTotals
 from .pool import BlockPool
 from .stats import EVICTION_REASONS, InsertResult, MatchResult, PrefixInfo, TreeStats
 
@@ -49,6 +50,7 @@ class RadixTree:
         self.packer = QueryPacker()
         self.handles: set[LockHandle] = set()     # handles holding at least one lock
         self.pinned_nodes: set[TreeNode] = set()
+        self.pin_totals = PinTotals()              # what unexpired pins hold, kept current
         self.tick = 0                              # logical LRU clock
         self.num_nodes = 0
         self.cached_tokens = 0
@@ -167,6 +169,7 @@ class RadixTree:
         if old == block or self.block_holders.get(old) != 1:
             return                  # shared with a parent, child or other namespace: keep
         node.blocks[-1] = block
+        self.pin_totals.swap_block(node, old, block)
         self._hold_references([block])
         removal.drop_references(self, [old])
         if self.on_event is not None:
@@ -200,6 +203,7 @@ class RadixTree:
         """
         B = self.block_size
         first_index = node.start // B
+        old_blocks = node.blocks
         upper_blocks = node.blocks[:(at - 1) // B - first_index + 1]
         cut = (at - node.start) * TOKEN_BYTES
         upper = TreeNode(node.key[:cut], node.start, at, upper_blocks, node.parent, node.ns)
@@ -211,6 +215,8 @@ class RadixTree:
         node.start, node.parent = at, upper
         upper.children[first_token(node.key)] = node
         upper.record_branch(first_token(node.key))
+        self.pin_totals.adopt_split(upper, node)
+        self.pin_totals.rehold(node, old_blocks)
         if at % B:
             self._hold_references([node.blocks[0]])
         upper.own_blocks = upper.count_own_blocks()
@@ -333,12 +339,22 @@ class RadixTree:
         return pins.unpin(self, namespace, tokens)
 
     def pinned_tokens(self, owner: str | None = None) -> int:
-        """Distinct tokens on paths to unexpired pins (of ``owner``, or of everyone)."""
-        return pins.pinned_tokens(self, owner)
+        """Distinct tokens on paths to unexpired pins (of ``owner``, or of everyone).
+        Kept current as pins come and go: no walk over the pins."""
+        totals = self._settled_pin_totals()
+        return totals.tokens if owner is None else totals.tokens_by_owner.get(owner, 0)
 
-    def pinned_blocks(self, owner: str | None = None) -> set[int]:
-        """Distinct blocks held by nodes on paths to unexpired pins."""
-        return pins.pinned_blocks(self, owner)
+    def pinned_block_count(self) -> int:
+        """Number of distinct blocks held by nodes on paths to unexpired pins."""
+        return len(self._settled_pin_totals().block_holders)
+
+    def pinned_blocks(self) -> set[int]:
+        """Distinct blocks held by nodes on paths to unexpired pins (a copy)."""
+        return set(self._settled_pin_totals().block_holders)
+
+    def _settled_pin_totals(self) -> PinTotals:
+        self.pin_totals.settle(self.clock())
+        return self.pin_totals
 
     def held_blocks(self) -> set[int]:
         """Blocks referenced by at least one node."""

@@ -212,17 +212,12 @@ class EngineCore:
             return
         quota = self.config.quota_for(seq.tenant).max_pinned_tokens
         share = self.config.pin_share * self.pool.num_blocks * self.pool.block_size
-        totals = None
         for point in points:
-            if totals is None:      # walks every pin: only again after a pin changed them
-                totals = (self.tree.pinned_tokens(seq.tenant) if quota is not None else 0,
-                          self.tree.pinned_tokens())
-            if quota is not None and totals[0] + point.offset > quota:
+            if quota is not None and self.tree.pinned_tokens(seq.tenant) + point.offset > quota:
                 continue
-            if totals[1] + point.offset > share:
+            if self.tree.pinned_tokens() + point.offset > share:
                 continue
             self.blocks.pin(seq, point.offset, point.ttl_s)
-            totals = None
 
     def _maybe_inject_fault(self, chunks: list[Chunk]) -> None:
         if not self.faults:

@@ -48,7 +48,7 @@ def _check_length(core, request: Request):
                                     f"context window of {core.max_model_len} tokens")
     block_size = core.pool.block_size
     needed = -(-(prompt + new - 1) // block_size)   # the last sampled token needs no slot
-    available = core.pool.num_blocks - len(core.tree.pinned_blocks())
+    available = core.pool.num_blocks - core.tree.pinned_block_count()
     if needed > available:
         return (ErrorKind.TOO_LONG, f"prompt ({prompt} tokens) + max_tokens ({new}) needs {needed} "
                                     f"KV blocks of {block_size} tokens but the cache has "

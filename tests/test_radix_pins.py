@@ -105,7 +105,8 @@ def test_pinned_tokens_count_shared_path_once():
     assert stats.pinned_tokens == 16
     assert stats.pinned_blocks == 4
     assert stats.namespaces["ns"].pinned_tokens == 16
-    assert tree.pinned_blocks("a") == tree.held_blocks()
+    assert tree.pinned_blocks() == tree.held_blocks()
+    assert tree.pinned_block_count() == 4
 
 
 def test_expired_pin_is_not_counted_as_pinned():
