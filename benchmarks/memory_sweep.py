@@ -8,13 +8,14 @@ block), insert the prompt, drop the request's references, then evict down to the
 The budget is the cache's capacity between requests; the running request's blocks come on
 top of it. Policies:
 
-- ``radixgate``     ``radixgate.radix_cache.RadixTree`` with its own eviction: LRU with
-                    credits for expected continuations and branching prefixes
-                    (``EvictionPolicy``), trimming a victim leaf's tail instead of dropping
-                    all of it when that frees enough. A request whose response is a tool
+- ``radixgate``     ``radixgate.radix_cache.RadixTree`` with its own eviction: leaves'
+                    partly filled last blocks first, then LRU with credits for expected
+                    continuations and branching prefixes (``EvictionPolicy``), trimming a
+                    victim leaf's tail instead of dropping all of it when that frees enough. A request whose response is a tool
                     call (the session's next request carries it as an assistant
                     ``tool_use``) is followed by ``expect_continuation``, as the gateway does;
-- ``plain_lru``     the same tree with plain LRU order (``EvictionPolicy(0, 0)``);
+- ``plain_lru``     the same tree with plain LRU order (``LRU``: no credits, partial
+                    blocks in LRU order with the rest);
 - ``page_rounded``  a hash-block cache: the radixgate tree holding whole blocks only (a
                     prompt's partial last block is computed but not cached, so it takes no
                     memory), reuse rounded down to whole blocks;

@@ -44,6 +44,7 @@ class ModelSettings:
     page_rounded_match: bool = False     # reuse rounded down to whole blocks (baseline)
     continuation_ticks: int = 200        # eviction credit: tool-call answers (0: none)
     branch_ticks: int = 32               # eviction credit: branching prefixes (0: none)
+    partial_tails_first: bool = True     # eviction: partly filled last blocks go first
     threads: int = 0                     # torch CPU threads; 0 = torch's default
 
 
@@ -87,6 +88,7 @@ _FLAG_FIELDS = {
     "page_rounded_match": ("model", "page_rounded_match"),
     "continuation_ticks": ("model", "continuation_ticks"),
     "branch_ticks": ("model", "branch_ticks"),
+    "partial_tails_first": ("model", "partial_tails_first"),
     "threads": ("model", "threads"),
 }
 

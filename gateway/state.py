@@ -46,7 +46,8 @@ def engine_config(config: GatewayConfig):
                         enable_prefix_cache=config.model.enable_prefix_cache,
                         page_rounded_match=config.model.page_rounded_match,
                         eviction=EvictionPolicy(config.model.continuation_ticks,
-                                                config.model.branch_ticks))
+                                                config.model.branch_ticks,
+                                                config.model.partial_tails_first))
 
 
 class GatewayState:

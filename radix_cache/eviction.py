@@ -1,5 +1,5 @@
-"""Eviction order: a heap of candidate leaves by ``EvictionPolicy.key`` plus a heap of pin
-expiries.
+"""Eviction order: a heap of candidate leaves by ``EvictionPolicy.key``, a heap of leaves
+whose last block is partly filled (given back first), and a heap of pin expiries.
 
 The key is LRU's last-access tick plus two credits (``EvictionPolicy``), so plain LRU is
 the policy with both credits 0. Both heaps use lazy invalidation, so no call rescans the
@@ -12,6 +12,9 @@ tree:
   pushes it again);
 - a leaf with an unexpired pin is dropped from the LRU heap; the expiry heap hands it back
   once the pin has expired (a hit that refreshed the pin pushes a new expiry entry).
+- the partial-tail heap holds ``(key, seq, node)`` for leaves whose last block is partly
+  filled (``in_partials``); a popped entry whose key grew is pushed again, one that no
+  longer qualifies is dropped.
 Invariant (checked by ``check_integrity``): every unlocked leaf is in the LRU heap or has a
 pin that is watched by the expiry heap.
 """
@@ -44,7 +47,14 @@ class EvictionPolicy:
       conversation used; a chain of turns (one branch per node) gets nothing, so
       conversations keep plain LRU order.
 
-    ``EvictionPolicy(0, 0)`` is plain LRU. The defaults come from the memory sweep
+    - ``partial_tails_first``: before any whole block is evicted, leaves give back their
+      partly filled last block (LRU order among them). Such a block costs a whole block of
+      memory for fewer than ``B`` tokens, all of which only the leaf's exact continuation
+      can reuse, so it is the cheapest memory to give back; a hash-block cache never holds
+      it at all. Without this, that cache beat token-exact matching at some budgets (the
+      memory it saved outweighed the partial tokens we reuse); with it, never in the sweep.
+
+    ``LRU`` (``EvictionPolicy(0, 0, False)``) is plain LRU. The defaults come from the memory sweep
     (benchmarks/RESULTS.md): they raise the agent and document workloads' hit rates at
     every budget, leave the others unchanged from 15% of the working set up, and cost
     multi-turn chat about 3 points at 5-10%.
@@ -52,6 +62,7 @@ class EvictionPolicy:
 
     continuation_ticks: int = 200
     branch_ticks: int = 32
+    partial_tails_first: bool = True
 
     def __post_init__(self) -> None:
         if self.continuation_ticks < 0 or self.branch_ticks < 0:
@@ -64,13 +75,15 @@ class EvictionPolicy:
         return key
 
 
-LRU = EvictionPolicy(0, 0)
+LRU = EvictionPolicy(0, 0, partial_tails_first=False)
 
 
 class EvictionQueue:
-    def __init__(self, policy: EvictionPolicy = EvictionPolicy()):
+    def __init__(self, policy: EvictionPolicy = EvictionPolicy(), block_size: int = 16):
         self.policy = policy
+        self.block_size = block_size
         self._lru: list[tuple[float, int, TreeNode]] = []
+        self._partials: list[tuple[float, int, TreeNode]] = []
         self._expiries: list[tuple[float, int, TreeNode, Pin]] = []
         self._seq = count()
 
@@ -82,6 +95,37 @@ class EvictionQueue:
             node.in_heap = True
             node.heap_key = key
             heapq.heappush(self._lru, (key, next(self._seq), node))
+        if not node.in_partials and self._has_partial_tail(node):
+            node.in_partials = True
+            heapq.heappush(self._partials, (key, next(self._seq), node))
+
+    def _has_partial_tail(self, node: TreeNode) -> bool:
+        """An evictable-looking leaf whose last block is partly filled and can come off
+        (a leaf always keeps its first block)."""
+        return (self.policy.partial_tails_first and node.end % self.block_size != 0
+                and len(node.blocks) > 1 and not node.children and node.lock_ref == 0)
+
+    def pop_partial_tail(self, now: float) -> TreeNode | None:
+        """The unlocked, unpinned leaf with a partly filled last block and the smallest key,
+        or None when there is none."""
+        partials = self._partials
+        while partials:
+            key, _, node = heapq.heappop(partials)
+            node.in_partials = False
+            if not node.alive or not self._has_partial_tail(node):
+                continue
+            if node.pin is not None:
+                if node.pin.expiry <= now:
+                    continue                # goes whole, as a ttl eviction
+                self.watch_pin(node, node.pin)
+                continue                    # comes back through release_expired
+            current = self.policy.key(node)
+            if current > key:               # touched since it was queued
+                node.in_partials = True
+                heapq.heappush(partials, (current, next(self._seq), node))
+                continue
+            return node
+        return None
 
     def watch_pin(self, node: TreeNode, pin: Pin) -> None:
         """Track ``pin``'s expiry (a no-op if already tracked; stale times are fixed lazily)."""
@@ -137,13 +181,18 @@ class EvictionQueue:
                 expiries.append(entry)
             else:
                 pin.watched = False
+        partials = [entry for entry in self._partials if entry[2].alive]
+        for entry in self._partials:
+            if not entry[2].alive:
+                entry[2].in_partials = False
         heapq.heapify(lru)
         heapq.heapify(expiries)
-        self._lru, self._expiries = lru, expiries
+        heapq.heapify(partials)
+        self._lru, self._expiries, self._partials = lru, expiries, partials
 
     def size(self) -> int:
-        """Entries in both heaps (live or stale)."""
-        return len(self._lru) + len(self._expiries)
+        """Entries in all heaps (live or stale)."""
+        return len(self._lru) + len(self._expiries) + len(self._partials)
 
     def __len__(self) -> int:
         return len(self._lru)

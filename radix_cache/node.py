@@ -92,7 +92,7 @@ class TreeNode:
 
     __slots__ = ("key", "start", "end", "blocks", "children", "parent", "ns", "lock_ref",
                  "last_access", "hits", "pin", "in_heap", "alive", "own_blocks", "branches",
-                 "branch_tokens", "expected_access", "heap_key", "pin_paths")
+                 "branch_tokens", "expected_access", "heap_key", "pin_paths", "in_partials")
 
     def __init__(self, key: bytes, start: int, end: int, blocks: list[int],
                  parent: TreeNode | None, ns):
@@ -114,6 +114,7 @@ class TreeNode:
         self.branch_tokens: set[int] | None = None   # their first tokens (up to MAX_BRANCHES)
         self.expected_access = 0    # tick by which a continuation is expected (0: none)
         self.heap_key = 0.0         # eviction key of its newest heap entry (if in_heap)
+        self.in_partials = False    # has an entry in the partial-tail heap
         self.pin_paths: dict[str, int] | None = None   # owner -> counted pins at or below
 
     def record_branch(self, token: int) -> None:

@@ -46,7 +46,7 @@ class RadixTree:
         self.clock = clock
         self.on_event = on_event
         self.namespaces = NamespaceTable()
-        self.queue = EvictionQueue(policy)
+        self.queue = EvictionQueue(policy, pool.block_size)
         self.packer = QueryPacker()
         self.handles: set[LockHandle] = set()     # handles holding at least one lock
         self.pinned_nodes: set[TreeNode] = set()
@@ -293,7 +293,9 @@ class RadixTree:
 
     def evict(self, num_blocks: int) -> int:
         """Evict unlocked leaves, smallest ``policy.key`` first (least recently used, with
-        credits for expected continuations and branching prefixes), until ``num_blocks``
+        credits for expected continuations and branching prefixes; with
+        ``policy.partial_tails_first``, leaves first give back their partly filled last
+        blocks, in the same order), until ``num_blocks``
         own blocks are freed or nothing evictable is left; returns the blocks that went back
         to the pool. A leaf larger than what is still needed loses only its tail (whole blocks;
         its prefix stays cached and matchable) instead of all of it, so eviction frees no
@@ -306,6 +308,11 @@ class RadixTree:
         self.queue.release_expired(now)
         freed = 0
         while freed < num_blocks:
+            partial = self.queue.pop_partial_tail(now)
+            if partial is not None:
+                if self.block_holders.get(partial.blocks[-1]) == 1:
+                    freed += removal.trim_leaf(self, partial, 1, "lru")
+                continue
             node = self.queue.pop(now)
             if node is None:
                 break

@@ -33,7 +33,7 @@ class EngineConfig:
     ``max_step_tokens`` is the per-step token budget shared by decodes and prefill chunks;
     ``prefill_chunk`` caps one request's prefill tokens per step.
     ``page_rounded_match`` rounds reuse down to whole blocks (a baseline for benchmarks).
-    ``eviction``: the radix tree's eviction order (``EvictionPolicy(0, 0)``: plain LRU).
+    ``eviction``: the radix tree's eviction order (``radix_cache.LRU``: plain LRU).
     ``debug_integrity`` runs the tree/pool integrity check whenever the engine goes idle.
     ``record_logits`` keeps each request's per-step logits and top-2 gaps for
     ``Engine.debug_trace`` (tests of the near-tie rule; costs memory).

@@ -68,7 +68,7 @@ def test_simulator_rejects_unknown_policy():
 def test_belady_keeps_the_prefix_needed_next_where_lru_drops_it():
     a, b = list(range(100, 164)), list(range(200, 264))       # 4 blocks each
     trace = [("n", a + [1]), ("n", b + [2]), ("n", a + [3])]
-    lru = replay_radix(trace, B, budget_blocks=5)
+    lru = replay_radix(trace, B, budget_blocks=5, policy=LRU)
     belady = replay_belady(trace, B, budget_blocks=5)
     assert lru.reused_tokens == 0
     assert belady.reused_tokens == 64

@@ -117,10 +117,10 @@ def test_unknown_subcommand_exits_with_usage():
         main(["frobnicate"])
 
 
-def test_plain_lru_flag_turns_both_eviction_credits_off():
+def test_plain_lru_flag_turns_the_eviction_credits_and_partial_first_off():
     from radixgate.gateway.state import engine_config
+    from radixgate.radix_cache import LRU, EvictionPolicy
     default = config_from_args(build_parser().parse_args(["serve"]))
     plain = config_from_args(build_parser().parse_args(["serve", "--plain-lru"]))
-    assert (default.model.continuation_ticks, default.model.branch_ticks) == (200, 32)
-    assert (engine_config(plain).eviction.continuation_ticks,
-            engine_config(plain).eviction.branch_ticks) == (0, 0)
+    assert engine_config(default).eviction == EvictionPolicy()
+    assert engine_config(plain).eviction == LRU

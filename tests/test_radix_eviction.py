@@ -131,12 +131,24 @@ def test_flush_keeps_locked_paths_and_drops_pins():
 def test_events_emitted_for_store_and_removal():
     events = []
     pool, tree = make_tree(events=events)
-    blocks = cache(pool, tree, list(range(6)), namespace="t")
+    blocks = cache(pool, tree, list(range(8)), namespace="t")
     tree.evict(5)
     assert events == [
-        CacheEvent("stored", "t", tuple(blocks), 0, 6),
-        CacheEvent("removed", "t", tuple(blocks), 0, 6, "lru"),
+        CacheEvent("stored", "t", tuple(blocks), 0, 8),
+        CacheEvent("removed", "t", tuple(blocks), 0, 8, "lru"),
     ]
+
+
+def test_a_partial_last_block_is_given_back_before_the_rest_of_its_leaf():
+    events = []
+    pool, tree = make_tree(events=events)
+    blocks = cache(pool, tree, list(range(6)), namespace="t")
+    tree.evict(5)
+    assert events[1:] == [
+        CacheEvent("removed", "t", (blocks[1],), 4, 6, "lru"),
+        CacheEvent("removed", "t", (blocks[0],), 0, 4, "lru"),
+    ]
+    assert pool.num_free() == pool.num_blocks
 
 
 def test_evict_1000_blocks_from_many_leaves_returns_count_freed():

@@ -162,3 +162,64 @@ def test_a_trimmed_prefix_keeps_its_branch_count_without_inflating_it():
     cache(pool, tree, document[:8] + [7] * 4)   # a question on the shorter prefix is new
     assert node.branches == 3
     tree.check_integrity()
+
+
+# ---- partly filled last blocks go first ------------------------------------------------
+
+def test_a_partial_last_block_goes_before_an_older_whole_block():
+    pool, tree = make_tree(EvictionPolicy(), num_blocks=16)
+    old, recent = [1] * 8, [2] * 10                  # 2 whole blocks; 2 whole + 2 tokens
+    cache(pool, tree, old)
+    cache(pool, tree, recent)
+    assert tree.evict(1) == 1
+    assert cached(pool, tree, old)                   # LRU would have trimmed this one
+    assert tree.peek_length("ns", recent) == 8       # lost only its two-token block
+    tree.check_integrity()
+
+
+def test_plain_lru_takes_the_oldest_leaf_even_when_another_ends_in_a_partial_block():
+    pool, tree = make_tree(LRU, num_blocks=16)
+    old, recent = [1] * 8, [2] * 10
+    cache(pool, tree, old)
+    cache(pool, tree, recent)
+    assert tree.evict(1) == 1
+    assert tree.peek_length("ns", old) == 4 and cached(pool, tree, recent)
+    tree.check_integrity()
+
+
+def test_partial_tails_go_in_lru_order_and_a_hit_moves_one_back():
+    pool, tree = make_tree(EvictionPolicy(), num_blocks=16)
+    first, second = [1] * 6, [2] * 6
+    cache(pool, tree, first)
+    cache(pool, tree, second)
+    hit(pool, tree, first)                           # first is now the more recent
+    assert tree.evict(1) == 1
+    assert cached(pool, tree, first) and tree.peek_length("ns", second) == 4
+    tree.check_integrity()
+
+
+def test_partial_tails_of_locked_pinned_or_one_block_leaves_stay():
+    pool, tree = make_tree(EvictionPolicy(), num_blocks=16)
+    locked, pinned, short, whole = [1] * 6, [2] * 6, [3] * 3, [4] * 8
+    for tokens in (locked, pinned, short, whole):
+        cache(pool, tree, tokens)
+    match = tree.match("ns", locked)
+    tree.pin("ns", pinned, ttl_s=1e9)
+    assert tree.evict(1) == 1                        # falls through to plain LRU order
+    assert cached(pool, tree, locked) and cached(pool, tree, pinned)
+    assert tree.peek_length("ns", short) == 0 and cached(pool, tree, whole)
+    tree.unlock(match.handle)
+    pool.decref_many(match.blocks)
+    tree.check_integrity()
+
+
+def test_a_conversation_keeps_its_whole_blocks_when_its_partial_one_goes():
+    pool, tree = make_tree(EvictionPolicy(), num_blocks=16)
+    turn1 = [5] * 10
+    cache(pool, tree, turn1)
+    assert tree.evict(1) == 1
+    match = tree.match("ns", turn1 + [6] * 4)        # the next turn still reuses 8 tokens
+    assert match.length == 8
+    tree.unlock(match.handle)
+    pool.decref_many(match.blocks)
+    tree.check_integrity()
