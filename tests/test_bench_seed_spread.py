@@ -7,10 +7,12 @@ from benchmarks import seed_spread
 from benchmarks.memory_sweep import SweepPoint, WorkloadSweep
 
 
-def sweep(name: str, points: list[tuple[float, float, float, float]]) -> WorkloadSweep:
-    """``points``: (fraction, radixgate, plain_lru, belady)."""
+def sweep(name: str, points: list[tuple], page_rounded: float | None = None) -> WorkloadSweep:
+    """``points``: (fraction, radixgate, plain_lru, belady); page-rounded equals radixgate
+    unless given."""
     s = WorkloadSweep(name, 10, 1000, 50, 0.9, 0.88)
-    s.points = [SweepPoint(f, round(f * 50), ours, ours, belady, belady, plain_lru=lru)
+    s.points = [SweepPoint(f, round(f * 50), ours, ours if page_rounded is None else page_rounded,
+                           belady, belady, plain_lru=lru)
                 for f, ours, lru, belady in points]
     return s
 
@@ -41,8 +43,20 @@ def test_markdown_has_a_row_per_workload_and_budget():
                                                    (0.5, 0.1, 0.1, 0.0)])]])
     rows = [line for line in seed_spread.markdown(spreads, 1).splitlines()
             if line.startswith("| docs")]
-    assert rows == ["| docs | 25% | 0.900 (0.90-0.90) | 1 of 1 | 0.800 (0.80-0.80) |",
-                    "| docs | 50% | - | - | - |"]
+    assert rows == ["| docs | 25% | 0.900 (0.90-0.90) | 1 of 1 | 0.800 (0.80-0.80) | 1 of 1 | +0.00 |",
+                    "| docs | 50% | - | - | - | 1 of 1 | +0.00 |"]
+
+
+def test_page_rounded_goal_needs_every_seed_at_or_above():
+    ahead = [sweep("docs", [(0.25, 0.45, 0.40, 0.5)], page_rounded=0.44)]
+    behind = [sweep("docs", [(0.25, 0.45, 0.40, 0.5)], page_rounded=0.4525)]
+    spreads = seed_spread.collect([ahead, behind])
+    (point,) = spreads
+    assert point.over_page_rounded == pytest.approx([1.0, -0.25])
+    assert point.seeds_at_or_above_page_rounded() == 1
+    assert seed_spread.page_rounded_goal(spreads) == {"docs": False}
+    assert seed_spread.page_rounded_goal(seed_spread.collect([ahead, ahead])) == {"docs": True}
+    assert "| 1 of 2 | -0.25 |" in seed_spread.markdown(spreads, 2)
 
 
 def test_command_sweeps_every_seed_and_writes_table_and_json(tmp_path):
@@ -58,6 +72,7 @@ def test_command_sweeps_every_seed_and_writes_table_and_json(tmp_path):
     # with the whole working set every policy keeps everything: the ratio is exactly 1
     assert all(r == pytest.approx(1.0) for s in full_budget for r in s["radixgate"] if r)
     assert "| doc_qa | 25% |" in (tmp_path / "seed_spread.md").read_text()
+    assert set(data["at_or_above_page_rounded_every_seed"]) == names
 
 
 def test_mode_picks_the_number_of_seeds_and_zero_seeds_is_refused():
