@@ -46,8 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--page-rounded-match", action="store_true", default=None,
                        help="reuse cached prefixes in whole blocks only (benchmark baseline)")
     serve.add_argument("--plain-lru", action="store_true", default=None,
-                       help="evict in plain LRU order, without the continuation and branch "
-                            "credits or partial blocks first (benchmark baseline)")
+                       help="evict in plain LRU order: no continuation or branch credit, no "
+                            "probation, no partial blocks first (benchmark baseline)")
     gen = sub.add_parser("generate", help="run one prompt through the engine (no HTTP)")
     gen.add_argument("prompt")
     gen.add_argument("--chat", action="store_true", help="render the prompt as a user message")
@@ -81,6 +81,7 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
         overrides[name] = getattr(args, name, None)
     if getattr(args, "plain_lru", None):
         overrides["continuation_ticks"] = overrides["branch_ticks"] = 0
+        overrides["probation_ticks"] = 0
         overrides["partial_tails_first"] = False
     return load_config(getattr(args, "config", None), overrides)
 

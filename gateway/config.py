@@ -43,7 +43,8 @@ class ModelSettings:
     enable_prefix_cache: bool = True     # False: every prompt is computed in full (baseline)
     page_rounded_match: bool = False     # reuse rounded down to whole blocks (baseline)
     continuation_ticks: int = 200        # eviction credit: tool-call answers (0: none)
-    branch_ticks: int = 32               # eviction credit: branching prefixes (0: none)
+    branch_ticks: int = 64               # eviction credit per extra continuation of a prefix (0: none)
+    probation_ticks: int = 1000          # eviction penalty: new one-off content (0: none)
     partial_tails_first: bool = True     # eviction: partly filled last blocks go first
     threads: int = 0                     # torch CPU threads; 0 = torch's default
 
@@ -89,6 +90,7 @@ _FLAG_FIELDS = {
     "continuation_ticks": ("model", "continuation_ticks"),
     "branch_ticks": ("model", "branch_ticks"),
     "partial_tails_first": ("model", "partial_tails_first"),
+    "probation_ticks": ("model", "probation_ticks"),
     "threads": ("model", "threads"),
 }
 
@@ -189,9 +191,9 @@ def _validate(cfg: GatewayConfig) -> None:
         raise ConfigError("model.block_size >= 1, max_model_len >= 2 and kv_cache_gb > 0 required")
     if m.threads < 0:
         raise ConfigError("model.threads must be >= 0 (0 = torch's default)")
-    if m.continuation_ticks < 0 or m.branch_ticks < 0:
-        raise ConfigError("model.continuation_ticks and model.branch_ticks must be >= 0 "
-                          "(0: no credit)")
+    if min(m.continuation_ticks, m.branch_ticks, m.probation_ticks) < 0:
+        raise ConfigError("model.continuation_ticks, model.branch_ticks and "
+                          "model.probation_ticks must be >= 0 (0: none)")
     if not (0 <= s.port <= 65535) or s.max_queue < 1:
         raise ConfigError("server.port must be 0..65535 and max_queue >= 1")
     seen: dict[str, str] = {k: "admin" for k in cfg.admin_keys}

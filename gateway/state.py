@@ -45,9 +45,11 @@ def engine_config(config: GatewayConfig):
                         max_queue=config.server.max_queue, tenant_quotas=quotas,
                         enable_prefix_cache=config.model.enable_prefix_cache,
                         page_rounded_match=config.model.page_rounded_match,
-                        eviction=EvictionPolicy(config.model.continuation_ticks,
-                                                config.model.branch_ticks,
-                                                config.model.partial_tails_first))
+                        eviction=EvictionPolicy(
+                            continuation_ticks=config.model.continuation_ticks,
+                            branch_ticks=config.model.branch_ticks,
+                            partial_tails_first=config.model.partial_tails_first,
+                            probation_ticks=config.model.probation_ticks))
 
 
 class GatewayState:

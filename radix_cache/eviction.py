@@ -22,10 +22,10 @@ pin that is watched by the expiry heap.
 from __future__ import annotations
 
 import heapq
-import math
 from dataclasses import dataclass
 from itertools import count
 
+from .admission import on_probation
 from .node import Pin, TreeNode
 
 
@@ -40,12 +40,17 @@ class EvictionPolicy:
       the path counts as accessed that many ticks in the future, until the next match
       through it consumes the credit. Agent loops whose tool is still running outlive
       finished ones; the credit runs out by itself if the client never comes back.
-    - ``branch_ticks``: per doubling of a node's ``branches`` (distinct continuations that
-      requests created below it; one evicted and cached again counts once), the node
-      counts as accessed that many ticks later. A document or system prompt that many
-      different questions extended outlives an equally recent prefix that only one
-      conversation used; a chain of turns (one branch per node) gets nothing, so
-      conversations keep plain LRU order.
+    - ``branch_ticks``: per distinct continuation beyond the first that requests created
+      below a node (``branches``; one evicted and cached again counts once), up to
+      ``branch_cap`` of them, the node counts as accessed that many ticks later. A document
+      or system prompt that several different questions extended outlives an equally
+      recent prefix that only one conversation used; a chain of turns (one branch per
+      node) gets nothing, so conversations keep plain LRU order. The cap keeps a prefix
+      that stopped being used from holding memory for long.
+    - ``probation_ticks``: new content below a prefix with ``probation_branches`` or more
+      continuations that mostly never came back (questions under a document, one-off
+      documents in a long tail) counts as that many ticks older until a match touches it
+      (``admission``): it goes before the documents those questions were about.
 
     - ``partial_tails_first``: before any whole block is evicted, leaves give back their
       partly filled last block (LRU order among them). Such a block costs a whole block of
@@ -54,28 +59,35 @@ class EvictionPolicy:
       it at all. Without this, that cache beat token-exact matching at some budgets (the
       memory it saved outweighed the partial tokens we reuse); with it, never in the sweep.
 
-    ``LRU`` (``EvictionPolicy(0, 0, False)``) is plain LRU. The defaults come from the memory sweep
+    ``LRU`` (no credits, no probation, partial blocks in LRU order) is plain LRU. The
+    defaults come from the memory sweep over five seeds, checked on five other seeds
     (benchmarks/RESULTS.md): they raise the agent and document workloads' hit rates at
-    every budget, leave the others unchanged from 15% of the working set up, and cost
-    multi-turn chat about 3 points at 5-10%.
+    nearly every budget and cost multi-turn chat under a point.
     """
 
     continuation_ticks: int = 200
-    branch_ticks: int = 32
+    branch_ticks: int = 64
     partial_tails_first: bool = True
+    branch_cap: int = 4
+    probation_ticks: int = 1000
+    probation_branches: int = 4
 
     def __post_init__(self) -> None:
-        if self.continuation_ticks < 0 or self.branch_ticks < 0:
+        if min(self.continuation_ticks, self.branch_ticks, self.probation_ticks) < 0:
             raise ValueError("eviction credits must be >= 0 (0: none)")
+        if self.branch_cap < 1 or self.probation_branches < 2:
+            raise ValueError("branch_cap must be >= 1 and probation_branches >= 2")
 
     def key(self, node: TreeNode) -> float:
         key = max(node.last_access, node.expected_access)
         if node.branches > 1:
-            key += self.branch_ticks * math.log2(node.branches)
+            key += self.branch_ticks * min(node.branches - 1, self.branch_cap)
+        if node.probation and on_probation(self, node):
+            key -= self.probation_ticks
         return key
 
 
-LRU = EvictionPolicy(0, 0, partial_tails_first=False)
+LRU = EvictionPolicy(0, 0, partial_tails_first=False, probation_ticks=0)
 
 
 class EvictionQueue:

@@ -92,7 +92,8 @@ class TreeNode:
 
     __slots__ = ("key", "start", "end", "blocks", "children", "parent", "ns", "lock_ref",
                  "last_access", "hits", "pin", "in_heap", "alive", "own_blocks", "branches",
-                 "branch_tokens", "expected_access", "heap_key", "pin_paths", "in_partials")
+                 "branch_tokens", "expected_access", "heap_key", "pin_paths", "in_partials", "probation",
+                 "child_reuses")
 
     def __init__(self, key: bytes, start: int, end: int, blocks: list[int],
                  parent: TreeNode | None, ns):
@@ -115,6 +116,8 @@ class TreeNode:
         self.expected_access = 0    # tick by which a continuation is expected (0: none)
         self.heap_key = 0.0         # eviction key of its newest heap entry (if in_heap)
         self.in_partials = False    # has an entry in the partial-tail heap
+        self.probation = False      # new content nobody has matched yet (admission.py)
+        self.child_reuses = 0       # continuations that came back (admission.py)
         self.pin_paths: dict[str, int] | None = None   # owner -> counted pins at or below
 
     def record_branch(self, token: int) -> None:

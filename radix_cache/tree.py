@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 
 from . import pins, removal, reports
+from .admission import Sightings, admit_leaf
 from .eviction import EvictionPolicy, EvictionQueue
 from .events import CacheEvent, EventSink
 from .namespaces import Namespace, NamespaceTable
@@ -60,6 +61,7 @@ class RadixTree:
         self.block_holders: dict[int, int] = {}    # block -> number of nodes holding it
         self.evictions = dict.fromkeys(EVICTION_REASONS, 0)
         self.evicted_tokens = dict.fromkeys(EVICTION_REASONS, 0)
+        self.sightings = Sightings()               # contents inserted as new leaves
 
     # ---- match / insert -------------------------------------------------------------
 
@@ -101,6 +103,7 @@ class RadixTree:
             blocks.extend(child.blocks[:take])
             child.last_access = tick
             child.hits += 1
+            child.probation = False
             if child.pin is not None:
                 now = self.clock() if now is None else now
                 pins.refresh(self, child, now)
@@ -108,6 +111,8 @@ class RadixTree:
             if pos < child.end:
                 break                           # stopped inside: not its continuation
             child.expected_access = 0           # the expected continuation (if any) came
+            if child.end - child.start >= B:
+                node.child_reuses += 1          # a whole continuation came back
         return node, pos, blocks
 
     def insert(self, namespace: str, tokens: Sequence[int], blocks: Sequence[int],
@@ -134,7 +139,7 @@ class RadixTree:
                 cached_before = pos
                 if pos % B and node.parent is not None:
                     self._adopt_boundary_block(node, blocks[pos // B])
-                node = self._add_leaf(node, data[pos * TOKEN_BYTES:], pos, n, blocks)
+                node = self._add_leaf(node, data, pos, n, blocks)
                 break
             child.last_access = self.tick
             if data.startswith(child.key, pos * TOKEN_BYTES):
@@ -178,9 +183,11 @@ class RadixTree:
                                      "replaced"))
             self.on_event(CacheEvent("stored", node.ns.name, (block,), start, node.end))
 
-    def _add_leaf(self, parent: TreeNode, key: bytes, start: int, end: int,
+    def _add_leaf(self, parent: TreeNode, data: bytes, start: int, end: int,
                   blocks: Sequence[int]) -> TreeNode:
+        """A new leaf for tokens ``[start, end)`` of the packed prompt ``data``."""
         B = self.block_size
+        key = data[start * TOKEN_BYTES:]
         taken = list(blocks[start // B:(end - 1) // B + 1])
         self._hold_references(taken)
         leaf = TreeNode(key, start, end, taken, parent, parent.ns)
@@ -188,6 +195,7 @@ class RadixTree:
         leaf.own_blocks = leaf.count_own_blocks()
         if parent.parent is not None:
             parent.record_branch(first_token(key))
+            admit_leaf(self.queue.policy, self.sightings, parent, leaf, data)
         parent.children[first_token(key)] = leaf
         self._count_node(leaf, +1)
         self.queue.push(leaf)
@@ -209,6 +217,7 @@ class RadixTree:
         upper = TreeNode(node.key[:cut], node.start, at, upper_blocks, node.parent, node.ns)
         upper.lock_ref, upper.last_access, upper.hits = node.lock_ref, node.last_access, node.hits
         upper.expected_access = node.expected_access
+        upper.child_reuses = node.hits          # its one continuation so far: node's uses
         node.parent.children[first_token(node.key)] = upper
         node.key = node.key[cut:]
         node.blocks = node.blocks[at // B - first_index:]

@@ -55,6 +55,7 @@ def test_design_toml_loads_and_flags_override_file(tmp_path):
     ({"admin": {"keys": ["k"]}}, r"unknown keys in \[admin\]"),
     ({"sever": {}}, "unknown config sections"),
     ({"model": {"branch_ticks": -1}}, "branch_ticks"),
+    ({"model": {"probation_ticks": -5}}, "probation_ticks"),
 ])
 def test_invalid_config_values_are_rejected_with_a_reason(raw, fragment):
     with pytest.raises(ConfigError, match=fragment):
