@@ -6,7 +6,7 @@ evicted). This replays the same workloads generated with seeds ``0 .. N-1`` and 
 per workload and budget, the spread of ``radixgate / Belady`` (the issue's goal: >= 0.9 at
 budgets of 25% and more), of plain LRU's ratio beside it, and how many seeds have radixgate
 at or above the page-rounded (hash-block) cache, with the worst gap (the issue's other goal). Run:
-``python -m benchmarks.seed_spread [--quick|--full|--seeds N]`` (3 / 5 / N seeds of the
+``python -m benchmarks.seed_spread [--quick|--full|--seeds N] [--first-seed S]`` (3 / 5 / N seeds of the
 full-size traces, as the sweep in both bench modes uses; about 25 s a seed;
 ``--small-traces`` for the quick-size ones, seconds). ``run_all`` runs it with its mode.
 """
@@ -130,6 +130,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     mode.add_argument("--quick", action="store_true", help=f"{QUICK_SEEDS} seeds")
     mode.add_argument("--full", action="store_true", help=f"{FULL_SEEDS} seeds (default)")
     parser.add_argument("--seeds", type=int, help="seeds 0 .. N-1 (overrides the mode's)")
+    parser.add_argument("--first-seed", type=int, default=0,
+                        help="start there instead of 0 (seeds the defaults were not tuned on)")
     parser.add_argument("--small-traces", action="store_true",
                         help="the quick-size traces (seconds; default: full size, as the "
                              "sweep of both bench modes)")
@@ -146,7 +148,7 @@ def main(argv: list[str] | None = None) -> None:
     from tqdm import tqdm
 
     args = parse_args(argv)
-    seeds = range(args.seeds)
+    seeds = range(args.first_seed, args.first_seed + args.seeds)
     traces_per_seed = len(WORKLOAD_NAMES) + len(SESSION_WORKLOADS)
     with tqdm(total=args.seeds * traces_per_seed * len(FRACTIONS), desc="seed spread",
               unit="point") as bar:

@@ -75,6 +75,11 @@ def test_command_sweeps_every_seed_and_writes_table_and_json(tmp_path):
     assert set(data["at_or_above_page_rounded_every_seed"]) == names
 
 
+def test_first_seed_moves_the_range(tmp_path):
+    seed_spread.main(["--seeds", "1", "--first-seed", "7", "--small-traces", "--out", str(tmp_path)])
+    assert json.loads((tmp_path / "seed_spread.json").read_text())["seeds"] == [7]
+
+
 def test_mode_picks_the_number_of_seeds_and_zero_seeds_is_refused():
     assert seed_spread.parse_args(["--quick"]).seeds == seed_spread.QUICK_SEEDS
     assert seed_spread.parse_args([]).seeds == seed_spread.FULL_SEEDS
