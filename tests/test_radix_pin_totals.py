@@ -1,24 +1,13 @@
 """Pinned totals kept current (``PinTotals``) through splits, adopted blocks, owner changes,
 expiry, re-arming hits and flushes; each scenario is also recounted by ``check_integrity``."""
 
-from radixgate.radix_cache import BlockPool, RadixTree
-from tests.support.radix import cache, hit
+from tests.support.radix import cache, hit, make_clocked_tree
 
 B = 4
 
 
-class FakeClock:
-    def __init__(self):
-        self.now = 1000.0
-
-    def __call__(self):
-        return self.now
-
-
 def make_tree(num_blocks=64):
-    clock = FakeClock()
-    pool = BlockPool(num_blocks, B)
-    return pool, RadixTree(pool, clock=clock), clock
+    return make_clocked_tree(num_blocks, B)
 
 
 def path_blocks(tree, tokens, namespace="ns"):

@@ -2,26 +2,13 @@
 
 import pytest
 
-from radixgate.radix_cache import BlockPool, RadixTree
-from tests.support.radix import cache, hit
+from tests.support.radix import cache, hit, make_clocked_tree
 
 B = 4
 
 
-class FakeClock:
-    def __init__(self):
-        self.now = 1000.0
-
-    def __call__(self):
-        return self.now
-
-
 def make_tree(num_blocks=64):
-    clock = FakeClock()
-    pool = BlockPool(num_blocks, B)
-    return pool, RadixTree(pool, clock=clock), clock
-
-
+    return make_clocked_tree(num_blocks, B)
 
 
 def test_pin_survives_eviction_until_expiry():
