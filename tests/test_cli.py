@@ -124,3 +124,14 @@ def test_plain_lru_flag_turns_the_eviction_credits_and_partial_first_off():
     plain = config_from_args(build_parser().parse_args(["serve", "--plain-lru"]))
     assert engine_config(default).eviction == EvictionPolicy()
     assert engine_config(plain).eviction == LRU
+
+
+def test_eviction_settings_from_the_config_file_reach_the_engine(tmp_path):
+    from radixgate.gateway.state import engine_config
+    from radixgate.radix_cache import EvictionPolicy
+    path = tmp_path / "radixgate.toml"
+    path.write_text("[model]\ncontinuation_ticks = 50\nbranch_ticks = 8\n"
+                    "probation_ticks = 0\npartial_tails_first = false\n")
+    config = config_from_args(build_parser().parse_args(["serve", "--config", str(path)]))
+    assert engine_config(config).eviction == EvictionPolicy(
+        continuation_ticks=50, branch_ticks=8, probation_ticks=0, partial_tails_first=False)
