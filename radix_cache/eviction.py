@@ -1,9 +1,9 @@
 """Eviction order: a heap of candidate leaves by ``EvictionPolicy.key``, a heap of leaves
 whose last block is partly filled (given back first), and a heap of pin expiries.
 
-The key is LRU's last-access tick plus two credits (``EvictionPolicy``), so plain LRU is
-the policy with both credits 0. Both heaps use lazy invalidation, so no call rescans the
-tree:
+The key is LRU's last-access tick plus two credits and minus a probation penalty
+(``EvictionPolicy``); plain LRU (``LRU``) has all of them 0 and no partial-tail heap. The
+heaps use lazy invalidation, so no call rescans the tree:
 - the eviction heap holds ``(key, seq, node)`` and ``node.heap_key`` is the key of the
   node's newest entry. A key that grew (a hit) is fixed when its entry is popped: pushed
   again with the new key. A key that shrank (a match consumed a continuation credit) gets
