@@ -107,12 +107,12 @@ class RadixTree:
             if child.pin is not None:
                 now = self.clock() if now is None else now
                 pins.refresh(self, child, now)
-            node = child
+            parent, node = node, child
             if pos < child.end:
                 break                           # stopped inside: not its continuation
             child.expected_access = 0           # the expected continuation (if any) came
             if child.end - child.start >= B:
-                node.child_reuses += 1          # a whole continuation came back
+                parent.child_reuses += 1        # a whole continuation came back
         return node, pos, blocks
 
     def insert(self, namespace: str, tokens: Sequence[int], blocks: Sequence[int],

@@ -114,3 +114,20 @@ def test_sightings_stay_bounded_and_keep_the_newest():
     assert len(sightings) <= 8
     assert sightings.record(19) == 2                  # recent ones are remembered
     assert sightings.record(0) == 1                   # the oldest were forgotten
+
+
+def request(pool, tree, tokens):
+    """What the engine does for a prompt: match it, then insert it with its blocks."""
+    hit(pool, tree, tokens)
+    cache(pool, tree, tokens)
+
+
+def test_matching_a_document_does_not_count_as_its_questions_coming_back():
+    pool, tree = make_tree()
+    for i in range(6):
+        request(pool, tree, question(i))              # six one-off questions, engine order
+    document = leaf_of(tree, DOCUMENT)
+    assert document.child_reuses <= 1                 # (the split seeds one from hits)
+    hit(pool, tree, DOCUMENT)                         # the bare document, no continuation
+    assert document.child_reuses <= 1
+    assert on_probation(tree.queue.policy, leaf_of(tree, question(5)))
