@@ -62,7 +62,7 @@ class EvictionPolicy:
     ``LRU`` (no credits, no probation, partial blocks in LRU order) is plain LRU. The
     defaults come from the memory sweep over five seeds, checked on five other seeds
     (benchmarks/RESULTS.md): they raise the agent and document workloads' hit rates at
-    nearly every budget and cost multi-turn chat 0.2-1.6 points.
+    nearly every budget and cost multi-turn chat 0.2-0.8 points.
     """
 
     continuation_ticks: int = 200
