@@ -217,7 +217,8 @@ class RadixTree:
         upper = TreeNode(node.key[:cut], node.start, at, upper_blocks, node.parent, node.ns)
         upper.lock_ref, upper.last_access, upper.hits = node.lock_ref, node.last_access, node.hits
         upper.expected_access = node.expected_access
-        upper.child_reuses = node.hits          # its one continuation so far: node's uses
+        # upper.child_reuses stays 0: node's hits include matches that stopped inside it
+        # (this split comes from one), which are not a continuation coming back
         node.parent.children[first_token(node.key)] = upper
         node.key = node.key[cut:]
         node.blocks = node.blocks[at // B - first_index:]
