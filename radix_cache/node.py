@@ -93,7 +93,7 @@ class TreeNode:
     __slots__ = ("key", "start", "end", "blocks", "children", "parent", "ns", "lock_ref",
                  "last_access", "hits", "pin", "in_heap", "alive", "own_blocks", "branches",
                  "branch_tokens", "expected_access", "heap_key", "pin_paths", "in_partials", "probation",
-                 "child_reuses")
+                 "child_reuses", "passes")
 
     def __init__(self, key: bytes, start: int, end: int, blocks: list[int],
                  parent: TreeNode | None, ns):
@@ -118,6 +118,7 @@ class TreeNode:
         self.in_partials = False    # has an entry in the partial-tail heap
         self.probation = False      # new content nobody has matched yet (admission.py)
         self.child_reuses = 0       # continuations that came back (admission.py)
+        self.passes = 0             # matches that went through all of it
         self.pin_paths: dict[str, int] | None = None   # owner -> counted pins at or below
 
     def record_branch(self, token: int) -> None:

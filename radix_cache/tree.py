@@ -111,6 +111,7 @@ class RadixTree:
             if pos < child.end:
                 break                           # stopped inside: not its continuation
             child.expected_access = 0           # the expected continuation (if any) came
+            child.passes += 1
             if child.end - child.start >= B:
                 parent.child_reuses += 1        # a whole continuation came back
         return node, pos, blocks
@@ -217,8 +218,7 @@ class RadixTree:
         upper = TreeNode(node.key[:cut], node.start, at, upper_blocks, node.parent, node.ns)
         upper.lock_ref, upper.last_access, upper.hits = node.lock_ref, node.last_access, node.hits
         upper.expected_access = node.expected_access
-        # upper.child_reuses stays 0: node's hits include matches that stopped inside it
-        # (this split comes from one), which are not a continuation coming back
+        upper.child_reuses = node.passes        # its one continuation so far came back that often
         node.parent.children[first_token(node.key)] = upper
         node.key = node.key[cut:]
         node.blocks = node.blocks[at // B - first_index:]

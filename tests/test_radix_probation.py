@@ -94,9 +94,9 @@ def test_conversations_that_come_back_put_no_new_one_on_probation():
             turn = turn + [500 + t] * B
             cache(pool, tree, turn)
     root = leaf_of(tree, system)
-    # 2 turns came back in each conversation but the first, whose 2 came before the second
-    # conversation split the system prompt off as a node of its own
-    assert root.branches == 6 and root.child_reuses == 10
+    # 2 turns came back in each conversation (the first one's before the second conversation
+    # split the system prompt off as a node of its own: the split carries them over)
+    assert root.branches == 6 and root.child_reuses == 12
     newcomer = system + [600] * B
     cache(pool, tree, newcomer)
     assert not on_probation(tree.queue.policy, leaf_of(tree, newcomer))
