@@ -57,7 +57,8 @@ class EvictionPolicy:
       memory for fewer than ``B`` tokens, all of which only the leaf's exact continuation
       can reuse, so it is the cheapest memory to give back; a hash-block cache never holds
       it at all. Without this, that cache beat token-exact matching at some budgets (the
-      memory it saved outweighed the partial tokens we reuse); with it, never in the sweep.
+      memory it saved outweighed the partial tokens we reuse); with it, at 1 of 560
+      seed-points of the sweep, by 0.11 points.
 
     ``LRU`` (no credits, no probation, partial blocks in LRU order) is plain LRU. The
     defaults come from the memory sweep over five seeds, checked on five other seeds
