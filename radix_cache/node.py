@@ -92,8 +92,8 @@ class TreeNode:
 
     __slots__ = ("key", "start", "end", "blocks", "children", "parent", "ns", "lock_ref",
                  "last_access", "hits", "pin", "in_heap", "alive", "own_blocks", "branches",
-                 "branch_tokens", "expected_access", "heap_key", "pin_paths", "in_partials", "probation",
-                 "child_reuses", "passes")
+                 "branch_tokens", "expected_access", "heap_key", "pin_paths", "in_partials",
+                 "probation", "child_reuses", "passes")
 
     def __init__(self, key: bytes, start: int, end: int, blocks: list[int],
                  parent: TreeNode | None, ns):

@@ -60,7 +60,7 @@ class PinTotals:
         due = self._due
         while due and due[0][0] <= now:
             when, _, node, pin = heapq.heappop(due)
-            if not _current((when, 0, node, pin)):
+            if not _current(when, node, pin):
                 continue                    # superseded or already out of the totals
             if pin.expiry > now:
                 self._schedule(node, pin)   # a hit re-armed it since
@@ -95,7 +95,7 @@ class PinTotals:
         pin.settle_at = pin.expiry
         heapq.heappush(self._due, (pin.expiry, next(self._seq), node, pin))
         if len(self._due) > 2 * self.counted_pins + 1024:
-            self._due = [entry for entry in self._due if _current(entry)]
+            self._due = [e for e in self._due if _current(e[0], e[2], e[3])]
             heapq.heapify(self._due)
 
     def _walk(self, node: TreeNode, owner: str, sign: int) -> None:
@@ -111,37 +111,32 @@ class PinTotals:
             else:
                 del paths[owner]
             if left == (1 if sign > 0 else 0):     # this owner's first pin here, or last
-                self._add_tokens(self.tokens_by_owner, owner, sign * node.num_tokens)
+                _bump(self.tokens_by_owner, owner, sign * node.num_tokens)
             if had_any != bool(paths):
                 self.tokens += sign * node.num_tokens
-                self._add_tokens(self.tokens_by_namespace, node.ns.name, sign * node.num_tokens)
+                _bump(self.tokens_by_namespace, node.ns.name, sign * node.num_tokens)
                 self._add_blocks(node.blocks, sign)
             if not paths:
                 node.pin_paths = None
             node = node.parent
 
-    @staticmethod
-    def _add_tokens(totals: dict[str, int], key: str, delta: int) -> None:
-        value = totals.get(key, 0) + delta
-        if value:
-            totals[key] = value
-        else:
-            totals.pop(key, None)
-
     def _add_blocks(self, blocks: Sequence[int], sign: int) -> None:
-        holders = self.block_holders
         for block in blocks:
-            left = holders.get(block, 0) + sign
-            if left:
-                holders[block] = left
-            else:
-                del holders[block]
+            _bump(self.block_holders, block, sign)
 
     def __len__(self) -> int:
         return len(self._due)
 
 
-def _current(entry: tuple[float, int, TreeNode, Pin]) -> bool:
-    """Whether a due entry is its pin's newest and the pin still counts."""
-    when, _, node, pin = entry
+def _current(when: float, node: TreeNode, pin: Pin) -> bool:
+    """Whether a due entry for ``pin`` at ``when`` is its newest and the pin still counts."""
     return when == pin.settle_at and pin.counted and node.pin is pin
+
+
+def _bump(counter: dict, key, delta: int) -> None:
+    """Add ``delta`` to ``counter[key]``, dropping the key when it reaches 0."""
+    value = counter.get(key, 0) + delta
+    if value:
+        counter[key] = value
+    else:
+        counter.pop(key, None)
