@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 from benchmarks.stats import spread_sample, summarize
 from benchmarks.traces import TraceEntry, default_gguf_path
@@ -57,15 +57,20 @@ def load_transformers_model(gguf_path: str | None = None):
 
 
 def transformers_baseline(workloads: Sequence[Workload], traces: dict[str, list[TraceEntry]],
-                          progress=None, sample: int | None = None) -> dict:
+                          progress=None, sample: int | None = None, out: dict | None = None,
+                          on_workload: Callable[[], None] | None = None) -> dict:
     """{"load_s": ..., "workloads": {name: summary}}; requests run sequentially, only
     ``sample`` of each workload when given, spread evenly over its arrival order
-    (``spread_sample``: a session workload's short early turns and long late ones alike)."""
+    (``spread_sample``: a session workload's short early turns and long late ones alike).
+    Summaries are added to ``out`` when given (a resumed run), and ``on_workload`` is
+    called after each workload (to save progress)."""
     import torch
     torch.set_num_threads(os.cpu_count() or 1)
     started = time.perf_counter()
     model = load_transformers_model()
-    out = {"load_s": round(time.perf_counter() - started, 1), "sample": sample, "workloads": {}}
+    out = out if out is not None else {}
+    out.update(load_s=round(time.perf_counter() - started, 1), sample=sample)
+    out.setdefault("workloads", {})
     eos = model.generation_config.eos_token_id
     for workload in workloads:
         results, wall_start, cpu_start = [], time.perf_counter(), time.process_time()
@@ -84,6 +89,8 @@ def transformers_baseline(workloads: Sequence[Workload], traces: dict[str, list[
         summary = summarize(results, time.perf_counter() - wall_start)
         summary["cpu_s"] = round(time.process_time() - cpu_start, 2)
         out["workloads"][workload.name] = summary
+        if on_workload is not None:
+            on_workload()
     return out
 
 
@@ -122,4 +129,6 @@ def llama_cpp_baseline(workloads: Sequence[Workload], traces: dict[str, list[Tra
         summary.update(hit_rate=None, prefill_tokens=None, cache_read_tokens=None,
                        cpu_s=round(time.process_time() - cpu_start, 2))
         out["workloads"][workload.name] = summary
+        if on_workload is not None:
+            on_workload()
     return out

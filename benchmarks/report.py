@@ -6,6 +6,7 @@ import platform
 from pathlib import Path
 
 from benchmarks.memory_sweep import SweepPoint, WorkloadSweep, markdown as sweep_markdown
+from benchmarks.resume import runs_note
 
 SYSTEM_LABELS = {"radixgate": "radixgate (cache on)", "cache_off": "radixgate --no-prefix-cache",
                  "page_rounded": "radixgate --page-rounded-match",
@@ -153,8 +154,8 @@ def workloads_markdown(results: dict) -> str:
              f"Run {results['date']} with `{results['command']}` (seed {results['seed']}) on "
              f"{m['cpus']} CPUs ({m['cpu']}), Python {m['python']}; "
              f"total {results.get('elapsed_s') or '-'} s. "
-             + (results.get("note") or "Every figure below comes from this one run, systems "
-                "side by side on the same prompts.") + "\n"]
+             + (results.get("note") or runs_note(results) or "Every figure below comes from "
+                "this one run, systems side by side on the same prompts.") + "\n"]
     if results.get("http") or results.get("transformers"):
         parts += ["### Ratios (side by side)\n", ratio_table(results),
                   "### Per workload (HTTP, streaming; transformers/llama.cpp in-process, "

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import subprocess
 import sys
 import time
@@ -34,6 +33,9 @@ from benchmarks import report
 from benchmarks.http_runner import ClientConfig, run_workload
 from benchmarks.launch import ADMIN_KEY, DEFAULT_VARIANTS, VARIANTS, BenchServer, tenant_key
 from benchmarks.memory_sweep import replay_radix, run_sweep
+from benchmarks.resume import (ResumeMismatch, current_commit, load_previous, pending,
+                               run_settings, save_atomically)
+from benchmarks.stats import spread_sample
 from benchmarks.traces import load_tokenizer, workload_trace
 from benchmarks.workloads import WORKLOAD_NAMES, make_workloads
 
@@ -52,18 +54,19 @@ def upper_bounds(traces: dict, block_size: int = 16) -> dict:
     return out
 
 
-def run_variant(variant: str, workloads, args) -> dict:
-    """Start one server variant, run every workload against it, stop it."""
+def run_variant(variant: str, workloads, args, out: dict, save=lambda: None) -> None:
+    """Start one server variant, run ``workloads`` against it (adding each summary to
+    ``out["workloads"]`` and calling ``save`` after each), stop it. A failure is recorded
+    as ``out["error"]``."""
     tenants = sorted({r.tenant for w in workloads for r in w.requests})
     server = BenchServer(VARIANTS[variant], tenants, tiny=args.tiny,
                          kv_cache_gb=args.kv_cache_gb)
-    out: dict = {"args": list(VARIANTS[variant]), "workloads": {}}
     started = time.perf_counter()
     try:
         server.start()
     except (RuntimeError, TimeoutError) as e:
         out["error"] = str(e)[-2000:]
-        return out
+        return
     out["startup_s"] = round(time.perf_counter() - started, 1)
     cfg = ClientConfig(server.base_url, concurrency=args.concurrency, admin_key=ADMIN_KEY,
                        api_keys={t: tenant_key(t) for t in tenants},
@@ -80,9 +83,22 @@ def run_variant(variant: str, workloads, args) -> dict:
                     break
                 summary["cpu_s"] = round(server.cpu_seconds() - cpu_before, 2)
                 out["workloads"][workload.name] = summary
+                save()
     finally:
         server.stop()
-    return out
+
+
+def run_variants(results: dict, workloads, args, save) -> None:
+    """Each server variant on the workloads it has no saved summary for (all of them
+    unless resuming); a variant with nothing left to do starts no server."""
+    for variant in [v for v in args.variants.split(",") if v]:
+        out = results["http"].setdefault(variant, {"workloads": {}})
+        out["args"] = list(VARIANTS[variant])
+        todo = pending(workloads, out["workloads"])
+        if todo:
+            out.pop("error", None)
+            run_variant(variant, todo, args, out, save)
+            save()
 
 
 def run_other_script(name: str, quick: bool, out_dir: Path, timeout_s: float) -> dict | None:
@@ -136,6 +152,10 @@ def parse_args(argv):
                         help="KV budget of each server (small: a run under memory pressure)")
     parser.add_argument("--max-tokens", type=int, default=None,
                         help="output tokens per request (default: the mode's)")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue the run saved in --out/results.json (same settings): "
+                             "only the (variant, workload) pairs, transformers workloads and "
+                             "scripts it has not finished run")
     args = parser.parse_args(argv)
     args.quick = not args.full
     if args.transformers_requests is None:
@@ -152,47 +172,83 @@ def set_max_tokens(workloads, max_tokens: int) -> None:
 
 
 def run(argv: list[str] | None = None) -> dict:
-    """Run the suite; returns what it wrote to results.json."""
+    """Run the suite (or, with ``--resume``, what an earlier run left undone); returns what
+    it wrote to results.json."""
     args = parse_args(argv)
     command = "python -m benchmarks.run_all " + " ".join(argv if argv is not None else sys.argv[1:])
     args.out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    results: dict = {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-                     "command": command.strip(), "mode": "quick" if args.quick else "full",
-                     "seed": args.seed, "machine": report.machine_info()}
-    results["sweep"] = run_sweep(args.quick and args.sweep_quick, args.seed, args.out)
+    results = _open_results(args, command.strip())
+    this_run = {"date": _now(), "command": command.strip(), "commit": current_commit()}
+    results.setdefault("runs", []).append(this_run)
+
+    def save() -> None:
+        this_run["elapsed_s"] = round(time.perf_counter() - started, 1)
+        results["elapsed_s"] = round(sum(r.get("elapsed_s", 0) for r in results["runs"]), 1)
+        save_atomically(results, args.out)
+
+    if "sweep" not in results:
+        results["sweep"] = run_sweep(args.quick and args.sweep_quick, args.seed, args.out)
+        save()
     names = tuple(args.workloads.split(",")) if args.workloads else WORKLOAD_NAMES
     workloads = make_workloads(quick=args.quick, seed=args.seed, names=names)
     if args.max_tokens is not None:
         set_max_tokens(workloads, args.max_tokens)
     tokenizer = load_tokenizer()
     traces = {w.name: workload_trace(w, tokenizer) for w in workloads}
-    results["upper_bound"] = upper_bounds(traces)
-    results["http"] = {}
-    for variant in [v for v in args.variants.split(",") if v]:
-        results["http"][variant] = run_variant(variant, workloads, args)
-        _save(results, args.out)
+    results["upper_bound"].update(upper_bounds(traces))
+    run_variants(results, workloads, args, save)
     if not args.no_transformers:
-        from benchmarks.peers import transformers_baseline
-        sample = args.transformers_requests or None
-        with tqdm(total=sum(len(w.requests[:sample]) for w in workloads), desc="transformers",
-                  unit="req") as bar:
-            results["transformers"] = transformers_baseline(workloads, traces, bar, sample)
-        _save(results, args.out)
+        run_transformers(results, workloads, traces, args, save)
     if args.peers:
         from benchmarks.peers import llama_cpp_available, llama_cpp_baseline
         results["llama_cpp"] = (llama_cpp_baseline(workloads, traces) if llama_cpp_available()
                                 else {"error": "llama_cpp is not installed"})
-        _save(results, args.out)
+        save()
     if not args.no_scripts:
-        results["scripts"] = {name: run_other_script(name, args.quick, args.out,
-                                                     300 if args.quick else 3600)
-                              for name in OTHER_SCRIPTS}
-    results["elapsed_s"] = round(time.perf_counter() - started, 1)
-    _save(results, args.out)
+        run_scripts(results, args, save)
+    save()
     report.write_all(results, args.out)
     print((args.out / "workloads.md").read_text())
     return results
+
+
+def _open_results(args, command: str) -> dict:
+    """The saved results to continue (``--resume``, when there are any) or a new record."""
+    settings = run_settings(args)
+    previous = load_previous(args.out, settings) if args.resume else None
+    return previous or {"date": _now(), "command": command, "mode": settings["mode"],
+                        "seed": args.seed, "machine": report.machine_info(),
+                        "settings": settings, "http": {}, "upper_bound": {}}
+
+
+def run_transformers(results: dict, workloads, traces: dict, args, save) -> None:
+    """transformers ``generate`` on the workloads it has no saved summary for."""
+    from benchmarks.peers import transformers_baseline
+    out = results.setdefault("transformers", {"workloads": {}})
+    out.pop("error", None)
+    todo = pending(workloads, out.setdefault("workloads", {}))
+    if not todo:
+        return
+    sample = args.transformers_requests or None
+    with tqdm(total=sum(len(spread_sample(w.requests, sample)) for w in todo),
+              desc="transformers", unit="req") as bar:
+        transformers_baseline(todo, traces, bar, sample, out=out, on_workload=save)
+    save()
+
+
+def run_scripts(results: dict, args, save) -> None:
+    """The other scripts, except those that already succeeded in the saved results."""
+    scripts = results.setdefault("scripts", {})
+    for name in OTHER_SCRIPTS:
+        if (scripts.get(name) or {}).get("returncode") == 0:
+            continue
+        scripts[name] = run_other_script(name, args.quick, args.out, 300 if args.quick else 3600)
+        save()
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
 
 
 def failures(results: dict) -> list[str]:
@@ -219,14 +275,15 @@ def failures(results: dict) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``python -m benchmarks.run_all`` and ``radixgate bench``: exit code
     (1 when anything in ``failures`` went wrong; the figures are written either way)."""
-    problems = failures(run(argv))
+    try:
+        results = run(argv)
+    except ResumeMismatch as e:
+        print(f"cannot resume: {e}", file=sys.stderr)
+        return 2
+    problems = failures(results)
     for line in problems:
         print(f"FAILED {line}", file=sys.stderr)
     return 1 if problems else 0
-
-
-def _save(results: dict, out_dir: Path) -> None:
-    (out_dir / "results.json").write_text(json.dumps(results, indent=1, default=str))
 
 
 if __name__ == "__main__":
