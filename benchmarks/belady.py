@@ -89,6 +89,11 @@ class FutureOracle:
         """How many requests of the whole trace share ``tokens[request][:position]``."""
         return len(self._through(request, position))
 
+    def later_requests(self, request: int, position: int, now: int) -> list[int]:
+        """Requests after ``now`` whose prompt shares ``tokens[request][:position]``."""
+        reqs = self._through(request, position)
+        return reqs[bisect.bisect_right(reqs, now):]
+
     def next_use(self, request: int, position: int, now: int) -> float:
         """First request after ``now`` whose prompt shares ``tokens[request][:position]``
         (``position >= 1``); ``inf`` when none does."""
@@ -110,7 +115,9 @@ class _Node:
     priority: float = 0.0             # GreedyDual-Size-Frequency value (policy "gdsf")
 
 
-POLICIES = ("belady", "lru", "gdsf", "random", "popularity")
+POLICIES = ("belady", "lru", "gdsf", "random", "popularity", "open_sessions",
+            "open_sessions_now")
+SESSION_POLICIES = ("open_sessions", "open_sessions_now")
 
 
 class BeladyCache:
@@ -125,6 +132,17 @@ class BeladyCache:
     - ``popularity``: the leaf whose prefix the fewest requests of the whole trace share,
       LRU among equals: frequency known perfectly but not when requests come (the best a
       frequency-learning online policy could hope for).
+    - ``open_sessions`` (needs ``sessions``, each request's session): the leaf that the
+      fewest open sessions (begun, not finished) will send again, then one that no later
+      session will send either, LRU among equals. It knows which sessions will come back
+      and through which prefixes, but not in what order: when the next request comes from
+      an open session picked at random (``workloads.interleave``), keeping what the most
+      open sessions share is the best use of memory, so this bounds what an online policy
+      can reach on such a trace better than Belady (which also knows the order).
+    - ``open_sessions_now``: the same without knowing later sessions (LRU among leaves no
+      open session will send again). A server can know this much when sessions say that
+      they will come back, as an agent loop does whose last answer was a tool call; for
+      chat, which conversations continue is still an oracle's knowledge.
 
     With ``trim_tails`` a victim larger than the excess loses only its last blocks (down
     to a block boundary, keeping its first block), as ``RadixTree.evict`` does; without it
@@ -132,9 +150,16 @@ class BeladyCache:
     """
 
     def __init__(self, trace: Sequence[tuple[str, Sequence[int]]], block_size: int,
-                 policy: str = "belady", trim_tails: bool = False):
+                 policy: str = "belady", trim_tails: bool = False,
+                 sessions: Sequence[str] | None = None):
         if policy not in POLICIES:
             raise ValueError(f"unknown policy {policy!r}; one of {POLICIES}")
+        if policy in SESSION_POLICIES and (sessions is None or len(sessions) != len(trace)):
+            raise ValueError(f"policy {policy!r} needs the session of every request")
+        self.sessions = list(sessions) if sessions is not None else None
+        self.opened: dict[str, int] = {}          # session -> index of its first request
+        for index, session in enumerate(self.sessions or ()):
+            self.opened.setdefault(session, index)
         self.policy = policy
         self.trim_tails = trim_tails
         self.rng = random.Random(0)
@@ -264,10 +289,21 @@ class BeladyCache:
         if self.policy == "popularity":
             return min(self._leaves(), default=None, key=lambda n: (
                 self.oracle.popularity(n.rep, n.start + 1), n.last_access))
+        if self.policy in SESSION_POLICIES:
+            return min(self._leaves(), default=None,
+                       key=lambda n: (*self._open_sessions_reuse(n, now), n.last_access))
         victim = min(self._leaves(), default=None, key=lambda n: (n.priority, n.last_access))
         if victim is not None:
             self.inflation = victim.priority
         return victim
+
+    def _open_sessions_reuse(self, leaf: _Node, now: int) -> tuple[int, bool]:
+        """(open sessions that will send the leaf's first token again, whether any later
+        session will; always False for ``open_sessions_now``)."""
+        returning = {self.sessions[r]
+                     for r in self.oracle.later_requests(leaf.rep, leaf.start + 1, now)}
+        open_ = sum(1 for s in returning if self.opened[s] <= now)
+        return open_, self.policy == "open_sessions" and len(returning) > open_
 
     def evict_to(self, budget_blocks: int, now: int) -> None:
         """Evict leaves in policy order until at most ``budget_blocks`` blocks are held."""

@@ -23,6 +23,13 @@ top of it. Policies:
                     whole leaves (the issue's baseline);
 - ``belady_trim``   the same oracle, trimming victims' tails as ``RadixTree`` does (so the
                     oracle gets every mechanism we have);
+- ``open_sessions`` the simulator's ``open_sessions`` policy, trimming tails: it knows which
+                    sessions will come back and what they will re-send, but not in what
+                    order (Belady also knows the order). The next request comes from an
+                    open session picked at random, so this is about the best an online
+                    policy can do on these traces: a bound beside the goal, not a rival;
+- ``open_sessions_now`` the same knowing only the sessions open now (not later ones): what a
+                    server can know at best;
 - ``upper_bound``   unlimited memory, every reusable prefix token reused.
 
 The session workloads (multi_turn, agents) are swept twice: with their realistic arrivals
@@ -43,7 +50,7 @@ from typing import Sequence
 
 from radixgate.radix_cache import LRU, BlockPool, EvictionPolicy, RadixTree
 
-from benchmarks.belady import BeladyCache
+from benchmarks.belady import SESSION_POLICIES, BeladyCache
 
 FRACTIONS = (0.05, 0.1, 0.15, 0.25, 0.35, 0.5, 0.75, 1.0)
 SESSION_WORKLOADS = ("multi_turn", "agents")      # also swept with every session open
@@ -70,6 +77,8 @@ class SweepPoint:
     belady: float
     belady_trim: float = 0.0
     plain_lru: float = 0.0
+    open_sessions: float | None = None      # None: the trace's sessions were not given
+    open_sessions_now: float | None = None
 
 
 @dataclass
@@ -128,10 +137,10 @@ def replay_radix(trace: Trace, block_size: int, budget_blocks: int | None,
 
 def replay_belady(trace: Trace, block_size: int, budget_blocks: int | None,
                   round_to_block: bool = False, policy: str = "belady",
-                  trim_tails: bool = False) -> Replay:
+                  trim_tails: bool = False, sessions: Sequence[str] | None = None) -> Replay:
     """Replay through the simulator (offline Belady unless ``policy`` says otherwise);
-    ``None`` = unlimited memory."""
-    cache = BeladyCache(trace, block_size, policy, trim_tails)
+    ``None`` = unlimited memory. ``sessions``: each request's session (``open_sessions``)."""
+    cache = BeladyCache(trace, block_size, policy, trim_tails, sessions)
     reused_total = prompt_total = peak = 0
     for index, (namespace, tokens) in enumerate(trace):
         reused_total += cache.serve(namespace, index, round_to_block)
@@ -144,7 +153,8 @@ def replay_belady(trace: Trace, block_size: int, budget_blocks: int | None,
 
 def sweep_trace(name: str, trace: Trace, block_size: int = 16,
                 fractions: Sequence[float] = FRACTIONS, progress=None,
-                tool_calls: Sequence[bool] | None = None) -> WorkloadSweep:
+                tool_calls: Sequence[bool] | None = None,
+                sessions: Sequence[str] | None = None) -> WorkloadSweep:
     unlimited = replay_radix(trace, block_size, None)
     working_set = unlimited.peak_blocks
     page_unlimited = replay_radix(trace, block_size, None, round_to_block=True)
@@ -159,22 +169,36 @@ def sweep_trace(name: str, trace: Trace, block_size: int = 16,
                                       tool_calls=tool_calls).hit_rate,
             belady=replay_belady(trace, block_size, budget).hit_rate,
             belady_trim=replay_belady(trace, block_size, budget, trim_tails=True).hit_rate,
-            plain_lru=replay_radix(trace, block_size, budget, policy=LRU).hit_rate))
+            plain_lru=replay_radix(trace, block_size, budget, policy=LRU).hit_rate,
+            **_session_bounds(trace, block_size, budget, sessions)))
         if progress is not None:
             progress.update(1)
     return result
 
 
-COMPARED_POLICIES = ("lru", "random", "gdsf", "popularity", "belady")
+def _session_bounds(trace: Trace, block_size: int, budget: int,
+                    sessions: Sequence[str] | None) -> dict[str, float]:
+    """Hit rates of the two session-aware bounds (none without ``sessions``)."""
+    if sessions is None:
+        return {}
+    return {policy: replay_belady(trace, block_size, budget, policy=policy, trim_tails=True,
+                                  sessions=sessions).hit_rate
+            for policy in ("open_sessions", "open_sessions_now")}
+
+
+COMPARED_POLICIES = ("lru", "random", "gdsf", "popularity", "open_sessions",
+                     "open_sessions_now", "belady")
 
 
 def compare_policies(traces: dict[str, Trace], block_size: int = 16,
                      fractions: Sequence[float] = (0.1, 0.25, 0.35, 0.5),
                      policies: Sequence[str] = COMPARED_POLICIES,
-                     tool_calls: dict[str, Sequence[bool]] | None = None) -> str:
+                     tool_calls: dict[str, Sequence[bool]] | None = None,
+                     sessions: dict[str, Sequence[str]] | None = None) -> str:
     """Markdown table: hit rate of radixgate's own eviction (``RadixTree``, told about
     ``tool_calls``) and of each simulator policy (all trimming tails as ``RadixTree``
-    does) per workload and budget, and its ratio to Belady's."""
+    does) per workload and budget, and its ratio to Belady's. ``open_sessions`` needs the
+    trace's ``sessions``, as ``open_sessions_now`` ("-" without them)."""
     columns = ["radixgate", *policies]
     lines = ["| workload | budget | " + " | ".join(columns) + " |",
              "|---|---:|" + "---:|" * len(columns)]
@@ -182,27 +206,34 @@ def compare_policies(traces: dict[str, Trace], block_size: int = 16,
         working_set = replay_radix(trace, block_size, None).peak_blocks
         for fraction in fractions:
             budget = max(1, round(fraction * working_set))
-            rates = {p: replay_belady(trace, block_size, budget, policy=p,
-                                      trim_tails=True).hit_rate for p in policies}
+            session_ids = (sessions or {}).get(name)
+            rates = {p: replay_belady(trace, block_size, budget, policy=p, trim_tails=True,
+                                      sessions=session_ids).hit_rate
+                     for p in policies if p not in SESSION_POLICIES or session_ids is not None}
             rates["radixgate"] = replay_radix(trace, block_size, budget,
                                               tool_calls=(tool_calls or {}).get(name)).hit_rate
-            cells = [f"{rates[p]:.1%} ({_ratio(rates[p], rates['belady'])})" for p in columns]
+            cells = [f"{rates[p]:.1%} ({_ratio(rates[p], rates['belady'])})" if p in rates
+                     else "-" for p in columns]
             lines.append(f"| {name} | {fraction:.0%} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
 def goal_checks(sweeps: list[WorkloadSweep]) -> dict:
     """Issue 7's goals: ours >= 90% of Belady at budgets >= 25%; ours >= page-rounded always
-    (and, for transparency, the first goal against the tail-trimming oracle too)."""
-    within, within_trim, above = {}, {}, {}
+    (and, for transparency, the first goal against the tail-trimming oracle too, and
+    whether the ``open_sessions`` bound itself reaches the first goal)."""
+    within, within_trim, above, bound = {}, {}, {}, {}
     for s in sweeps:
         high = [p for p in s.points if p.fraction >= 0.25]
         within[s.name] = all(p.radixgate >= 0.9 * p.belady for p in high)
         within_trim[s.name] = all(p.radixgate >= 0.9 * p.belady_trim for p in high)
         above[s.name] = all(p.radixgate >= p.page_rounded for p in s.points)
+        if all(p.open_sessions is not None for p in high):
+            bound[s.name] = all(p.open_sessions >= 0.9 * p.belady for p in high)
     return {"within_10pct_of_belady_at_25pct_plus": within,
             "within_10pct_of_belady_trim_at_25pct_plus": within_trim,
-            "at_or_above_page_rounded": above}
+            "at_or_above_page_rounded": above,
+            "open_sessions_bound_within_10pct_of_belady_at_25pct_plus": bound}
 
 
 def markdown(sweeps: list[WorkloadSweep], header: str = "") -> str:
@@ -212,18 +243,21 @@ def markdown(sweeps: list[WorkloadSweep], header: str = "") -> str:
                   f"working set {s.working_set_blocks} blocks; upper bound (unlimited memory) "
                   f"{s.upper_bound:.1%} (page-rounded {s.page_rounded_upper_bound:.1%})\n",
                   "| budget | blocks | radixgate | plain LRU | page-rounded | Belady (offline) | "
-                  "ours / Belady | Belady + tail trim | ours / (Belady + trim) |",
-                  "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+                  "ours / Belady | Belady + tail trim | ours / (Belady + trim) | "
+                  "open-sessions bound / Belady | same, open now only / Belady |",
+                  "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for p in s.points:
             lines.append(f"| {p.fraction:.0%} | {p.budget_blocks} | {p.radixgate:.1%} | "
                          f"{p.plain_lru:.1%} | {p.page_rounded:.1%} | {p.belady:.1%} | "
                          f"{_ratio(p.radixgate, p.belady)} | {p.belady_trim:.1%} | "
-                         f"{_ratio(p.radixgate, p.belady_trim)} |")
+                         f"{_ratio(p.radixgate, p.belady_trim)} | "
+                         f"{_ratio(p.open_sessions, p.belady)} | "
+                         f"{_ratio(p.open_sessions_now, p.belady)} |")
     return "\n".join(lines) + "\n"
 
 
-def _ratio(ours: float, baseline: float) -> str:
-    return f"{ours / baseline:.2f}" if baseline else "-"
+def _ratio(ours: float | None, baseline: float) -> str:
+    return f"{ours / baseline:.2f}" if baseline and ours is not None else "-"
 
 
 def plot(sweeps: list[WorkloadSweep], path: Path) -> None:
@@ -240,6 +274,9 @@ def plot(sweeps: list[WorkloadSweep], path: Path) -> None:
         ax.plot(xs, [p.belady * 100 for p in s.points], "k:", marker="s", label="Belady (offline)")
         ax.plot(xs, [p.belady_trim * 100 for p in s.points], "C7:", marker="x",
                 label="Belady + tail trim")
+        if all(p.open_sessions is not None for p in s.points):
+            ax.plot(xs, [p.open_sessions * 100 for p in s.points], "C3:", lw=1, marker="+",
+                    label="open-sessions bound")
         ax.plot(xs, [p.radixgate * 100 for p in s.points], "C0-", marker="o", label="radixgate")
         ax.plot(xs, [p.plain_lru * 100 for p in s.points], "C4-", lw=1, marker=".",
                 label="plain LRU")
@@ -282,6 +319,10 @@ def tool_call_flags(entries) -> list[bool]:
     return [e.ends_in_tool_call for e in entries]
 
 
+def session_ids(entries) -> list[str]:
+    return [e.session for e in entries]
+
+
 def run_sweep(quick: bool, seed: int = 0, out_dir: Path = Path("benchmarks/out"),
               block_size: int = 16, fractions: Sequence[float] = FRACTIONS) -> dict:
     """Build the workloads, replay them at every budget, write sweep.{json,md,png}."""
@@ -293,7 +334,7 @@ def run_sweep(quick: bool, seed: int = 0, out_dir: Path = Path("benchmarks/out")
     with tqdm(total=len(traces) * len(fractions), desc="memory sweep", unit="point") as bar:
         for name, entries in traces.items():
             sweeps.append(sweep_trace(name, pairs(entries), block_size, fractions, bar,
-                                      tool_call_flags(entries)))
+                                      tool_call_flags(entries), session_ids(entries)))
     result = {"mode": "quick" if quick else "full", "seed": seed, "block_size": block_size,
               "elapsed_s": round(time.perf_counter() - started, 2),
               "workloads": [asdict(s) for s in sweeps], "goals": goal_checks(sweeps)}
@@ -316,7 +357,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.compare_policies:
         traces = sweep_traces(not args.full, args.seed)
         table = compare_policies({n: pairs(e) for n, e in traces.items()},
-                                 tool_calls={n: tool_call_flags(e) for n, e in traces.items()})
+                                 tool_calls={n: tool_call_flags(e) for n, e in traces.items()},
+                                 sessions={n: session_ids(e) for n, e in traces.items()})
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "policies.md").write_text(table)
         print(table)

@@ -5,7 +5,9 @@ it can win by luck of the draw (a document asked again just before it would have
 evicted). This replays the same workloads generated with seeds ``0 .. N-1`` and reports,
 per workload and budget, the spread of ``radixgate / Belady`` (the issue's goal: >= 0.9 at
 budgets of 25% and more), of plain LRU's ratio beside it, and how many seeds have radixgate
-at or above the page-rounded (hash-block) cache, with the worst gap (the issue's other goal). Run:
+at or above the page-rounded (hash-block) cache, with the worst gap (the issue's other goal),
+and the ratios of the two session-aware bounds (``memory_sweep``: knowing which sessions will
+come back, but not in what order). Run:
 ``python -m benchmarks.seed_spread [--quick|--full|--seeds N] [--first-seed S]`` (3 / 5 / N seeds of the
 full-size traces, as the sweep in both bench modes uses; about 25 s a seed;
 ``--small-traces`` for the quick-size ones, seconds). ``run_all`` runs it with its mode.
@@ -20,7 +22,7 @@ from pathlib import Path
 from typing import Sequence
 
 from benchmarks.memory_sweep import (FRACTIONS, SESSION_WORKLOADS, WorkloadSweep, pairs,
-                                     sweep_trace, sweep_traces, tool_call_flags)
+                                     session_ids, sweep_trace, sweep_traces, tool_call_flags)
 from benchmarks.workloads import WORKLOAD_NAMES
 
 GOAL_RATIO = 0.9
@@ -36,6 +38,8 @@ class RatioSpread:
     fraction: float
     radixgate: list[float | None] = field(default_factory=list)
     plain_lru: list[float | None] = field(default_factory=list)
+    open_sessions: list[float | None] = field(default_factory=list)      # the bounds'
+    open_sessions_now: list[float | None] = field(default_factory=list)
     over_page_rounded: list[float] = field(default_factory=list)   # hit-rate points
 
     def summary(self, column: str) -> tuple[float, float, float] | None:
@@ -66,6 +70,9 @@ def collect(sweeps_by_seed: Sequence[list[WorkloadSweep]]) -> list[RatioSpread]:
                                             RatioSpread(sweep.name, point.fraction))
                 spread.radixgate.append(_ratio(point.radixgate, point.belady))
                 spread.plain_lru.append(_ratio(point.plain_lru, point.belady))
+                for bound in ("open_sessions", "open_sessions_now"):
+                    if getattr(point, bound) is not None:
+                        getattr(spread, bound).append(_ratio(getattr(point, bound), point.belady))
                 spread.over_page_rounded.append(100 * (point.radixgate - point.page_rounded))
     return list(spreads.values())
 
@@ -78,7 +85,8 @@ def run_seeds(seeds: Sequence[int], quick: bool, fractions: Sequence[float] = FR
         traces = sweep_traces(quick, seed)
         sweeps_by_seed.append([sweep_trace(name, pairs(entries), fractions=fractions,
                                            progress=progress,
-                                           tool_calls=tool_call_flags(entries))
+                                           tool_calls=tool_call_flags(entries),
+                                           sessions=session_ids(entries))
                                for name, entries in traces.items()])
     return collect(sweeps_by_seed)
 
@@ -93,15 +101,18 @@ def _cell(summary: tuple[float, float, float] | None) -> str:
 def markdown(spreads: Sequence[RatioSpread], num_seeds: int) -> str:
     lines = ["| workload | budget | radixgate / Belady: mean (min-max) | "
              f"seeds >= {GOAL_RATIO} | plain LRU / Belady: mean (min-max) | "
-             "seeds >= page-rounded | worst gap to page-rounded (points) |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
+             "seeds >= page-rounded | worst gap to page-rounded (points) | "
+             "open-sessions bound / Belady: mean (min-max) | same, open now only |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for s in spreads:
         met = f"{s.seeds_meeting_goal()} of {num_seeds}" if s.summary("radixgate") else "-"
         gaps = s.over_page_rounded
         worst = f"{min(gaps):+.2f}" if gaps else "-"
         lines.append(f"| {s.workload} | {s.fraction:.0%} | {_cell(s.summary('radixgate'))} | "
                      f"{met} | {_cell(s.summary('plain_lru'))} | "
-                     f"{s.seeds_at_or_above_page_rounded()} of {len(gaps)} | {worst} |")
+                     f"{s.seeds_at_or_above_page_rounded()} of {len(gaps)} | {worst} | "
+                     f"{_cell(s.summary('open_sessions'))} | "
+                     f"{_cell(s.summary('open_sessions_now'))} |")
     return "\n".join(lines) + "\n"
 
 

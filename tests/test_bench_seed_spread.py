@@ -43,8 +43,17 @@ def test_markdown_has_a_row_per_workload_and_budget():
                                                    (0.5, 0.1, 0.1, 0.0)])]])
     rows = [line for line in seed_spread.markdown(spreads, 1).splitlines()
             if line.startswith("| docs")]
-    assert rows == ["| docs | 25% | 0.900 (0.90-0.90) | 1 of 1 | 0.800 (0.80-0.80) | 1 of 1 | +0.00 |",
-                    "| docs | 50% | - | - | - | 1 of 1 | +0.00 |"]
+    assert rows == ["| docs | 25% | 0.900 (0.90-0.90) | 1 of 1 | 0.800 (0.80-0.80) | 1 of 1 | +0.00 | - | - |",
+                    "| docs | 50% | - | - | - | 1 of 1 | +0.00 | - | - |"]
+
+
+def test_open_sessions_bound_gets_its_own_ratio_column():
+    with_bound = sweep("chat", [(0.25, 0.45, 0.40, 0.5)])
+    with_bound.points[0].open_sessions = 0.47
+    spreads = seed_spread.collect([[with_bound], [sweep("chat", [(0.25, 0.45, 0.40, 0.5)])]])
+    assert spreads[0].open_sessions == pytest.approx([0.94])     # the seed without it adds none
+    row = seed_spread.markdown(spreads, 2).splitlines()[2]
+    assert row.endswith("| 0.940 (0.94-0.94) | - |")
 
 
 def test_page_rounded_goal_needs_every_seed_at_or_above():

@@ -124,16 +124,29 @@ def test_sweep_orders_hit_rates_by_sharing_and_meets_upper_bound_at_full_budget(
 
 
 def test_sweep_outputs_table_plot_and_goal_checks(tmp_path):
-    s = sweep_trace("tiny", random_trace(1), B, fractions=(0.1, 0.5, 1.0))
+    trace = random_trace(1)
+    s = sweep_trace("tiny", trace, B, fractions=(0.1, 0.5, 1.0))
     text = markdown([s])
     assert len([line for line in text.splitlines() if line.startswith("| ")]) == 1 + len(s.points)
+    assert all(p.open_sessions is None for p in s.points)
+    assert text.splitlines()[-1].endswith("| - | - |")
     plot([s], tmp_path / "sweep.png")
     assert (tmp_path / "sweep.png").read_bytes()[:4] == b"\x89PNG"
     goals = goal_checks([s])
     assert set(goals) == {"within_10pct_of_belady_at_25pct_plus",
                           "within_10pct_of_belady_trim_at_25pct_plus",
-                          "at_or_above_page_rounded"}
+                          "at_or_above_page_rounded",
+                          "open_sessions_bound_within_10pct_of_belady_at_25pct_plus"}
+    assert goals["open_sessions_bound_within_10pct_of_belady_at_25pct_plus"] == {}
     json.dumps(goals)
+
+    bounded = sweep_trace("tiny", trace, B, fractions=(0.1, 0.5, 1.0),
+                          sessions=[f"s{i % 3}" for i in range(len(trace))])
+    assert bounded.points[-1].open_sessions == pytest.approx(bounded.upper_bound)
+    for p in bounded.points:
+        assert 0 <= p.open_sessions_now <= bounded.upper_bound + 1e-9
+    assert "tiny" in goal_checks([bounded])["open_sessions_bound_within_10pct_of_belady_at_25pct_plus"]
+    plot([bounded], tmp_path / "bounded.png")
 
 
 def test_tail_trimming_simulator_never_holds_more_than_budget_and_never_loses_to_whole_leaves():
@@ -165,8 +178,44 @@ def test_random_policy_is_seeded_and_compare_table_lists_every_policy():
     table = compare_policies({"t": trace}, B, fractions=(0.5,))
     header, rule, row = table.splitlines()
     assert header.split(" | ")[2:] == ["radixgate", "lru", "random", "gdsf", "popularity",
-                                       "belady |"]
-    assert row.startswith("| t | 50% |") and row.endswith("(1.00) |")
+                                       "open_sessions", "open_sessions_now", "belady |"]
+    assert row.startswith("| t | 50% |") and row.endswith("| - | - | " + row.split(" | ")[-1])
+    with_sessions = compare_policies({"t": trace}, B, fractions=(0.5,),
+                                     sessions={"t": ["s"] * len(trace)})
+    assert " - " not in with_sessions.splitlines()[2]
+
+
+def test_open_sessions_policy_keeps_what_open_sessions_will_send_again():
+    own_a, own_b = list(range(100, 164)), list(range(200, 264))   # 4 blocks each
+    # a opens, b opens and finishes, a comes back: LRU keeps b's (finished) prompt instead
+    trace = [("n", own_a + [1]), ("n", own_b + [2]), ("n", own_a + [1, 3])]
+    sessions = ["a", "b", "a"]
+    lru = replay_belady(trace, B, budget_blocks=5, policy="lru", trim_tails=True)
+    open_ = replay_belady(trace, B, budget_blocks=5, policy="open_sessions", trim_tails=True,
+                          sessions=sessions)
+    assert lru.reused_tokens == 0
+    assert open_.reused_tokens == len(own_a) + 1
+
+
+def test_open_sessions_policy_prefers_a_prefix_a_later_session_will_send():
+    early, late = list(range(100, 164)), list(range(200, 264))
+    # after request 1 nothing is open; only the prefix of request 0 comes back (session c)
+    trace = [("n", early + [1]), ("n", late + [2]), ("n", early + [3])]
+    open_ = replay_belady(trace, B, budget_blocks=5, policy="open_sessions", trim_tails=True,
+                          sessions=["a", "b", "c"])
+    assert open_.reused_tokens == len(early)
+    # knowing only the sessions open now, both are equal and LRU drops the older one
+    now_only = replay_belady(trace, B, budget_blocks=5, policy="open_sessions_now",
+                             trim_tails=True, sessions=["a", "b", "c"])
+    assert now_only.reused_tokens == 0
+
+
+@pytest.mark.parametrize("policy", ["open_sessions", "open_sessions_now"])
+def test_session_policies_need_every_requests_session(policy):
+    with pytest.raises(ValueError, match="session of every request"):
+        BeladyCache([("n", [1, 2])], B, policy=policy)
+    with pytest.raises(ValueError, match="session of every request"):
+        BeladyCache([("n", [1, 2])], B, policy=policy, sessions=["a", "b"])
 
 
 def test_tool_call_answers_read_from_the_next_request_of_the_session():
