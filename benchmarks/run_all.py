@@ -12,7 +12,9 @@
 5. the other helpers' scripts when present (``runtime_bench``, ``radix_ops``, ``kernels_bench``,
    ``seed_spread``: the sweep's goal ratios over several seeds).
 
-Writes ``benchmarks/out/results.json``, ``sweep.png``, ``http.png`` and ``workloads.md``.
+Writes ``results.json``, ``sweep.png``, ``http.png`` and ``workloads.md`` to ``benchmarks/out``
+(full mode: ``benchmarks/out/full``), saving ``results.json`` after every finished part so
+that ``--resume`` can continue an interrupted run (``benchmarks.resume``).
 Quick mode (``make bench``) keeps prefixes under ~512 tokens and requests few and short.
 """
 from __future__ import annotations
@@ -128,7 +130,10 @@ def parse_args(argv):
     mode.add_argument("--quick", action="store_true", help="small sizes (default)")
     mode.add_argument("--full", action="store_true", help="the issue's full sizes")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", type=Path, default=Path("benchmarks/out"))
+    parser.add_argument("--out", type=Path, default=None,
+                        help="where results.json, the plots and logs go (default "
+                             "benchmarks/out, full mode benchmarks/out/full: a quick run "
+                             "never overwrites an hours-long full one)")
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--variants", default=",".join(DEFAULT_VARIANTS),
                         help=f"server variants to run (comma separated; empty for none): "
@@ -158,6 +163,8 @@ def parse_args(argv):
                              "scripts it has not finished run")
     args = parser.parse_args(argv)
     args.quick = not args.full
+    if args.out is None:
+        args.out = Path("benchmarks/out" if args.quick else "benchmarks/out/full")
     if args.transformers_requests is None:
         args.transformers_requests = 4 if args.quick else 16
     if args.kv_cache_gb is None:

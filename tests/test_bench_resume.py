@@ -111,3 +111,10 @@ def test_transformers_baseline_adds_to_saved_summaries_and_reports_each_workload
     assert out["workloads"]["shared_system"] == {"requests": 12}
     assert out["workloads"]["control"]["requests"] == 1
     assert out["workloads"]["control"]["errors"] == 0
+
+
+def test_full_runs_default_to_their_own_folder_so_a_quick_run_cannot_overwrite_them():
+    from pathlib import Path
+    assert run_all.parse_args(["--full"]).out == Path("benchmarks/out/full")
+    assert run_all.parse_args([]).out == Path("benchmarks/out")
+    assert run_all.parse_args(["--full", "--out", "x"]).out == Path("x")
