@@ -137,8 +137,10 @@ class BeladyCache:
       session will send either, LRU among equals. It knows which sessions will come back
       and through which prefixes, but not in what order: when the next request comes from
       an open session picked at random (``workloads.interleave``), keeping what the most
-      open sessions share is the best use of memory, so this bounds what an online policy
-      can reach on such a trace better than Belady (which also knows the order).
+      open sessions share is the best use of memory, so this is a closer reference than
+      Belady (which also knows the order) for what an online policy can reach on such a
+      trace. A greedy rule (session counts, not tokens) with oracle knowledge, not a
+      proven bound.
     - ``open_sessions_now``: the same without knowing later sessions (LRU among leaves no
       open session will send again). A server can know this much when sessions say that
       they will come back, as an agent loop does whose last answer was a tool call; for

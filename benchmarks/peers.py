@@ -103,15 +103,20 @@ def llama_cpp_available() -> bool:
 
 
 def llama_cpp_baseline(workloads: Sequence[Workload], traces: dict[str, list[TraceEntry]],
-                       n_ctx: int = 8192, cache_bytes: int = 2 << 30, progress=None) -> dict:
+                       n_ctx: int = 8192, cache_bytes: int = 2 << 30, progress=None,
+                       out: dict | None = None,
+                       on_workload: Callable[[], None] | None = None) -> dict:
     """llama.cpp with ``LlamaRAMCache``; llama.cpp reports no cached-token counts, so
-    ``hit_rate`` and ``prefill_tokens`` are None."""
+    ``hit_rate`` and ``prefill_tokens`` are None. ``out`` and ``on_workload`` as for
+    ``transformers_baseline``."""
     from llama_cpp import Llama, LlamaRAMCache
     started = time.perf_counter()
     llm = Llama(model_path=default_gguf_path(), n_ctx=n_ctx, n_threads=os.cpu_count() or 1,
                 verbose=False)
     llm.set_cache(LlamaRAMCache(capacity_bytes=cache_bytes))
-    out = {"load_s": round(time.perf_counter() - started, 1), "workloads": {}}
+    out = out if out is not None else {}
+    out["load_s"] = round(time.perf_counter() - started, 1)
+    out.setdefault("workloads", {})
     for workload in workloads:
         results, wall_start, cpu_start = [], time.perf_counter(), time.process_time()
         for req, entry in zip(workload.requests, traces[workload.name]):

@@ -2,8 +2,8 @@
 finished part is saved as it ends and a rerun with the same settings does only what is
 missing.
 
-A part is one (server variant, workload) pair, one transformers workload, one other
-script, or the sweep. ``results.json`` is rewritten atomically after each part, so a run
+A part is one (server variant, workload) pair, one transformers or llama.cpp workload, one
+other script, or the sweep; a part whose requests failed is done again. ``results.json`` is rewritten atomically after each part, so a run
 that is killed loses at most the part it was in. Each invocation appends its date, commit
 and time to ``results["runs"]``; the report says when a run's figures came from several.
 """
@@ -26,7 +26,7 @@ def run_settings(args) -> dict:
             "concurrency": args.concurrency, "kv_cache_gb": args.kv_cache_gb,
             "max_tokens": args.max_tokens, "cache_control": args.cache_control,
             "tiny": args.tiny, "transformers_requests": args.transformers_requests,
-            "sweep_quick": bool(args.sweep_quick)}
+            "sweep_quick": bool(args.sweep_quick and args.quick)}
 
 
 def load_previous(out_dir: Path, settings: dict) -> dict | None:
@@ -39,12 +39,15 @@ def load_previous(out_dir: Path, settings: dict) -> dict | None:
         previous = json.loads(path.read_text())
     except json.JSONDecodeError as e:
         raise ResumeMismatch(f"{path} is not valid JSON ({e}); move it away to start over")
+    if not isinstance(previous, dict):
+        raise ResumeMismatch(f"{path} is not a run_all result; move it away to start over")
     saved = previous.get("settings")
     if saved is None:
         raise ResumeMismatch(f"{path} has no recorded settings (made before --resume "
                              "existed); move it away to start over")
-    differ = [f"{k}: saved {saved.get(k)!r}, now {v!r}" for k, v in settings.items()
-              if saved.get(k) != v]
+    saved = {k: saved.get(k, previous.get(k)) for k in settings}   # older files: top level
+    differ = [f"{k}: saved {saved[k]!r}, now {v!r}" for k, v in settings.items()
+              if saved[k] != v]
     if differ:
         raise ResumeMismatch(f"{path} was made with other settings ({'; '.join(differ)}); "
                              "rerun with those settings, or use another --out")
@@ -52,8 +55,9 @@ def load_previous(out_dir: Path, settings: dict) -> dict | None:
 
 
 def pending(workloads: Iterable, done: dict) -> list:
-    """The workloads without a saved summary in ``done`` (name -> summary)."""
-    return [w for w in workloads if w.name not in done]
+    """The workloads without a saved summary in ``done`` (name -> summary), or whose saved
+    summary counts failed requests (a server that died mid-way): those run again."""
+    return [w for w in workloads if w.name not in done or done[w.name].get("errors")]
 
 
 def save_atomically(results: dict, out_dir: Path) -> None:
@@ -66,11 +70,13 @@ def save_atomically(results: dict, out_dir: Path) -> None:
 
 def current_commit() -> str:
     """The checkout's commit (``-dirty`` with uncommitted changes), or '' outside git."""
+    repo = Path(__file__).resolve().parent
     try:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                                text=True, timeout=10, check=True).stdout.strip()
+                                text=True, timeout=10, check=True, cwd=repo).stdout.strip()
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=10).stdout.strip()
+                               capture_output=True, text=True, timeout=10,
+                               cwd=repo).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return ""
     return commit + ("-dirty" if dirty else "")
@@ -86,4 +92,5 @@ def runs_note(results: dict) -> str:
             "(`--resume`): " + "; ".join(f"{r['date']} for {r.get('elapsed_s', '-')} s"
                                         for r in runs)
             + f" (commit{'s' if len(commits) > 1 else ''} {', '.join(commits)}). Each "
-            "(variant, workload) pair ran whole within one of them.")
+            "(variant, workload) pair ran whole within one of them; an invocation starts its "
+            "servers afresh, so the first pair it runs on each also pays the cold start.")

@@ -208,10 +208,7 @@ def run(argv: list[str] | None = None) -> dict:
     if not args.no_transformers:
         run_transformers(results, workloads, traces, args, save)
     if args.peers:
-        from benchmarks.peers import llama_cpp_available, llama_cpp_baseline
-        results["llama_cpp"] = (llama_cpp_baseline(workloads, traces) if llama_cpp_available()
-                                else {"error": "llama_cpp is not installed"})
-        save()
+        run_llama_cpp(results, workloads, traces, save)
     if not args.no_scripts:
         run_scripts(results, args, save)
     save()
@@ -222,7 +219,7 @@ def run(argv: list[str] | None = None) -> dict:
 
 def _open_results(args, command: str) -> dict:
     """The saved results to continue (``--resume``, when there are any) or a new record."""
-    settings = run_settings(args)
+    settings = {**run_settings(args), "machine": report.machine_info()}
     previous = load_previous(args.out, settings) if args.resume else None
     return previous or {"date": _now(), "command": command, "mode": settings["mode"],
                         "seed": args.seed, "machine": report.machine_info(),
@@ -242,6 +239,21 @@ def run_transformers(results: dict, workloads, traces: dict, args, save) -> None
               desc="transformers", unit="req") as bar:
         transformers_baseline(todo, traces, bar, sample, out=out, on_workload=save)
     save()
+
+
+def run_llama_cpp(results: dict, workloads, traces: dict, save) -> None:
+    """llama.cpp (when installed) on the workloads it has no saved summary for."""
+    from benchmarks.peers import llama_cpp_available, llama_cpp_baseline
+    if not llama_cpp_available():
+        results["llama_cpp"] = {"error": "llama_cpp is not installed"}
+        return
+    out = results.get("llama_cpp") or {}
+    out.pop("error", None)
+    results["llama_cpp"] = out
+    todo = pending(workloads, out.setdefault("workloads", {}))
+    if todo:
+        llama_cpp_baseline(todo, traces, out=out, on_workload=save)
+        save()
 
 
 def run_scripts(results: dict, args, save) -> None:

@@ -6,7 +6,7 @@ evicted). This replays the same workloads generated with seeds ``0 .. N-1`` and 
 per workload and budget, the spread of ``radixgate / Belady`` (the issue's goal: >= 0.9 at
 budgets of 25% and more), of plain LRU's ratio beside it, and how many seeds have radixgate
 at or above the page-rounded (hash-block) cache, with the worst gap (the issue's other goal),
-and the ratios of the two session-aware bounds (``memory_sweep``: knowing which sessions will
+and the ratios of the two session-aware oracles (``memory_sweep``: knowing which sessions will
 come back, but not in what order). Run:
 ``python -m benchmarks.seed_spread [--quick|--full|--seeds N] [--first-seed S]`` (3 / 5 / N seeds of the
 full-size traces, as the sweep in both bench modes uses; about 25 s a seed;
@@ -38,7 +38,7 @@ class RatioSpread:
     fraction: float
     radixgate: list[float | None] = field(default_factory=list)
     plain_lru: list[float | None] = field(default_factory=list)
-    open_sessions: list[float | None] = field(default_factory=list)      # the bounds'
+    open_sessions: list[float | None] = field(default_factory=list)      # the oracles'
     open_sessions_now: list[float | None] = field(default_factory=list)
     over_page_rounded: list[float] = field(default_factory=list)   # hit-rate points
 
@@ -70,9 +70,9 @@ def collect(sweeps_by_seed: Sequence[list[WorkloadSweep]]) -> list[RatioSpread]:
                                             RatioSpread(sweep.name, point.fraction))
                 spread.radixgate.append(_ratio(point.radixgate, point.belady))
                 spread.plain_lru.append(_ratio(point.plain_lru, point.belady))
-                for bound in ("open_sessions", "open_sessions_now"):
-                    if getattr(point, bound) is not None:
-                        getattr(spread, bound).append(_ratio(getattr(point, bound), point.belady))
+                for oracle in ("open_sessions", "open_sessions_now"):
+                    if getattr(point, oracle) is not None:
+                        getattr(spread, oracle).append(_ratio(getattr(point, oracle), point.belady))
                 spread.over_page_rounded.append(100 * (point.radixgate - point.page_rounded))
     return list(spreads.values())
 
@@ -102,7 +102,7 @@ def markdown(spreads: Sequence[RatioSpread], num_seeds: int) -> str:
     lines = ["| workload | budget | radixgate / Belady: mean (min-max) | "
              f"seeds >= {GOAL_RATIO} | plain LRU / Belady: mean (min-max) | "
              "seeds >= page-rounded | worst gap to page-rounded (points) | "
-             "open-sessions bound / Belady: mean (min-max) | same, open now only |",
+             "open-sessions oracle / Belady: mean (min-max) | same, open now only |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for s in spreads:
         met = f"{s.seeds_meeting_goal()} of {num_seeds}" if s.summary("radixgate") else "-"

@@ -54,6 +54,25 @@ def test_resume_runs_only_the_pairs_an_interrupted_run_left(tmp_path, monkeypatc
     assert calls == []
 
 
+def test_resume_runs_again_a_pair_whose_requests_failed(tmp_path, monkeypatch):
+    calls: list = []
+
+    def server_died_in_control(variant, workloads, args, out, save=lambda: None):
+        for w in workloads:
+            calls.append((variant, w.name))
+            out["workloads"][w.name] = {"requests": len(w.requests),
+                                        "errors": 3 if w.name == "control" else 0}
+            save()
+    args = BASE + ["--out", str(tmp_path), "--variants", "radixgate"]
+    monkeypatch.setattr(run_all, "run_variant", server_died_in_control)
+    run_all.run(args)
+    calls.clear()
+    monkeypatch.setattr(run_all, "run_variant", fake_variants(calls))
+    results = run_all.run(args + ["--resume"])
+    assert calls == [("radixgate", "control")]
+    assert results["http"]["radixgate"]["workloads"]["control"]["errors"] == 0
+
+
 def test_without_resume_a_run_starts_over(tmp_path, monkeypatch):
     calls: list = []
     monkeypatch.setattr(run_all, "run_variant", fake_variants(calls))
@@ -77,6 +96,9 @@ def test_load_previous_rejects_files_it_cannot_continue(tmp_path):
     (tmp_path / "results.json").write_text("{\"http\": {")
     with pytest.raises(ResumeMismatch, match="not valid JSON"):
         load_previous(tmp_path, settings)
+    (tmp_path / "results.json").write_text("[1, 2]")
+    with pytest.raises(ResumeMismatch, match="not a run_all result"):
+        load_previous(tmp_path, settings)
     (tmp_path / "results.json").write_text(json.dumps({"http": {}}))
     with pytest.raises(ResumeMismatch, match="no recorded settings"):
         load_previous(tmp_path, settings)
@@ -90,6 +112,7 @@ def test_pending_and_runs_note():
         def __init__(self, name):
             self.name = name
     assert [w.name for w in pending([W("a"), W("b")], {"a": {}})] == ["b"]
+    assert [w.name for w in pending([W("a"), W("b")], {"a": {"errors": 1}, "b": {"errors": 0}})] == ["a"]
     one = {"runs": [{"date": "d1", "elapsed_s": 3, "commit": "abc"}]}
     assert runs_note(one) == ""
     two = {"runs": one["runs"] + [{"date": "d2", "elapsed_s": 4, "commit": "def"}]}
@@ -118,3 +141,38 @@ def test_full_runs_default_to_their_own_folder_so_a_quick_run_cannot_overwrite_t
     assert run_all.parse_args(["--full"]).out == Path("benchmarks/out/full")
     assert run_all.parse_args([]).out == Path("benchmarks/out")
     assert run_all.parse_args(["--full", "--out", "x"]).out == Path("x")
+
+
+class FakeLlama:
+    """Stands in for ``llama_cpp.Llama``: streams one chunk per token, then a final one."""
+
+    def __init__(self, **kwargs):
+        pass
+
+    def set_cache(self, cache):
+        pass
+
+    def create_completion(self, prompt, max_tokens, temperature, stream):
+        for _ in range(max_tokens):
+            yield {"choices": [{"finish_reason": None}]}
+        yield {"choices": [{"finish_reason": "length"}]}
+
+
+def test_llama_cpp_runs_only_the_workloads_it_has_no_summary_for(monkeypatch):
+    import sys
+    import types
+
+    from benchmarks.traces import load_tokenizer, workload_trace
+    from benchmarks.workloads import make_workloads
+    fake = types.ModuleType("llama_cpp")
+    fake.Llama, fake.LlamaRAMCache = FakeLlama, lambda capacity_bytes: None
+    monkeypatch.setitem(sys.modules, "llama_cpp", fake)
+    workloads = make_workloads(quick=True, seed=0, names=("shared_system", "control"))
+    traces = {w.name: workload_trace(w, load_tokenizer()) for w in workloads}
+    results, saves = {"llama_cpp": {"workloads": {"shared_system": {"requests": 12}}}}, []
+    run_all.run_llama_cpp(results, workloads, traces, lambda: saves.append(1))
+    done = results["llama_cpp"]["workloads"]
+    assert done["shared_system"] == {"requests": 12}                  # kept, not rerun
+    assert done["control"]["requests"] == len(workloads[1].requests)
+    assert done["control"]["errors"] == 0 and done["control"]["hit_rate"] is None
+    assert len(saves) == 2                                            # after the workload, at the end

@@ -47,7 +47,7 @@ def test_markdown_has_a_row_per_workload_and_budget():
                     "| docs | 50% | - | - | - | 1 of 1 | +0.00 | - | - |"]
 
 
-def test_open_sessions_bound_gets_its_own_ratio_column():
+def test_open_sessions_oracle_gets_its_own_ratio_column():
     with_bound = sweep("chat", [(0.25, 0.45, 0.40, 0.5)])
     with_bound.points[0].open_sessions = 0.47
     spreads = seed_spread.collect([[with_bound], [sweep("chat", [(0.25, 0.45, 0.40, 0.5)])]])
