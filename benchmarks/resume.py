@@ -60,6 +60,19 @@ def pending(workloads: Iterable, done: dict) -> list:
     return [w for w in workloads if w.name not in done or done[w.name].get("errors")]
 
 
+def finished_parts(results: dict) -> list[str]:
+    """``variant/workload`` (and ``transformers/...``, ``llama_cpp/...``, ``script ...``)
+    for every part saved in ``results`` that a resumed run will not do again."""
+    runs = {**(results.get("http") or {}), "transformers": results.get("transformers") or {},
+            "llama_cpp": results.get("llama_cpp") or {}}
+    parts = [f"{name}/{workload}" for name, run in runs.items()
+             for workload, summary in (run.get("workloads") or {}).items()
+             if not summary.get("errors")]
+    parts += [f"script {name}" for name, script in (results.get("scripts") or {}).items()
+              if (script or {}).get("returncode") == 0]
+    return (["sweep"] if "sweep" in results else []) + parts
+
+
 def save_atomically(results: dict, out_dir: Path) -> None:
     """Write ``results.json`` so that a kill mid-write leaves the previous file intact."""
     path = out_dir / "results.json"

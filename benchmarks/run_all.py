@@ -35,8 +35,8 @@ from benchmarks import report
 from benchmarks.http_runner import ClientConfig, run_workload
 from benchmarks.launch import ADMIN_KEY, DEFAULT_VARIANTS, VARIANTS, BenchServer, tenant_key
 from benchmarks.memory_sweep import replay_radix, run_sweep
-from benchmarks.resume import (ResumeMismatch, current_commit, load_previous, pending,
-                               run_settings, save_atomically)
+from benchmarks.resume import (ResumeMismatch, current_commit, finished_parts, load_previous,
+                               pending, run_settings, save_atomically)
 from benchmarks.stats import spread_sample
 from benchmarks.traces import load_tokenizer, workload_trace
 from benchmarks.workloads import WORKLOAD_NAMES, make_workloads
@@ -221,6 +221,10 @@ def _open_results(args, command: str) -> dict:
     """The saved results to continue (``--resume``, when there are any) or a new record."""
     settings = {**run_settings(args), "machine": report.machine_info()}
     previous = load_previous(args.out, settings) if args.resume else None
+    if previous:
+        done = finished_parts(previous)
+        print(f"resuming {args.out / 'results.json'}: {len(done)} parts already done "
+              f"({', '.join(done)})", file=sys.stderr)
     return previous or {"date": _now(), "command": command, "mode": settings["mode"],
                         "seed": args.seed, "machine": report.machine_info(),
                         "settings": settings, "http": {}, "upper_bound": {}}

@@ -4,8 +4,8 @@ import json
 import pytest
 
 from benchmarks import run_all
-from benchmarks.resume import (ResumeMismatch, load_previous, pending, runs_note,
-                               save_atomically)
+from benchmarks.resume import (ResumeMismatch, finished_parts, load_previous, pending,
+                               runs_note, save_atomically)
 
 BASE = ["--quick", "--no-scripts", "--sweep-quick", "--no-transformers",
         "--workloads", "shared_system,control", "--variants", "radixgate,cache_off"]
@@ -105,6 +105,17 @@ def test_load_previous_rejects_files_it_cannot_continue(tmp_path):
     save_atomically({"settings": settings, "http": {"a": 1}}, tmp_path)
     assert load_previous(tmp_path, settings)["http"] == {"a": 1}
     assert not list(tmp_path.glob("*.partial"))
+
+
+def test_finished_parts_lists_what_a_resumed_run_skips():
+    results = {"sweep": {}, "http": {"radixgate": {"workloads": {"a": {"errors": 0},
+                                                                 "b": {"errors": 2}}}},
+               "transformers": {"workloads": {"a": {"errors": 0}}},
+               "scripts": {"radix_ops": {"returncode": 0}, "kernels_bench": {"returncode": 1},
+                           "seed_spread": None}}
+    assert finished_parts(results) == ["sweep", "radixgate/a", "transformers/a",
+                                       "script radix_ops"]
+    assert finished_parts({"http": {}}) == []
 
 
 def test_pending_and_runs_note():
