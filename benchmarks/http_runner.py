@@ -138,6 +138,16 @@ async def send(http: aiohttp.ClientSession, cfg: ClientConfig, req: ChatRequest)
     return result
 
 
+async def warm_up(cfg: ClientConfig, tenant: str) -> RequestResult:
+    """One short unmeasured request, so that the first measured one does not pay a fresh
+    server's first-call costs (thread pools, the first forward pass). ``run_workload``
+    flushes the cache before measuring, so it leaves nothing behind."""
+    req = ChatRequest("warm-up", tenant, "You are a terse assistant.",
+                      ({"role": "user", "content": "Say hello."},), max_tokens=2)
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=cfg.timeout_s)) as http:
+        return await send(http, cfg, req)
+
+
 async def cache_stats(http: aiohttp.ClientSession, cfg: ClientConfig) -> dict | None:
     """The server's cache stats; None when it refuses them (e.g. no admin key)."""
     async with http.get(cfg.base_url + "/v1/cache/stats", headers=_headers(cfg.admin_key)) as r:

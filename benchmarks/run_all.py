@@ -32,7 +32,7 @@ import aiohttp
 from tqdm import tqdm
 
 from benchmarks import report
-from benchmarks.http_runner import ClientConfig, run_workload
+from benchmarks.http_runner import ClientConfig, run_workload, warm_up
 from benchmarks.launch import ADMIN_KEY, DEFAULT_VARIANTS, VARIANTS, BenchServer, tenant_key
 from benchmarks.memory_sweep import replay_radix, run_sweep
 from benchmarks.resume import (ResumeMismatch, current_commit, finished_parts, load_previous,
@@ -74,6 +74,8 @@ def run_variant(variant: str, workloads, args, out: dict, save=lambda: None) -> 
                        api_keys={t: tenant_key(t) for t in tenants},
                        cache_control=args.cache_control)
     try:
+        warm = asyncio.run(warm_up(cfg, tenants[0]))
+        out["warm_up"] = {"ok": warm.ok, "latency_s": warm.latency_s, "error": warm.error}
         total = sum(len(w.requests) for w in workloads)
         with tqdm(total=total, desc=f"http {variant}", unit="req") as bar:
             for workload in workloads:

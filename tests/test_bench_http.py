@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import pytest
 from aiohttp import web
 
-from benchmarks.http_runner import ClientConfig, dispatch_in_arrival_order, run_workload
+from benchmarks.http_runner import ClientConfig, dispatch_in_arrival_order, run_workload, warm_up
 from benchmarks.stats import percentile, summarize
 from benchmarks.workloads import make_workloads
 
@@ -131,3 +131,13 @@ def test_percentiles_interpolate_and_summary_counts_only_successes():
     assert (s["requests"], s["errors"], s["prefill_tokens"]) == (3, 1, 50)
     assert s["hit_rate"] == 0.75 and s["ttft_ms"]["p50"] == 200.0
     assert s["throughput"]["requests_per_s"] == 1.0 and s["error_samples"] == ["HTTP 529"]
+
+
+async def test_warm_up_sends_one_short_request_with_the_tenants_key(aiohttp_server):
+    seen = []
+    server = await aiohttp_server(scripted_app(seen))
+    cfg = ClientConfig(str(server.make_url("")).rstrip("/"), api_keys={"acme": "key-acme"})
+    result = await warm_up(cfg, "acme")
+    assert result.ok and result.output_tokens == 3
+    (key, body), = seen
+    assert key == "key-acme" and body["max_tokens"] == 2 and body["stream"] is True
