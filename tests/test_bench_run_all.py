@@ -14,6 +14,7 @@ def test_run_all_with_tiny_servers_compares_cache_on_and_off(tmp_path):
     on = results["http"]["radixgate"]["workloads"]
     off = results["http"]["cache_off"]["workloads"]
     bound = results["upper_bound"]
+    assert results["http"]["radixgate"]["warm_up"]["ok"]      # unmeasured, then flushed
     for name in ("shared_system", "control"):
         assert on[name]["errors"] == off[name]["errors"] == 0
         # the server renders exactly the tokens the traces predict
