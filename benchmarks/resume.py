@@ -60,6 +60,15 @@ def pending(workloads: Iterable, done: dict) -> list:
     return [w for w in workloads if w.name not in done or done[w.name].get("errors")]
 
 
+def open_part(records: dict, key: str, workloads: Iterable) -> tuple[dict, list]:
+    """``records[key]`` (created when missing, its last error cleared) and the workloads it
+    still lacks (``pending``): where a variant or baseline adds its summaries."""
+    out = records.get(key) or {}
+    records[key] = out
+    out.pop("error", None)
+    return out, pending(workloads, out.setdefault("workloads", {}))
+
+
 def finished_parts(results: dict) -> list[str]:
     """``variant/workload`` (and ``transformers/...``, ``llama_cpp/...``, ``script ...``)
     for every part saved in ``results`` that a resumed run will not do again."""

@@ -36,7 +36,7 @@ from benchmarks.http_runner import ClientConfig, run_workload, warm_up
 from benchmarks.launch import ADMIN_KEY, DEFAULT_VARIANTS, VARIANTS, BenchServer, tenant_key
 from benchmarks.memory_sweep import replay_radix, run_sweep
 from benchmarks.resume import (ResumeMismatch, current_commit, finished_parts, load_previous,
-                               pending, run_settings, save_atomically)
+                               open_part, run_settings, save_atomically)
 from benchmarks.stats import spread_sample
 from benchmarks.traces import load_tokenizer, workload_trace
 from benchmarks.workloads import WORKLOAD_NAMES, make_workloads
@@ -96,11 +96,9 @@ def run_variants(results: dict, workloads, args, save) -> None:
     """Each server variant on the workloads it has no saved summary for (all of them
     unless resuming); a variant with nothing left to do starts no server."""
     for variant in [v for v in args.variants.split(",") if v]:
-        out = results["http"].setdefault(variant, {"workloads": {}})
+        out, todo = open_part(results["http"], variant, workloads)
         out["args"] = list(VARIANTS[variant])
-        todo = pending(workloads, out["workloads"])
         if todo:
-            out.pop("error", None)
             run_variant(variant, todo, args, out, save)
             save()
 
@@ -228,16 +226,14 @@ def _open_results(args, command: str) -> dict:
         print(f"resuming {args.out / 'results.json'}: {len(done)} parts already done "
               f"({', '.join(done)})", file=sys.stderr)
     return previous or {"date": _now(), "command": command, "mode": settings["mode"],
-                        "seed": args.seed, "machine": report.machine_info(),
+                        "seed": args.seed, "machine": settings["machine"],
                         "settings": settings, "http": {}, "upper_bound": {}}
 
 
 def run_transformers(results: dict, workloads, traces: dict, args, save) -> None:
     """transformers ``generate`` on the workloads it has no saved summary for."""
     from benchmarks.peers import transformers_baseline
-    out = results.setdefault("transformers", {"workloads": {}})
-    out.pop("error", None)
-    todo = pending(workloads, out.setdefault("workloads", {}))
+    out, todo = open_part(results, "transformers", workloads)
     if not todo:
         return
     sample = args.transformers_requests or None
@@ -253,10 +249,7 @@ def run_llama_cpp(results: dict, workloads, traces: dict, save) -> None:
     if not llama_cpp_available():
         results["llama_cpp"] = {"error": "llama_cpp is not installed"}
         return
-    out = results.get("llama_cpp") or {}
-    out.pop("error", None)
-    results["llama_cpp"] = out
-    todo = pending(workloads, out.setdefault("workloads", {}))
+    out, todo = open_part(results, "llama_cpp", workloads)
     if todo:
         llama_cpp_baseline(todo, traces, out=out, on_workload=save)
         save()
