@@ -6,8 +6,8 @@ block 16), timed interleaved in one run; the ratio is the cost of paging on CPU.
 GPU (when CUDA is available): the Triton decode kernel at batch 64, context 4k, 8 kv heads,
 32 query heads, head_dim 128, bf16, as achieved HBM bandwidth and fraction of the device's peak;
 the prefix-extend kernel in TFLOP/s; each next to torch SDPA on contiguous K/V. Correctness
-against the reference is checked before timing. Writes ``benchmarks/out/kernels.json`` and
-prints a markdown table.
+against the reference is checked before timing. Writes ``kernels.json`` into ``--out``
+(default ``benchmarks/out``) and prints a markdown table.
 """
 from __future__ import annotations
 

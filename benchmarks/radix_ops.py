@@ -12,7 +12,7 @@ tenant, multi-turn conversations that fork, a few long agent sessions), then tim
 and, on the same prompts, what a hash-block cache does per request (vLLM style: chained
 SHA-256 over pickled 16-token blocks, dict lookups until the first miss, registration of
 the new blocks), plus a cheaper raw-bytes SHA-256 chain. Prints a markdown table and writes
-benchmarks/out/radix_ops.json.
+radix_ops.json into ``--out`` (default benchmarks/out).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ B = 16
 VOCAB = 49152
 PROMPT_LEN = 8192
 HASH_BLOCK = 16
-OUT = Path(__file__).parent / "out" / "radix_ops.json"
+OUT_DIR = Path(__file__).parent / "out"
 
 
 # ---- building a realistic tree ---------------------------------------------------------
@@ -297,12 +297,14 @@ def main(argv: list[str] | None = None) -> int:
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--quick", action="store_true", help="fewer repetitions")
     mode.add_argument("--full", action="store_true", help="more repetitions (default)")
+    parser.add_argument("--out", type=Path, default=OUT_DIR, help="folder for radix_ops.json")
     args = parser.parse_args(argv)
     results = run(quick=args.quick)
     print(table(results))
-    OUT.parent.mkdir(parents=True, exist_ok=True)
-    OUT.write_text(json.dumps(results, indent=2))
-    print(f"\nwritten {OUT}")
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / "radix_ops.json"
+    path.write_text(json.dumps(results, indent=2))
+    print(f"\nwritten {path}")
     return 0
 
 

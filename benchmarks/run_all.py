@@ -104,11 +104,13 @@ def run_variants(results: dict, workloads, args, save) -> None:
 
 
 def run_other_script(name: str, quick: bool, out_dir: Path, timeout_s: float) -> dict | None:
-    """``python -m benchmarks.<name> --quick|--full`` (retried without the flag if refused)."""
+    """``python -m benchmarks.<name> --quick|--full --out OUT_DIR``: its JSON lands beside this
+    run's results (retried with fewer flags if the script refuses them)."""
     if not (Path(__file__).parent / f"{name}.py").exists():
         return None
     log_path = out_dir / f"{name}.log"
-    for flags in (["--quick" if quick else "--full"], []):
+    mode = "--quick" if quick else "--full"
+    for flags in ([mode, "--out", str(out_dir)], [mode], []):
         started = time.perf_counter()
         try:
             proc = subprocess.run([sys.executable, "-m", f"benchmarks.{name}", *flags],

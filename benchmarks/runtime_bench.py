@@ -10,8 +10,8 @@
 4. Engine overhead at 16 streams: share of step time spent outside the model forward
    (goal < 5%), and the same share of the whole wall time.
 
-Prints a markdown table and writes ``benchmarks/out/runtime.json``. ``--quick`` halves the
-prefix and the streams' lengths.
+Prints a markdown table and writes ``runtime.json`` into ``--out`` (default
+``benchmarks/out``). ``--quick`` halves the prefix and the streams' lengths.
 """
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ from radixgate.runtime.engine import Engine
 from radixgate.runtime.engine_config import EngineConfig
 from radixgate.runtime.loader import load_model
 
-OUT = Path(__file__).parent / "out" / "runtime.json"
+OUT_DIR = Path(__file__).parent / "out"
 
 
 def _params(max_tokens: int) -> SamplingParams:
@@ -172,10 +172,11 @@ def main(argv: list[str] | None = None) -> int:
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--quick", action="store_true", help="1,024-token prefix, 16 new tokens")
     mode.add_argument("--full", action="store_true", help="the issue's sizes (default)")
+    parser.add_argument("--out", type=Path, default=OUT_DIR, help="folder for runtime.json")
     args = parser.parse_args(argv)
     result = run(quick=args.quick)
-    OUT.parent.mkdir(parents=True, exist_ok=True)
-    OUT.write_text(json.dumps(result, indent=2))
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "runtime.json").write_text(json.dumps(result, indent=2))
     print(table(result))
     return 0
 

@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from benchmarks.run_all import run
+from benchmarks.run_all import run, run_other_script
 
 
 @pytest.mark.slow
@@ -27,3 +27,11 @@ def test_run_all_with_tiny_servers_compares_cache_on_and_off(tmp_path):
     assert saved["http"]["radixgate"]["workloads"]["control"]["requests"] == 6
     assert (tmp_path / "sweep.png").exists() and (tmp_path / "http.png").exists()
     assert "radixgate --no-prefix-cache" in (tmp_path / "workloads.md").read_text()
+
+
+def test_other_scripts_write_their_json_into_the_runs_folder(tmp_path):
+    record = run_other_script("radix_ops", True, tmp_path, timeout_s=120)
+    assert record["returncode"] == 0 and record["flags"] == ["--quick", "--out", str(tmp_path)]
+    saved = json.loads((tmp_path / "radix_ops.json").read_text())
+    assert saved["partial_list"]["match_plus_insert"]["median_us"] > 0
+    assert "written " + str(tmp_path / "radix_ops.json") in (tmp_path / "radix_ops.log").read_text()
