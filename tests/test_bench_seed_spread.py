@@ -30,6 +30,14 @@ def test_collect_keeps_one_ratio_per_seed_and_skips_budgets_where_belady_reuses_
     assert high.seeds_meeting_goal() == 1
 
 
+def test_seeds_where_belady_reuses_nothing_are_not_counted_as_missing_the_goal():
+    reused = [sweep("docs", [(0.25, 0.5, 0.4, 0.5)])]
+    nothing = [sweep("docs", [(0.25, 0.0, 0.0, 0.0)])]
+    spread, = seed_spread.collect([reused, nothing, reused])
+    assert spread.seeds_meeting_goal() == 2 and spread.seeds_with_ratio() == 2
+    assert "| 1.000 (1.00-1.00) | 2 of 2 |" in seed_spread.markdown([spread])
+
+
 def test_goal_uses_the_mean_over_seeds_at_budgets_from_25_percent():
     met = [sweep("chat", [(0.1, 0.1, 0.1, 0.5), (0.25, 0.95, 0.9, 1.0)])]
     short = [sweep("chat", [(0.1, 0.5, 0.5, 0.5), (0.25, 0.80, 0.9, 1.0)])]
@@ -41,7 +49,7 @@ def test_goal_uses_the_mean_over_seeds_at_budgets_from_25_percent():
 def test_markdown_has_a_row_per_workload_and_budget():
     spreads = seed_spread.collect([[sweep("docs", [(0.25, 0.45, 0.40, 0.5),
                                                    (0.5, 0.1, 0.1, 0.0)])]])
-    rows = [line for line in seed_spread.markdown(spreads, 1).splitlines()
+    rows = [line for line in seed_spread.markdown(spreads).splitlines()
             if line.startswith("| docs")]
     assert rows == ["| docs | 25% | 0.900 (0.90-0.90) | 1 of 1 | 0.800 (0.80-0.80) | 1 of 1 | +0.00 | - | - |",
                     "| docs | 50% | - | - | - | 1 of 1 | +0.00 | - | - |"]
@@ -52,7 +60,7 @@ def test_open_sessions_oracle_gets_its_own_ratio_column():
     with_bound.points[0].open_sessions = 0.47
     spreads = seed_spread.collect([[with_bound], [sweep("chat", [(0.25, 0.45, 0.40, 0.5)])]])
     assert spreads[0].open_sessions == pytest.approx([0.94])     # the seed without it adds none
-    row = seed_spread.markdown(spreads, 2).splitlines()[2]
+    row = seed_spread.markdown(spreads).splitlines()[2]
     assert row.endswith("| 0.940 (0.94-0.94) | - |")
 
 
@@ -65,7 +73,7 @@ def test_page_rounded_goal_needs_every_seed_at_or_above():
     assert point.seeds_at_or_above_page_rounded() == 1
     assert seed_spread.page_rounded_goal(spreads) == {"docs": False}
     assert seed_spread.page_rounded_goal(seed_spread.collect([ahead, ahead])) == {"docs": True}
-    assert "| 1 of 2 | -0.25 |" in seed_spread.markdown(spreads, 2)
+    assert "| 1 of 2 | -0.25 |" in seed_spread.markdown(spreads)
 
 
 def test_command_sweeps_every_seed_and_writes_table_and_json(tmp_path):
