@@ -30,11 +30,20 @@ def test_collect_keeps_one_ratio_per_seed_and_skips_budgets_where_belady_reuses_
     assert high.seeds_meeting_goal() == 1
 
 
-def test_seeds_where_belady_reuses_nothing_are_not_counted_as_missing_the_goal():
+def test_seeds_where_no_one_reuses_anything_are_not_judged():
     reused = [sweep("docs", [(0.25, 0.5, 0.4, 0.5)])]
     nothing = [sweep("docs", [(0.25, 0.0, 0.0, 0.0)])]
     spread, = seed_spread.collect([reused, nothing, reused])
-    assert spread.seeds_meeting_goal() == 2 and spread.seeds_with_ratio() == 2
+    assert spread.seeds_meeting_goal() == 2 and spread.seeds_judged() == 2
+    assert "| 1.000 (1.00-1.00) | 2 of 2 |" in seed_spread.markdown([spread])
+
+
+def test_a_seed_where_only_whole_leaf_belady_reuses_nothing_meets_the_goal():
+    reused = [sweep("docs", [(0.25, 0.5, 0.4, 0.5)])]
+    ours_only = [sweep("docs", [(0.25, 0.9, 0.9, 0.0)])]     # we trim tails and keep reusing
+    spread, = seed_spread.collect([reused, ours_only])
+    assert spread.radixgate == [1.0, None] and spread.beat_empty_belady == 1
+    assert spread.seeds_meeting_goal() == 2 and spread.seeds_judged() == 2
     assert "| 1.000 (1.00-1.00) | 2 of 2 |" in seed_spread.markdown([spread])
 
 
@@ -52,7 +61,7 @@ def test_markdown_has_a_row_per_workload_and_budget():
     rows = [line for line in seed_spread.markdown(spreads).splitlines()
             if line.startswith("| docs")]
     assert rows == ["| docs | 25% | 0.900 (0.90-0.90) | 1 of 1 | 0.800 (0.80-0.80) | 1 of 1 | +0.00 | - | - |",
-                    "| docs | 50% | - | - | - | 1 of 1 | +0.00 | - | - |"]
+                    "| docs | 50% | - | 1 of 1 | - | 1 of 1 | +0.00 | - | - |"]
 
 
 def test_open_sessions_oracle_gets_its_own_ratio_column():
