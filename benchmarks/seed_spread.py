@@ -77,7 +77,8 @@ def collect(sweeps_by_seed: Sequence[list[WorkloadSweep]]) -> list[RatioSpread]:
                 spread = spreads.setdefault((sweep.name, point.fraction),
                                             RatioSpread(sweep.name, point.fraction))
                 spread.radixgate.append(_ratio(point.radixgate, point.belady))
-                spread.beat_empty_belady += point.belady == 0 < point.radixgate
+                if point.belady == 0 and point.radixgate > 0:
+                    spread.beat_empty_belady += 1
                 spread.plain_lru.append(_ratio(point.plain_lru, point.belady))
                 for oracle in ("open_sessions", "open_sessions_now"):
                     if getattr(point, oracle) is not None:
