@@ -188,57 +188,75 @@ async def _sample_blocks(http, cfg: ClientConfig, peak: list, stop: asyncio.Even
 
 
 async def run_workload(cfg: ClientConfig, workload: Workload, progress=None,
-                       flush_first: bool = True) -> dict:
-    """Send every request of ``workload``; returns the summary (see ``benchmarks.stats``)."""
+                       flush_first: bool = True, checkpoint=None) -> dict:
+    """Send every request of ``workload``; returns the summary (see ``benchmarks.stats``).
+
+    With a ``checkpoint`` (``benchmarks.checkpoint.PairCheckpoint``) the requests it holds
+    are not sent again but summarized with the new ones, and each new answer is recorded
+    in it as it ends (only for servers that keep no state between requests)."""
+    done = checkpoint.done if checkpoint is not None else {}
     timeout = aiohttp.ClientTimeout(total=cfg.timeout_s)
     connector = aiohttp.TCPConnector(limit=cfg.concurrency + 2)
     async with aiohttp.ClientSession(timeout=timeout, connector=connector) as http:
         if flush_first:
             await flush_cache(http, cfg)
         before = await cache_stats(http, cfg)
-        results: list[RequestResult] = []
+        results: list[dict] = []
+        peak, stop = [None], asyncio.Event()
+        started = time.perf_counter()
 
-        async def one(req: ChatRequest) -> None:
-            results.append(await send(http, cfg, req))
+        async def one(indexed: tuple[int, ChatRequest]) -> None:
+            index, req = indexed
+            result = asdict(await send(http, cfg, req))
+            results.append(result)
+            if checkpoint is not None:
+                checkpoint.record(index, result, time.perf_counter() - started, peak[0])
             if progress is not None:
                 progress.update(1)
 
-        peak, stop = [None], asyncio.Event()
+        if progress is not None and done:
+            progress.update(len(done))
         sampler = asyncio.create_task(_sample_blocks(http, cfg, peak, stop))
-        started = time.perf_counter()
-        await dispatch_in_arrival_order(workload.requests, cfg.concurrency, one)
+        todo = [(i, r) for i, r in enumerate(workload.requests) if i not in done]
+        await dispatch_in_arrival_order(todo, cfg.concurrency, one, session=lambda x: x[1].session)
         wall_s = time.perf_counter() - started
         stop.set()
         await sampler
         after = await cache_stats(http, cfg)
-    summary = summarize([asdict(r) for r in results], wall_s)
-    summary["kv_blocks_peak"] = _max(peak[0], blocks_used(after))
+    summary = summarize(list(done.values()) + results,
+                        wall_s + (checkpoint.prior_wall_s if checkpoint is not None else 0.0))
+    summary["kv_blocks_peak"] = _max(_max(peak[0], blocks_used(after)),
+                                     checkpoint.prior_kv_blocks_peak if checkpoint else None)
     summary["kv_blocks_cached_after"] = ((after or {}).get("blocks") or {}).get("cached")
     summary["server_hit_rate"] = _hit_rate_delta(before or {}, after or {})
+    if done:                      # the server's counters saw only this segment
+        summary["server_hit_rate"] = None
+        summary["resumed"] = {"requests_saved": len(done), "segments": checkpoint.segments + 1}
     return summary
 
 
-async def dispatch_in_arrival_order(requests: list[ChatRequest], concurrency: int,
-                                    run_one) -> None:
+async def dispatch_in_arrival_order(requests: list, concurrency: int, run_one,
+                                    session=lambda req: req.session) -> None:
     """``await run_one(req)`` for each request, started in list order with at most
-    ``concurrency`` running; a request starts only after its session's previous one ended."""
+    ``concurrency`` running; a request starts only after its session's (``session(req)``)
+    previous one ended."""
     slots = asyncio.Semaphore(concurrency)
     last_of_session: dict[str, asyncio.Task] = {}
     tasks = []
 
-    async def run(req: ChatRequest) -> None:
+    async def run(req) -> None:
         try:
             await run_one(req)
         finally:
             slots.release()
 
     for req in requests:
-        previous = last_of_session.get(req.session)
+        previous = last_of_session.get(session(req))
         if previous is not None:
             await asyncio.wait([previous])
         await slots.acquire()
         task = asyncio.create_task(run(req))
-        last_of_session[req.session] = task
+        last_of_session[session(req)] = task
         tasks.append(task)
     await asyncio.gather(*tasks)
 

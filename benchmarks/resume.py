@@ -3,9 +3,12 @@ finished part is saved as it ends and a rerun with the same settings does only w
 missing.
 
 A part is one (server variant, workload) pair, one transformers or llama.cpp workload, one
-other script, or the sweep; a part whose requests failed is done again. ``results.json`` is rewritten atomically after each part, so a run
-that is killed loses at most the part it was in. Each invocation appends its date, commit
-and time to ``results["runs"]``; the report says when a run's figures came from several.
+other script, or the sweep; a part whose requests failed is done again. A pair on a
+server variant without a cache is also saved request by request (``benchmarks.checkpoint``),
+so a kill there loses only the requests in flight. ``results.json`` is rewritten
+atomically after each part, so a run that is killed loses at most the part it was in. Each
+invocation appends its date, commit and time to ``results["runs"]``; the report says when
+a run's figures came from several.
 """
 from __future__ import annotations
 
@@ -110,9 +113,16 @@ def runs_note(results: dict) -> str:
     if len(runs) < 2:
         return ""
     commits = sorted({r.get("commit") or "?" for r in runs})
+    split = [f"{variant}/{name} ({s['resumed']['segments']})"
+             for variant, run in (results.get("http") or {}).items()
+             for name, s in (run.get("workloads") or {}).items() if s.get("resumed")]
     return (f"The figures come from {len(runs)} invocations, each resuming the last "
             "(`--resume`): " + "; ".join(f"{r['date']} for {r.get('elapsed_s', '-')} s"
                                         for r in runs)
             + f" (commit{'s' if len(commits) > 1 else ''} {', '.join(commits)}). Each "
-            "(variant, workload) pair ran whole within one of them; an invocation starts its "
-            "servers afresh, so the first pair it runs on each also pays the cold start.")
+            "(variant, workload) pair ran whole within one of them"
+            + (f", except these cache-off pairs, whose requests were saved one by one and "
+               f"finished over several (invocations in brackets; a server without a cache "
+               f"keeps nothing between requests): {', '.join(split)}" if split else "")
+            + "; an invocation starts its servers afresh, so the first pair it runs on each "
+            "also pays the cold start.")

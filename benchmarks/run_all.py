@@ -32,6 +32,8 @@ import aiohttp
 from tqdm import tqdm
 
 from benchmarks import report
+from benchmarks.checkpoint import (STATELESS_VARIANTS, PairCheckpoint, discard_all,
+                                  saved_requests)
 from benchmarks.http_runner import ClientConfig, run_workload, warm_up
 from benchmarks.launch import ADMIN_KEY, DEFAULT_VARIANTS, VARIANTS, BenchServer, tenant_key
 from benchmarks.memory_sweep import replay_radix, run_sweep
@@ -79,17 +81,38 @@ def run_variant(variant: str, workloads, args, out: dict, save=lambda: None) -> 
         total = sum(len(w.requests) for w in workloads)
         with tqdm(total=total, desc=f"http {variant}", unit="req") as bar:
             for workload in workloads:
-                cpu_before = server.cpu_seconds()
                 try:
-                    summary = asyncio.run(run_workload(cfg, workload, bar))
+                    summary, checkpoint = measure_workload(server, cfg, variant, workload,
+                                                           args.out, bar)
                 except (RuntimeError, aiohttp.ClientError) as e:   # e.g. flush refused
                     out["error"] = f"{workload.name}: {type(e).__name__}: {e}"[-2000:]
                     break
-                summary["cpu_s"] = round(server.cpu_seconds() - cpu_before, 2)
                 out["workloads"][workload.name] = summary
                 save()
+                if checkpoint is not None and not summary.get("errors"):
+                    checkpoint.discard()      # else only the failed requests run again
     finally:
         server.stop()
+
+
+def measure_workload(server: BenchServer, cfg: ClientConfig, variant: str, workload,
+                     out_dir: Path, bar) -> tuple[dict, PairCheckpoint | None]:
+    """``workload``'s summary with the server's CPU seconds (``cpu_s``). On a variant that
+    keeps no state between requests, the requests an interrupted invocation saved are not
+    sent again but counted, wall time and CPU included (``benchmarks.checkpoint``); the
+    checkpoint is returned so that it can be discarded once the summary is saved."""
+    checkpoint = None
+    if variant in STATELESS_VARIANTS:
+        checkpoint = PairCheckpoint.open(out_dir, variant, workload)
+        checkpoint.start_segment(server.cpu_seconds)
+    cpu_before = server.cpu_seconds()
+    summary = asyncio.run(run_workload(cfg, workload, bar, checkpoint=checkpoint))
+    cpu_s = server.cpu_seconds() - cpu_before
+    if checkpoint is not None and checkpoint.done:
+        prior = checkpoint.prior_cpu_s
+        cpu_s = None if prior is None else cpu_s + prior
+    summary["cpu_s"] = None if cpu_s is None else round(cpu_s, 2)
+    return summary, checkpoint
 
 
 def run_variants(results: dict, workloads, args, save) -> None:
@@ -223,10 +246,14 @@ def _open_results(args, command: str) -> dict:
     """The saved results to continue (``--resume``, when there are any) or a new record."""
     settings = {**run_settings(args), "machine": report.machine_info()}
     previous = load_previous(args.out, settings) if args.resume else None
+    if not previous:
+        discard_all(args.out)            # another run's unfinished pairs
     if previous:
         done = finished_parts(previous)
+        partial = ", ".join(f"{pair} {n}" for pair, n in saved_requests(args.out).items())
         print(f"resuming {args.out / 'results.json'}: {len(done)} parts already done "
-              f"({', '.join(done)})", file=sys.stderr)
+              f"({', '.join(done)})" + (f"; requests saved of unfinished pairs: {partial}"
+                                        if partial else ""), file=sys.stderr)
     return previous or {"date": _now(), "command": command, "mode": settings["mode"],
                         "seed": args.seed, "machine": settings["machine"],
                         "settings": settings, "http": {}, "upper_bound": {}}
