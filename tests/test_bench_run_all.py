@@ -27,6 +27,7 @@ def test_run_all_with_tiny_servers_compares_cache_on_and_off(tmp_path):
     assert saved["http"]["radixgate"]["workloads"]["control"]["requests"] == 6
     assert (tmp_path / "sweep.png").exists() and (tmp_path / "http.png").exists()
     assert "radixgate --no-prefix-cache" in (tmp_path / "workloads.md").read_text()
+    assert not list(tmp_path.glob("partial/*"))        # finished pairs leave no checkpoint
 
 
 def test_other_scripts_write_their_json_into_the_runs_folder(tmp_path):
