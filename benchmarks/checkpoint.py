@@ -16,7 +16,9 @@ Each line is one answered request: its index in the workload's arrival order, it
 (checked on load, so a changed workload is not merged), the ``RequestResult`` fields, and,
 counted from its segment's (invocation's) start to the request's end: seconds, the
 server's CPU seconds, and the peak KV blocks seen. The pair's wall time and CPU are sums
-over segments of each segment's last line (work on requests in flight at a kill is lost). Failed
+over segments of each segment's last line. The requests in flight at a kill are sent
+again, so what they had cost up to the segment's last answer counts twice: a share of at
+most ``concurrency - 1`` requests, about 1-2% of a 176-request cache-off pair. Failed
 requests are not recorded (they are sent again). A line cut short by a kill is ignored.
 """
 from __future__ import annotations
