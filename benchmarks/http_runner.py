@@ -239,10 +239,11 @@ async def dispatch_in_arrival_order(requests: list, concurrency: int, run_one,
                                     session=lambda req: req.session) -> None:
     """``await run_one(req)`` for each request, started in list order with at most
     ``concurrency`` running; a request starts only after its session's (``session(req)``)
-    previous one ended."""
+    previous one ended. When a ``run_one`` raises, no further request starts, those still
+    running are cancelled, and the exception propagates."""
     slots = asyncio.Semaphore(concurrency)
     last_of_session: dict[str, asyncio.Task] = {}
-    tasks = []
+    tasks: list[asyncio.Task] = []
 
     async def run(req) -> None:
         try:
@@ -250,15 +251,26 @@ async def dispatch_in_arrival_order(requests: list, concurrency: int, run_one,
         finally:
             slots.release()
 
-    for req in requests:
-        previous = last_of_session.get(session(req))
-        if previous is not None:
-            await asyncio.wait([previous])
-        await slots.acquire()
-        task = asyncio.create_task(run(req))
-        last_of_session[session(req)] = task
-        tasks.append(task)
-    await asyncio.gather(*tasks)
+    def failed() -> bool:
+        return any(t.done() and not t.cancelled() and t.exception() for t in tasks)
+
+    try:
+        for req in requests:
+            previous = last_of_session.get(session(req))
+            if previous is not None:
+                await asyncio.wait([previous])
+            await slots.acquire()
+            if failed():
+                slots.release()
+                break
+            task = asyncio.create_task(run(req))
+            last_of_session[session(req)] = task
+            tasks.append(task)
+        await asyncio.gather(*tasks)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 def _hit_rate_delta(before: dict, after: dict) -> float | None:

@@ -122,7 +122,8 @@ def runs_note(results: dict) -> str:
             + f" (commit{'s' if len(commits) > 1 else ''} {', '.join(commits)}). Each "
             "(variant, workload) pair ran whole within one of them"
             + (f", except these cache-off pairs, whose requests were saved one by one and "
-               f"finished over several (invocations in brackets; a server without a cache "
-               f"keeps nothing between requests): {', '.join(split)}" if split else "")
+               f"answered over several (in brackets, how many invocations answered some; a "
+               f"server without a cache keeps nothing between requests): {', '.join(split)}"
+               if split else "")
             + "; an invocation starts its servers afresh, so the first pair it runs on each "
             "also pays the cold start.")

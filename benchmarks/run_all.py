@@ -33,7 +33,7 @@ from tqdm import tqdm
 
 from benchmarks import report
 from benchmarks.checkpoint import (STATELESS_VARIANTS, PairCheckpoint, discard_all,
-                                  saved_requests)
+                                  discard_finished)
 from benchmarks.http_runner import ClientConfig, run_workload, warm_up
 from benchmarks.launch import ADMIN_KEY, DEFAULT_VARIANTS, VARIANTS, BenchServer, tenant_key
 from benchmarks.memory_sweep import replay_radix, run_sweep
@@ -83,7 +83,7 @@ def run_variant(variant: str, workloads, args, out: dict, save=lambda: None) -> 
             for workload in workloads:
                 try:
                     summary, checkpoint = measure_workload(server, cfg, variant, workload,
-                                                           args.out, bar)
+                                                           args.out, bar, save)
                 except (RuntimeError, aiohttp.ClientError) as e:   # e.g. flush refused
                     out["error"] = f"{workload.name}: {type(e).__name__}: {e}"[-2000:]
                     break
@@ -96,14 +96,19 @@ def run_variant(variant: str, workloads, args, out: dict, save=lambda: None) -> 
 
 
 def measure_workload(server: BenchServer, cfg: ClientConfig, variant: str, workload,
-                     out_dir: Path, bar) -> tuple[dict, PairCheckpoint | None]:
+                     out_dir: Path, bar, save=lambda: None) -> tuple[dict, PairCheckpoint | None]:
     """``workload``'s summary with the server's CPU seconds (``cpu_s``). On a variant that
-    keeps no state between requests, the requests an interrupted invocation saved are not
-    sent again but counted, wall time and CPU included (``benchmarks.checkpoint``); the
+    keeps no state between requests, each answered request is saved (then ``save()`` is
+    called, keeping the run's time current) and those an interrupted invocation saved are
+    not sent again but counted, wall time and CPU included (``benchmarks.checkpoint``); the
     checkpoint is returned so that it can be discarded once the summary is saved."""
     checkpoint = None
     if variant in STATELESS_VARIANTS:
-        checkpoint = PairCheckpoint.open(out_dir, variant, workload)
+        checkpoint = PairCheckpoint.open(out_dir, variant, workload, on_record=save)
+        if checkpoint.done:
+            print(f"{variant}/{workload.name}: {len(checkpoint.done)} of "
+                  f"{len(workload.requests)} requests answered in earlier invocations; "
+                  "sending the rest", file=sys.stderr)
         checkpoint.start_segment(server.cpu_seconds)
     cpu_before = server.cpu_seconds()
     summary = asyncio.run(run_workload(cfg, workload, bar, checkpoint=checkpoint))
@@ -219,6 +224,8 @@ def run(argv: list[str] | None = None) -> dict:
         results["elapsed_s"] = round(sum(r.get("elapsed_s", 0) for r in results["runs"]), 1)
         save_atomically(results, args.out)
 
+    save()                  # this invocation is listed even if it is killed in its first part
+
     if "sweep" not in results:
         results["sweep"] = run_sweep(args.quick and args.sweep_quick, args.seed, args.out)
         save()
@@ -250,10 +257,9 @@ def _open_results(args, command: str) -> dict:
         discard_all(args.out)            # another run's unfinished pairs
     if previous:
         done = finished_parts(previous)
-        partial = ", ".join(f"{pair} {n}" for pair, n in saved_requests(args.out).items())
         print(f"resuming {args.out / 'results.json'}: {len(done)} parts already done "
-              f"({', '.join(done)})" + (f"; requests saved of unfinished pairs: {partial}"
-                                        if partial else ""), file=sys.stderr)
+              f"({', '.join(done)})", file=sys.stderr)
+        discard_finished(args.out, done)
     return previous or {"date": _now(), "command": command, "mode": settings["mode"],
                         "seed": args.seed, "machine": settings["machine"],
                         "settings": settings, "http": {}, "upper_bound": {}}

@@ -11,7 +11,7 @@ import pytest
 from aiohttp import web
 
 from benchmarks import run_all
-from benchmarks.checkpoint import PairCheckpoint, saved_requests
+from benchmarks.checkpoint import PairCheckpoint, checkpoint_path
 from benchmarks.http_runner import ClientConfig, run_workload
 from benchmarks.workloads import make_workloads
 from tests.test_bench_http import scripted_app
@@ -34,63 +34,68 @@ class KillAfter:
             raise Killed
 
 
-def agents_workload():
-    return make_workloads(quick=True, seed=0, names=("agents",))[0]
+def workload(name="multi_turn"):
+    return make_workloads(quick=True, seed=0, names=(name,))[0]
 
 
-def test_checkpoint_sums_segments_and_skips_failed_cut_and_foreign_lines(tmp_path):
-    workload = agents_workload()
-    ok = {"session": workload.requests[0].session, "ok": True, "prompt_tokens": 10,
-          "cache_read_tokens": 0, "output_tokens": 3, "ttft_s": 0.1, "itl_s": 0.01}
+OK = {"ok": True, "prompt_tokens": 10, "cache_read_tokens": 0, "output_tokens": 3,
+      "ttft_s": 0.1, "itl_s": 0.01, "session": "s"}
+
+
+def test_checkpoint_sums_segments_and_drops_failed_cut_and_foreign_lines(tmp_path):
+    w = workload()
     clock = iter([100.0, 104.0, 109.0])           # the server's CPU seconds
-    first = PairCheckpoint.open(tmp_path, "cache_off", workload)
+    first = PairCheckpoint.open(tmp_path, "cache_off", w)
     first.start_segment(lambda: next(clock))
-    first.record(0, ok, elapsed_s=2.0, kv_blocks_peak=7)
-    first.record(1, {**ok, "ok": False}, elapsed_s=2.5, kv_blocks_peak=7)   # sent again
-    first.record(2, {**ok, "session": workload.requests[2].session}, 3.0, 9)
+    first.record(0, OK, elapsed_s=2.0, kv_blocks_peak=7)
+    first.record(1, {**OK, "ok": False}, elapsed_s=2.5, kv_blocks_peak=7)   # sent again
+    first.record(2, OK, 3.0, 9)
+    lines = first.path.read_text().splitlines()
+    foreign = {**json.loads(lines[0]), "index": 3}          # request 0's digest at 3
     with first.path.open("a") as f:
-        f.write(json.dumps({"index": 3, "segment": 0, "elapsed_s": 1.0, "cpu_s": 1.0,
-                            "kv_blocks_peak": 1, **ok, "session": "another workload's"})
-                + "\n")
-        f.write('{"index": 4, "segm')                            # cut short by a kill
+        f.write(json.dumps(foreign) + "\n")
+        f.write('{"index": 4, "segm')                        # cut short by a kill
 
-    second = PairCheckpoint.open(tmp_path, "cache_off", workload)
+    second = PairCheckpoint.open(tmp_path, "cache_off", w)
     assert sorted(second.done) == [0, 2]
     assert (second.prior_wall_s, second.prior_cpu_s, second.prior_kv_blocks_peak) == (3.0, 9.0, 9)
-    assert second.segments == 1
+    assert second.segments == 1 and second.done[0] == OK
     second.start_segment(lambda: 50.0)
-    second.record(5, {**ok, "session": workload.requests[5].session}, 1.5, 4)
+    second.record(5, OK, 1.5, 4)                             # appended after the cut line
 
-    third = PairCheckpoint.open(tmp_path, "cache_off", workload)
+    third = PairCheckpoint.open(tmp_path, "cache_off", w)
     assert sorted(third.done) == [0, 2, 5] and third.segments == 2
     assert third.prior_wall_s == pytest.approx(4.5) and third.prior_cpu_s == pytest.approx(9.0)
-    assert saved_requests(tmp_path) == {"cache_off/agents": 4}   # lines, not matched to
-                                                                 # a workload
+    changed = make_workloads(quick=True, seed=1, names=("multi_turn",))[0]
+    assert PairCheckpoint.open(tmp_path, "cache_off", changed).done == {}
     third.discard()
-    assert not third.path.exists() and saved_requests(tmp_path) == {}
+    assert not third.path.exists()
 
 
 async def test_a_killed_pair_resumes_with_only_the_unanswered_requests(aiohttp_server, tmp_path):
     seen: list = []
     server = await aiohttp_server(scripted_app(seen))
-    workload = agents_workload()
-    n = len(workload.requests)
-    cfg = ClientConfig(str(server.make_url("")).rstrip("/"), concurrency=3,
-                       api_keys={r.tenant: "k" for r in workload.requests})
+    w = workload()
+    n = len(w.requests)
+    cfg = ClientConfig(str(server.make_url("")).rstrip("/"), concurrency=2)
     with pytest.raises(Killed):
-        await run_workload(cfg, workload, KillAfter(5),
-                           checkpoint=PairCheckpoint.open(tmp_path, "cache_off", workload))
-    await asyncio.sleep(0.1)                       # requests left in flight end or not
-    saved = PairCheckpoint.open(tmp_path, "cache_off", workload)
-    assert 5 <= len(saved.done) < n
+        await run_workload(cfg, w, KillAfter(4),
+                           checkpoint=PairCheckpoint.open(tmp_path, "cache_off", w))
+    saved = PairCheckpoint.open(tmp_path, "cache_off", w)
+    assert 4 <= len(saved.done) <= 5 < n                     # the kill stopped the sending
+    for session in {r.session for r in w.requests}:          # a session's saved turns are
+        turns = [i for i, r in enumerate(w.requests) if r.session == session]   # its first
+        assert sorted(i for i in turns if i in saved.done) == turns[:len(
+            [i for i in turns if i in saved.done])]
     seen.clear()
 
-    summary = await run_workload(cfg, workload, checkpoint=saved)
-    assert len(seen) == n - len(saved.done)        # nothing answered is sent twice
+    summary = await run_workload(cfg, w, checkpoint=saved)
+    assert len(seen) == n - len(saved.done)                  # nothing answered is sent twice
     assert summary["requests"] == n and summary["errors"] == 0
     assert summary["prompt_tokens"] == 10 * n and summary["output_tokens"] == 3 * n
     assert summary["resumed"] == {"requests_saved": len(saved.done), "segments": 2}
-    assert summary["wall_s"] >= saved.prior_wall_s
+    assert summary["wall_s"] >= saved.prior_wall_s > 0
+    assert summary["kv_blocks_peak"] == 10
     assert summary["server_hit_rate"] is None     # the server's counters saw one segment
 
 
@@ -114,43 +119,84 @@ def threaded_server(app: web.Application):
         loop.close()
 
 
-def test_only_a_server_without_a_cache_is_checkpointed_and_cpu_adds_up(tmp_path):
-    workload = agents_workload()
-    n = len(workload.requests)
-    cpu = [0.0]
+def flaky_app(failing_calls: set[int], answered: list) -> web.Application:
+    """``scripted_app`` whose n-th ``/v1/messages`` call (from 1, warm-up included) answers
+    529 when n is in ``failing_calls``; ``answered[0]`` counts the others."""
+    app = scripted_app([])
+    calls = [0]
 
-    def cpu_seconds():
-        cpu[0] += 1.0                             # one CPU second per reading
-        return cpu[0]
+    @web.middleware
+    async def fail_some(request, handler):
+        if request.path != "/v1/messages":
+            return await handler(request)
+        calls[0] += 1
+        if calls[0] in failing_calls:
+            return web.json_response({"type": "error", "error": {
+                "type": "overloaded_error", "message": "busy"}}, status=529)
+        response = await handler(request)
+        answered[0] += 1
+        return response
 
-    server = SimpleNamespace(cpu_seconds=cpu_seconds)
-    with threaded_server(scripted_app([])) as url:
-        cfg = ClientConfig(url, api_keys={r.tenant: "k" for r in workload.requests})
-        summary, checkpoint = run_all.measure_workload(server, cfg, "radixgate", workload,
-                                                       tmp_path, None)
-        assert checkpoint is None and not (tmp_path / "partial").exists()
-        assert summary["requests"] == n and "resumed" not in summary
-        with pytest.raises(Killed):
-            run_all.measure_workload(server, cfg, "cache_off", workload, tmp_path, KillAfter(4))
-        saved = PairCheckpoint.open(tmp_path, "cache_off", workload)
-        summary, checkpoint = run_all.measure_workload(server, cfg, "cache_off", workload,
-                                                       tmp_path, None)
-    assert summary["requests"] == n and summary["resumed"]["requests_saved"] == len(saved.done)
-    assert summary["cpu_s"] > saved.prior_cpu_s > 0
-    assert checkpoint.path == saved.path
+    app.middlewares.append(fail_some)
+    return app
 
 
-def test_a_run_that_starts_over_drops_unfinished_pairs_and_a_resumed_one_names_them(
-        tmp_path, monkeypatch, capsys):
+def fake_bench_server(url: str, answered: list):
+    class FakeServer:
+        """``BenchServer`` stand-in: the app at ``url``; 2 CPU seconds per answer."""
+        base_url = url
+
+        def __init__(self, *args, **kwargs):
+            pass
+
+        def start(self):
+            pass
+
+        def stop(self):
+            pass
+
+        def cpu_seconds(self):
+            return 2.0 * answered[0]
+    return FakeServer
+
+
+def test_failed_requests_of_a_cache_off_pair_are_all_that_run_again(tmp_path, monkeypatch):
+    w = workload()
+    n = len(w.requests)
+    answered = [0]
+    args = SimpleNamespace(tiny=False, kv_cache_gb=1.0, concurrency=2, cache_control=False,
+                           out=tmp_path)
+    with threaded_server(flaky_app({3, 6}, answered)) as url:
+        monkeypatch.setattr(run_all, "BenchServer", fake_bench_server(url, answered))
+        out = {"workloads": {}}
+        run_all.run_variant("cache_off", [w], args, out)
+        first = out["workloads"]["multi_turn"]
+        assert first["errors"] == 2 and first["cpu_s"] == 2.0 * (n - 2)
+        assert len(PairCheckpoint.open(tmp_path, "cache_off", w).done) == n - 2
+
+        answered[0] = 0
+        run_all.run_variant("cache_off", [w], args, out)
+        again = out["workloads"]["multi_turn"]
+        assert answered[0] == 1 + 2                           # warm-up + the two failures
+        assert again["errors"] == 0 and again["requests"] == n
+        assert again["prompt_tokens"] == 10 * n and again["cpu_s"] == 2.0 * n
+        assert not checkpoint_path(tmp_path, "cache_off", "multi_turn").exists()
+
+        run_all.run_variant("radixgate", [w], args, {"workloads": {}})
+    assert not checkpoint_path(tmp_path, "radixgate", "multi_turn").exists()
+
+
+def test_resuming_drops_files_of_finished_pairs_and_starting_over_drops_all(
+        tmp_path, monkeypatch):
     args = BASE + ["--out", str(tmp_path)]
     monkeypatch.setattr(run_all, "run_variant", fake_variants([]))
-    run_all.run(args)
-    partial = tmp_path / "partial" / "cache_off.agents.jsonl"
-    partial.parent.mkdir()
-    partial.write_text(json.dumps({"index": 0, "segment": 0, "elapsed_s": 1.0,
-                                   "kv_blocks_peak": None, "ok": True, "session": "s"}) + "\n")
+    run_all.run(args)                                        # all pairs finished
+    left = checkpoint_path(tmp_path, "cache_off", "control")   # killed before discard
+    unfinished = checkpoint_path(tmp_path, "cache_off", "agents")
+    left.parent.mkdir()
+    left.write_text("{}\n")
+    unfinished.write_text("{}\n")
     run_all.run(args + ["--resume"])
-    assert "requests saved of unfinished pairs: cache_off/agents 1" in capsys.readouterr().err
-    assert partial.exists()
+    assert not left.exists() and unfinished.exists()
     run_all.run(args)
-    assert not partial.exists()
+    assert not unfinished.exists()

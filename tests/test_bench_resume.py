@@ -129,6 +129,11 @@ def test_pending_and_runs_note():
     two = {"runs": one["runs"] + [{"date": "d2", "elapsed_s": 4, "commit": "def"}]}
     note = runs_note(two)
     assert "2 invocations" in note and "d2 for 4 s" in note and "commits abc, def" in note
+    assert "except" not in note
+    two["http"] = {"cache_off": {"workloads": {"agents": {"resumed": {"segments": 2}},
+                                               "control": {}}}}
+    assert "except these cache-off pairs" in runs_note(two)
+    assert "cache_off/agents (2)" in runs_note(two) and "control" not in runs_note(two)
 
 
 @pytest.mark.slow
