@@ -79,9 +79,8 @@ class PairCheckpoint:
         for record in self._valid_lines():
             index, segment = record.pop("index"), record.pop("segment")
             wall[segment] = max(wall.get(segment, 0.0), record.pop("elapsed_s"))
-            cpu_s = record.pop("cpu_s", None)
-            cpu[segment] = None if cpu_s is None or (segment in cpu and cpu[segment] is None) \
-                else max(cpu.get(segment, 0.0), cpu_s)
+            cpu_s, so_far = record.pop("cpu_s", None), cpu.setdefault(segment, 0.0)
+            cpu[segment] = None if cpu_s is None or so_far is None else max(so_far, cpu_s)
             peak = record.pop("kv_blocks_peak")
             if peak is not None:
                 self.prior_kv_blocks_peak = max(self.prior_kv_blocks_peak or 0, peak)
