@@ -48,12 +48,10 @@ def checkpoint_path(out_dir: Path, variant: str, workload_name: str) -> Path:
     return Path(out_dir) / PARTIAL_DIR / f"{variant}.{workload_name}.jsonl"
 
 
-@dataclass
-class PairCheckpoint:
-    """The saved requests of one (variant, workload) pair and the file new ones go to."""
-    path: Path
-    digests: list[str]                                    # per request, arrival order
-    on_record: Callable[[], None] = lambda: None          # after each appended line
+@dataclass(kw_only=True)
+class Unsaved:
+    """A (variant, workload) pair that is not checkpointed: nothing answered before, nothing
+    recorded. ``PairCheckpoint`` adds the saving; both time the server's CPU over the run."""
     done: dict[int, dict] = field(default_factory=dict)   # index -> RequestResult dict
     prior_wall_s: float = 0.0
     prior_cpu_s: float | None = 0.0          # None when a saved line lacks it
@@ -62,13 +60,46 @@ class PairCheckpoint:
     cpu_clock: Callable[[], float] | None = None    # the server's CPU seconds so far
     cpu_start: float = 0.0
 
+    def start_segment(self, cpu_clock: Callable[[], float] | None = None) -> None:
+        """Called before this invocation's first request: ``cpu_clock`` reads the server's
+        CPU seconds, so that each line says how much this segment has cost so far."""
+        self.cpu_clock = cpu_clock
+        self.cpu_start = cpu_clock() if cpu_clock else 0.0
+
+    def segment_cpu_s(self) -> float | None:
+        """The server's CPU seconds since ``start_segment`` (None without a clock)."""
+        return self.cpu_clock() - self.cpu_start if self.cpu_clock else None
+
+    def total_cpu_s(self) -> float | None:
+        """This segment's CPU seconds plus the earlier segments' (None if any is unknown)."""
+        segment = self.segment_cpu_s()
+        if segment is None or self.prior_cpu_s is None:
+            return None
+        return round(segment + self.prior_cpu_s, 2)
+
+    def record(self, index: int, result: dict, elapsed_s: float,
+               kv_blocks_peak: int | None) -> None:
+        """Nothing to save."""
+
+    def discard(self) -> None:
+        """Nothing to remove."""
+
+
+@dataclass(kw_only=True)
+class PairCheckpoint(Unsaved):
+    """The saved requests of one (variant, workload) pair and the file new ones go to."""
+    path: Path
+    digests: list[str]                                    # per request, arrival order
+    on_record: Callable[[], None] = lambda: None          # after each appended line
+
     @classmethod
     def open(cls, out_dir: Path, variant: str, workload,
              on_record: Callable[[], None] = lambda: None) -> "PairCheckpoint":
         """The checkpoint of ``variant`` on ``workload`` under ``out_dir``, with what earlier
         invocations saved (nothing when there is no file)."""
-        checkpoint = cls(checkpoint_path(out_dir, variant, workload.name),
-                         [request_digest(r) for r in workload.requests], on_record)
+        checkpoint = cls(path=checkpoint_path(out_dir, variant, workload.name),
+                         digests=[request_digest(r) for r in workload.requests],
+                         on_record=on_record)
         if checkpoint.path.exists():
             checkpoint._load()
         return checkpoint
@@ -103,19 +134,14 @@ class PairCheckpoint:
                     and self.digests[record["index"]] == record["digest"]:
                 yield record
 
-    def start_segment(self, cpu_clock: Callable[[], float] | None = None) -> None:
-        """Called before this invocation's first request: ``cpu_clock`` reads the server's
-        CPU seconds, so that each line says how much this segment has cost so far."""
-        self.cpu_clock = cpu_clock
-        self.cpu_start = cpu_clock() if cpu_clock else 0.0
-
     def record(self, index: int, result: dict, elapsed_s: float,
                kv_blocks_peak: int | None) -> None:
         """Append one answered request (``result``: a ``RequestResult`` as a dict); failed
         ones are skipped."""
         if not result.get("ok"):
             return
-        cpu_s = round(self.cpu_clock() - self.cpu_start, 3) if self.cpu_clock else None
+        segment_cpu_s = self.segment_cpu_s()
+        cpu_s = None if segment_cpu_s is None else round(segment_cpu_s, 3)
         line = {"index": index, "digest": self.digests[index], "segment": self.segments,
                 "elapsed_s": round(elapsed_s, 4), "cpu_s": cpu_s,
                 "kv_blocks_peak": kv_blocks_peak, **result}

@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass, field
 import aiohttp
 
 from benchmarks.bodies import anthropic_body, openai_body
+from benchmarks.checkpoint import Unsaved
 from benchmarks.stats import summarize
 from benchmarks.workloads import ChatRequest, Workload, make_workloads
 
@@ -188,13 +189,14 @@ async def _sample_blocks(http, cfg: ClientConfig, peak: list, stop: asyncio.Even
 
 
 async def run_workload(cfg: ClientConfig, workload: Workload, progress=None,
-                       flush_first: bool = True, checkpoint=None) -> dict:
+                       flush_first: bool = True, checkpoint: Unsaved | None = None) -> dict:
     """Send every request of ``workload``; returns the summary (see ``benchmarks.stats``).
 
     With a ``checkpoint`` (``benchmarks.checkpoint.PairCheckpoint``) the requests it holds
     are not sent again but summarized with the new ones, and each new answer is recorded
     in it as it ends (only for servers that keep no state between requests)."""
-    done = checkpoint.done if checkpoint is not None else {}
+    checkpoint = checkpoint or Unsaved()
+    done = checkpoint.done
     timeout = aiohttp.ClientTimeout(total=cfg.timeout_s)
     connector = aiohttp.TCPConnector(limit=cfg.concurrency + 2)
     async with aiohttp.ClientSession(timeout=timeout, connector=connector) as http:
@@ -209,8 +211,7 @@ async def run_workload(cfg: ClientConfig, workload: Workload, progress=None,
             index, req = indexed
             result = asdict(await send(http, cfg, req))
             results.append(result)
-            if checkpoint is not None:
-                checkpoint.record(index, result, time.perf_counter() - started, peak[0])
+            checkpoint.record(index, result, time.perf_counter() - started, peak[0])
             if progress is not None:
                 progress.update(1)
 
@@ -223,10 +224,9 @@ async def run_workload(cfg: ClientConfig, workload: Workload, progress=None,
         stop.set()
         await sampler
         after = await cache_stats(http, cfg)
-    summary = summarize(list(done.values()) + results,
-                        wall_s + (checkpoint.prior_wall_s if checkpoint is not None else 0.0))
+    summary = summarize(list(done.values()) + results, wall_s + checkpoint.prior_wall_s)
     summary["kv_blocks_peak"] = _max(_max(peak[0], blocks_used(after)),
-                                     checkpoint.prior_kv_blocks_peak if checkpoint else None)
+                                     checkpoint.prior_kv_blocks_peak)
     summary["kv_blocks_cached_after"] = ((after or {}).get("blocks") or {}).get("cached")
     summary["server_hit_rate"] = _hit_rate_delta(before or {}, after or {})
     if done:                      # the server's counters saw only this segment

@@ -32,8 +32,8 @@ import aiohttp
 from tqdm import tqdm
 
 from benchmarks import report
-from benchmarks.checkpoint import (STATELESS_VARIANTS, PairCheckpoint, discard_all,
-                                  discard_finished)
+from benchmarks.checkpoint import (STATELESS_VARIANTS, PairCheckpoint, Unsaved,
+                                  discard_all, discard_finished)
 from benchmarks.http_runner import ClientConfig, run_workload, warm_up
 from benchmarks.launch import ADMIN_KEY, DEFAULT_VARIANTS, VARIANTS, BenchServer, tenant_key
 from benchmarks.memory_sweep import replay_radix, run_sweep
@@ -89,34 +89,29 @@ def run_variant(variant: str, workloads, args, out: dict, save=lambda: None) -> 
                     break
                 out["workloads"][workload.name] = summary
                 save()
-                if checkpoint is not None and not summary.get("errors"):
+                if not summary.get("errors"):
                     checkpoint.discard()      # else only the failed requests run again
     finally:
         server.stop()
 
 
 def measure_workload(server: BenchServer, cfg: ClientConfig, variant: str, workload,
-                     out_dir: Path, bar, save=lambda: None) -> tuple[dict, PairCheckpoint | None]:
+                     out_dir: Path, bar, save=lambda: None) -> tuple[dict, Unsaved]:
     """``workload``'s summary with the server's CPU seconds (``cpu_s``). On a variant that
     keeps no state between requests, each answered request is saved (then ``save()`` is
     called, keeping the run's time current) and those an interrupted invocation saved are
     not sent again but counted, wall time and CPU included (``benchmarks.checkpoint``); the
     checkpoint is returned so that it can be discarded once the summary is saved."""
-    checkpoint = None
+    checkpoint = Unsaved()
     if variant in STATELESS_VARIANTS:
         checkpoint = PairCheckpoint.open(out_dir, variant, workload, on_record=save)
         if checkpoint.done:
             print(f"{variant}/{workload.name}: {len(checkpoint.done)} of "
                   f"{len(workload.requests)} requests answered in earlier invocations; "
                   "sending the rest", file=sys.stderr)
-        checkpoint.start_segment(server.cpu_seconds)
-    cpu_before = server.cpu_seconds()
+    checkpoint.start_segment(server.cpu_seconds)
     summary = asyncio.run(run_workload(cfg, workload, bar, checkpoint=checkpoint))
-    cpu_s = server.cpu_seconds() - cpu_before
-    if checkpoint is not None and checkpoint.done:
-        prior = checkpoint.prior_cpu_s
-        cpu_s = None if prior is None else cpu_s + prior
-    summary["cpu_s"] = None if cpu_s is None else round(cpu_s, 2)
+    summary["cpu_s"] = checkpoint.total_cpu_s()
     return summary, checkpoint
 
 

@@ -11,7 +11,7 @@ import pytest
 from aiohttp import web
 
 from benchmarks import run_all
-from benchmarks.checkpoint import PairCheckpoint, checkpoint_path
+from benchmarks.checkpoint import PairCheckpoint, Unsaved, checkpoint_path
 from benchmarks.http_runner import ClientConfig, run_workload
 from benchmarks.workloads import make_workloads
 from tests.test_bench_http import scripted_app
@@ -60,16 +60,24 @@ def test_checkpoint_sums_segments_and_drops_failed_cut_and_foreign_lines(tmp_pat
     assert sorted(second.done) == [0, 2]
     assert (second.prior_wall_s, second.prior_cpu_s, second.prior_kv_blocks_peak) == (3.0, 9.0, 9)
     assert second.segments == 1 and second.done[0] == OK
-    second.start_segment(lambda: 50.0)
+    second.start_segment(iter([50.0, 51.0, 53.5]).__next__)
     second.record(5, OK, 1.5, 4)                             # appended after the cut line
+    assert second.total_cpu_s() == pytest.approx(9.0 + 3.5)   # earlier segments + this one
 
     third = PairCheckpoint.open(tmp_path, "cache_off", w)
     assert sorted(third.done) == [0, 2, 5] and third.segments == 2
-    assert third.prior_wall_s == pytest.approx(4.5) and third.prior_cpu_s == pytest.approx(9.0)
+    assert third.prior_wall_s == pytest.approx(4.5) and third.prior_cpu_s == pytest.approx(10.0)
     changed = make_workloads(quick=True, seed=1, names=("multi_turn",))[0]
     assert PairCheckpoint.open(tmp_path, "cache_off", changed).done == {}
     third.discard()
     assert not third.path.exists()
+
+
+def test_an_unsaved_pair_counts_the_cpu_of_its_one_segment():
+    run = Unsaved()
+    assert run.total_cpu_s() is None                         # no clock started
+    run.start_segment(iter([10.0, 12.5]).__next__)
+    assert run.total_cpu_s() == 2.5 and run.done == {} and run.prior_wall_s == 0.0
 
 
 async def test_a_killed_pair_resumes_with_only_the_unanswered_requests(aiohttp_server, tmp_path):
