@@ -8,7 +8,6 @@ an error after the 200 becomes an ``error`` event.
 """
 from __future__ import annotations
 
-import asyncio
 import json
 
 from aiohttp import web
@@ -17,9 +16,9 @@ from radixgate.gateway.convert_anthropic import convert_messages_request
 from radixgate.gateway.errors import Api, ApiError, Kind, from_engine
 from radixgate.gateway.http_util import parse_body, principal_of, request_id_of, state_of
 from radixgate.gateway.prompt_parts import ConvertedPrompt
-from radixgate.gateway.render import RenderedPrompt, TemplateError, render_prompt
 from radixgate.gateway.schemas_anthropic import CountTokensRequest, MessagesRequest
-from radixgate.gateway.service import Generation, engine_request, sampling_params
+from radixgate.gateway.service import (Generation, engine_request, render_request,
+                                       sampling_params)
 from radixgate.gateway.sse import open_stream, send_event
 from radixgate.gateway.tools import ToolCallParser, split_output
 from radixgate.runtime.api import Finished, FinishReason, TextDelta, Usage
@@ -33,35 +32,31 @@ def add_routes(app: web.Application) -> None:
     app.router.add_post("/v1/messages/count_tokens", count_tokens)
 
 
-async def render(state, converted: ConvertedPrompt) -> RenderedPrompt:
-    try:
-        return await asyncio.to_thread(render_prompt, state.tokenizer, converted.conversation)
-    except TemplateError as e:
-        raise ApiError(Kind.BAD_REQUEST, str(e)) from None
-
-
 async def count_tokens(request: web.Request) -> web.Response:
-    state = state_of(request)
-    body = await parse_body(request, CountTokensRequest)
-    state.resolve_model(body.model)
-    state.require_engine()
-    rendered = await render(state, convert_messages_request(body))
+    state, principal = state_of(request), principal_of(request)
+    state.check_rate(principal)
+    async with state.preparing(principal):
+        body = await parse_body(request, CountTokensRequest)
+        state.resolve_model(body.model)
+        rendered = await render_request(state, principal, convert_messages_request(body),
+                                        reserved=0)
     return web.json_response({"input_tokens": len(rendered.tokens)})
 
 
 async def messages(request: web.Request) -> web.StreamResponse:
     state, principal = state_of(request), principal_of(request)
-    body = await parse_body(request, MessagesRequest)
-    state.resolve_model(body.model)
-    state.require_engine()
-    converted = convert_messages_request(body)
-    rendered = await render(state, converted)
     state.check_rate(principal)
-    sampling = sampling_params(max_tokens=body.max_tokens, temperature=body.temperature,
-                               top_p=body.top_p, top_k=body.top_k, seed=None,
-                               stop=body.stop_sequences)
+    async with state.preparing(principal):
+        body = await parse_body(request, MessagesRequest)
+        state.resolve_model(body.model)
+        state.require_engine()
+        converted = convert_messages_request(body)
+        sampling = sampling_params(max_tokens=body.max_tokens, temperature=body.temperature,
+                                   top_p=body.top_p, top_k=body.top_k, seed=None,
+                                   stop=body.stop_sequences)
+        rendered = await render_request(state, principal, converted, reserved=body.max_tokens)
     engine_req = engine_request(state, principal, request_id_of(request), rendered.tokens,
-                                rendered.breakpoints, sampling)
+                                rendered.breakpoints, sampling, body.cache_salt)
     generation = Generation(state, request, principal, "anthropic", engine_req)
     message_id = "msg_" + request_id_of(request).removeprefix("req_")
     if body.stream:
@@ -139,7 +134,7 @@ async def _stream_events(response, generation: Generation, converted: ConvertedP
     finished = generation.finished
     if finished.reason in (FinishReason.ERROR, FinishReason.ABORTED):
         await writer.close()
-        error = (from_engine(finished.error_kind, finished.error_message)
+        error = (from_engine(finished.error_kind, finished.error_message, finished.request_id)
                  if finished.reason is FinishReason.ERROR
                  else ApiError(Kind.OVERLOADED, finished.error_message or "request aborted"))
         await response.write(error.sse_event(Api.ANTHROPIC).encode())

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
+MIN_QUEUE_SHARE = 8     # a tenant's default queue share never drops below this
 
 
 class ConfigError(ValueError):
@@ -57,6 +58,9 @@ class TenantConfig:
     max_pinned_tokens: int = 200_000
     requests_per_minute: int = 600   # 0 = unlimited
     use_public_prefixes: bool = True
+    max_queued: int = 0              # waiting requests; 0 = an equal share of max_queue (>= 8)
+    max_preparing: int = 2           # prompts rendered/tokenized at once (more wait, bounded)
+    max_namespaces: int = 64         # live cache namespaces (one per cache_salt); LRU idle ones go
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +69,13 @@ class GatewayConfig:
     model: ModelSettings = field(default_factory=ModelSettings)
     admin_keys: tuple[str, ...] = ()
     tenants: tuple[TenantConfig, ...] = ()
+
+    def queue_share(self, tenant: TenantConfig) -> int:
+        """Waiting requests ``tenant`` may have: its ``max_queued``, or by default an equal
+        share of ``server.max_queue`` among the configured tenants, at least 8."""
+        if tenant.max_queued > 0:
+            return tenant.max_queued
+        return max(MIN_QUEUE_SHARE, self.server.max_queue // max(1, len(self.tenants)))
 
     @property
     def has_api_keys(self) -> bool:
@@ -202,6 +213,11 @@ def _validate(cfg: GatewayConfig) -> None:
             raise ConfigError(f"tenant name {t.name!r} is reserved")
         if t.max_running < 1 or t.max_pinned_tokens < 0 or t.requests_per_minute < 0:
             raise ConfigError(f"[tenants.{t.name}] limits must be non-negative")
+        if t.max_namespaces < 1:
+            raise ConfigError(f"[tenants.{t.name}] max_namespaces must be >= 1")
+        if t.max_queued < 0 or t.max_preparing < 1:
+            raise ConfigError(f"[tenants.{t.name}] max_queued must be >= 0 (0: an equal "
+                              "share of server.max_queue) and max_preparing >= 1")
         for key in t.api_keys:
             if key in seen:
                 raise ConfigError(f"an API key of tenant {t.name!r} is also used by {seen[key]!r}")

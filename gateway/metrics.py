@@ -46,6 +46,9 @@ class GatewayMetrics:
         self.continuations = Counter("radixgate_expected_continuations", "Responses that "
                                      "ended in a tool call, kept longer in the prefix cache "
                                      "until the tool result comes back", ["tenant"], registry=r)
+        self.template_renders = Counter("radixgate_template_renders", "Chat-template "
+                                        "applications spent rendering request prompts",
+                                        ["tenant"], registry=r)
         self.ttft = Histogram("radixgate_time_to_first_token_seconds", "Time to first token",
                               ["tenant", "cache"], buckets=_TTFT_BUCKETS, registry=r)
         self.itl = Histogram("radixgate_inter_token_latency_seconds", "Time between output "

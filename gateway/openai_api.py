@@ -14,14 +14,14 @@ import time
 
 from aiohttp import web
 
-from radixgate.gateway.anthropic_api import render
 from radixgate.gateway.convert_openai import convert_chat_request
 from radixgate.gateway.errors import Api, ApiError, Kind, from_engine
 from radixgate.gateway.http_util import parse_body, principal_of, request_id_of, state_of
 from radixgate.gateway.prompt_parts import ConvertedPrompt
 from radixgate.gateway.schemas_openai import ChatCompletionRequest, CompletionRequest
+from radixgate.gateway.prepare import check_length_bound, room_for_prompt, too_long
 from radixgate.gateway.service import (Generation, default_max_tokens, engine_request,
-                                       sampling_params)
+                                       render_request, sampling_params)
 from radixgate.gateway.sse import open_stream, send_event
 from radixgate.gateway.tools import ToolCallParser, split_output
 from radixgate.runtime.api import Finished, FinishReason, TextDelta, Usage
@@ -54,17 +54,18 @@ def usage_body(usage: Usage) -> dict:
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     state, principal = state_of(request), principal_of(request)
-    body = await parse_body(request, ChatCompletionRequest)
-    _reject_unsupported(body)
-    state.resolve_model(body.model)
-    state.require_engine()
-    converted = convert_chat_request(body)
-    rendered = await render(state, converted)
-    max_tokens = body.max_completion_tokens or body.max_tokens or default_max_tokens(
-        state, len(rendered.tokens))
+    state.check_rate(principal)
+    async with state.preparing(principal):
+        body = await parse_body(request, ChatCompletionRequest)
+        _reject_unsupported(body)
+        state.resolve_model(body.model)
+        state.require_engine()
+        converted = convert_chat_request(body)
+        asked = body.max_completion_tokens or body.max_tokens
+        rendered = await render_request(state, principal, converted, reserved=asked or 1)
+    max_tokens = asked or default_max_tokens(state, len(rendered.tokens))
     sampling = sampling_params(max_tokens=max_tokens, temperature=body.temperature,
                                top_p=body.top_p, top_k=body.top_k, seed=body.seed, stop=body.stop)
-    state.check_rate(principal)
     engine_req = engine_request(state, principal, request_id_of(request), rendered.tokens,
                                 rendered.breakpoints, sampling, body.cache_salt)
     generation = Generation(state, request, principal, "openai", engine_req)
@@ -175,7 +176,7 @@ async def _stream(request: web.Request, generation: Generation, chunks) -> web.S
 
 async def _stream_end(response, finished: Finished, chunks) -> None:
     if finished.reason is FinishReason.ERROR:
-        error = from_engine(finished.error_kind, finished.error_message)
+        error = from_engine(finished.error_kind, finished.error_message, finished.request_id)
         await response.write(error.sse_event(Api.OPENAI).encode())
     elif finished.reason is FinishReason.ABORTED:
         error = ApiError(Kind.OVERLOADED, finished.error_message or "request aborted")
@@ -188,7 +189,16 @@ async def _stream_end(response, finished: Finished, chunks) -> None:
 
 # -- /v1/completions ----------------------------------------------------------------------
 
-def _prompt_tokens(state, body: CompletionRequest) -> list[int]:
+def _prompt_tokens(state, body: CompletionRequest, room: int, max_tokens: int) -> list[int]:
+    """The prompt's token ids; 400 when it cannot fit ``room`` (a text's cheap length
+    bound is checked before it is tokenized)."""
+    tokens = _given_tokens(state, body, room, max_tokens)
+    if len(tokens) > room:
+        raise too_long(room, max_tokens, context=room + max_tokens, at_least=len(tokens))
+    return tokens
+
+
+def _given_tokens(state, body: CompletionRequest, room: int, max_tokens: int) -> list[int]:
     prompt = body.prompt
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
         if len(prompt) != 1:
@@ -198,6 +208,7 @@ def _prompt_tokens(state, body: CompletionRequest) -> list[int]:
     if isinstance(prompt, str):
         if not prompt:
             raise ApiError(Kind.BAD_REQUEST, "prompt must not be empty", param="prompt")
+        check_length_bound([prompt], state.tokenizer, room, max_tokens)
         return state.tokenizer.encode(prompt)
     if not prompt:
         raise ApiError(Kind.BAD_REQUEST, "prompt must not be empty", param="prompt")
@@ -210,17 +221,20 @@ def _prompt_tokens(state, body: CompletionRequest) -> list[int]:
 
 async def completions(request: web.Request) -> web.StreamResponse:
     state, principal = state_of(request), principal_of(request)
-    body = await parse_body(request, CompletionRequest)
-    _reject_unsupported(body)
-    if body.echo or body.suffix:
-        raise ApiError(Kind.BAD_REQUEST, "echo and suffix are not supported",
-                       param="echo" if body.echo else "suffix")
-    state.resolve_model(body.model)
-    state.require_engine()
-    tokens = await asyncio.to_thread(_prompt_tokens, state, body)
-    sampling = sampling_params(max_tokens=body.max_tokens or 16, temperature=body.temperature,
-                               top_p=body.top_p, top_k=body.top_k, seed=body.seed, stop=body.stop)
     state.check_rate(principal)
+    async with state.preparing(principal):
+        body = await parse_body(request, CompletionRequest)
+        _reject_unsupported(body)
+        if body.echo or body.suffix:
+            raise ApiError(Kind.BAD_REQUEST, "echo and suffix are not supported",
+                           param="echo" if body.echo else "suffix")
+        state.resolve_model(body.model)
+        engine = state.require_engine()
+        max_tokens = body.max_tokens or 16
+        room = room_for_prompt(engine.max_model_len, max_tokens)
+        tokens = await asyncio.to_thread(_prompt_tokens, state, body, room, max_tokens)
+    sampling = sampling_params(max_tokens=max_tokens, temperature=body.temperature,
+                               top_p=body.top_p, top_k=body.top_k, seed=body.seed, stop=body.stop)
     engine_req = engine_request(state, principal, request_id_of(request), tokens, (), sampling,
                                 body.cache_salt)
     generation = Generation(state, request, principal, "openai", engine_req)

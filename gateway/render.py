@@ -7,8 +7,10 @@ chat template and tokenizes it **in segments** so that a prefix's token ids neve
 what follows it:
 
 - the template is applied to the message list with each message's content replaced by a
-  sentinel; rendering the first k messages for k = 1..n gives each message's own text (the
-  template's glue before and after its content), which must grow by appending only;
+  sentinel; the text between two sentinels is the glue after one message and before the
+  next, cut where rendering the messages up to the first of them ends (learned once per
+  boundary shape, so a conversation costs a bounded number of renders, never one per
+  message); the template must grow by appending only;
 - every message is tokenized on its own, and inside a message every piece starts a new
   segment (``pre + piece0``, ``"\\n" + piece1``, ..., ``"\\n" + piece_last + post``);
 - a breakpoint on a piece sits at the end of that piece's segment; on a message's last
@@ -23,13 +25,15 @@ Formats are documented in docs/PROMPT_FORMAT.md.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
-from typing import Protocol, Sequence
+from typing import Callable, Protocol, Sequence
 
 from radixgate.runtime.api import Breakpoint
 
 PIECE_SEPARATOR = "\n"
 _SENTINEL = "\ue000{}\ue001"      # private-use characters never produced by the APIs' JSON
+MAX_GLUE_SHAPES = 32               # distinct message-boundary shapes one render may learn
 
 
 class ChatTokenizer(Protocol):
@@ -74,56 +78,140 @@ class RenderedPrompt:
     breakpoints: tuple[Breakpoint, ...]
     text: str
     segment_ends: tuple[int, ...] = field(default=())   # token offset after each segment
+    template_renders: int = 0                           # chat-template applications it cost
 
 
 class TemplateError(ValueError):
     """The chat template rejected the conversation (e.g. roles it does not allow)."""
 
 
-def render_prompt(tokenizer: ChatTokenizer, conversation: Conversation) -> RenderedPrompt:
-    """Render and tokenize segment-wise; see the module docstring for the cut rules."""
+class RenderAbandoned(Exception):
+    """The request that asked for this render was aborted or timed out: work stopped."""
+
+
+class PromptTooLong(ValueError):
+    """The prompt has more than ``limit`` tokens; tokenizing stopped there."""
+
+    def __init__(self, limit: int):
+        super().__init__(f"the prompt is longer than {limit} tokens")
+        self.limit = limit
+
+
+@dataclass(frozen=True, slots=True)
+class RenderBudget:
+    """Bounds on one render: ``max_tokens`` (stop and raise ``PromptTooLong`` past it),
+    ``cancelled`` (polled between segments: true raises ``RenderAbandoned``) and
+    ``on_template_render`` (called at each chat-template application, failed renders too)."""
+
+    max_tokens: int | None = None
+    cancelled: Callable[[], bool] | None = None
+    on_template_render: Callable[[], None] | None = None
+
+
+def render_prompt(tokenizer: ChatTokenizer, conversation: Conversation,
+                  budget: RenderBudget = RenderBudget()) -> RenderedPrompt:
+    """Render and tokenize segment-wise; see the module docstring for the cut rules.
+    Linear in the prompt: a bounded number of template renders whatever the message count
+    (``RenderedPrompt.template_renders``)."""
     messages = conversation.template_messages()
+    counter = _RenderCounter(tokenizer, budget.on_template_render)
     segments: list[Segment] = []
-    message_texts = _message_texts(tokenizer, messages)
+    message_texts, without = _message_texts(counter, messages)
     for message, (pre, post) in zip(messages, message_texts):
         segments.extend(_message_segments(message.pieces, pre, post))
-    generation = _generation_prompt(tokenizer, messages, message_texts)
+    generation = _generation_prompt(counter, messages, without)
     prefill = conversation.prefill
     if prefill:
         segments.extend(_piece_segments(prefill, sep="", pre=generation))
     else:
         segments.append(Segment(((generation, True),), None))
-    return _tokenize(tokenizer, segments)
+    rendered = _tokenize(tokenizer, segments, budget)
+    return dataclasses.replace(rendered, template_renders=counter.renders)
 
 
-def _message_texts(tokenizer: ChatTokenizer, messages: Sequence[ChatMessage]
-                   ) -> list[tuple[str, str]]:
-    """(text before content, text after content) of each message as the template renders it."""
-    sentinel_messages = [{"role": m.role, "content": _SENTINEL.format(i)}
-                         for i, m in enumerate(messages)]
-    out: list[tuple[str, str]] = []
-    previous = ""
-    for k in range(1, len(messages) + 1):
-        rendered = _apply(tokenizer, sentinel_messages[:k], add_generation_prompt=False)
-        if not rendered.startswith(previous):
-            raise TemplateError("chat template is not incremental: rendering one more message "
-                                "changed the text of earlier ones")
-        own = rendered[len(previous):]
-        sentinel = _SENTINEL.format(k - 1)
-        if own.count(sentinel) != 1:
-            raise TemplateError(f"chat template did not render message {k - 1} exactly once")
-        pre, post = own.split(sentinel)
-        out.append((pre, post))
-        previous = rendered
-    return out
+class _RenderCounter:
+    """Applies the chat template and counts how often (the work a request caused)."""
+
+    def __init__(self, tokenizer: ChatTokenizer, on_render: Callable[[], None] | None = None):
+        self.tokenizer = tokenizer
+        self.renders = 0
+        self._on_render = on_render
+
+    def apply(self, messages: list[dict], add_generation_prompt: bool) -> str:
+        self.renders += 1
+        if self._on_render is not None:
+            self._on_render()
+        return _apply(self.tokenizer, messages, add_generation_prompt)
 
 
-def _generation_prompt(tokenizer: ChatTokenizer, messages: Sequence[ChatMessage],
-                       message_texts: list[tuple[str, str]]) -> str:
-    sentinel_messages = [{"role": m.role, "content": _SENTINEL.format(i)}
-                         for i, m in enumerate(messages)]
-    without = _apply(tokenizer, sentinel_messages, add_generation_prompt=False) if messages else ""
-    with_prompt = _apply(tokenizer, sentinel_messages, add_generation_prompt=True)
+def _sentinel_messages(messages: Sequence[ChatMessage]) -> list[dict]:
+    return [{"role": m.role, "content": _SENTINEL.format(i)} for i, m in enumerate(messages)]
+
+
+def _message_texts(counter: _RenderCounter, messages: Sequence[ChatMessage]
+                   ) -> tuple[list[tuple[str, str]], str]:
+    """(text before content, text after content) of each message as the template renders
+    it, and the whole rendering without the generation prompt.
+
+    The template is applied once to all messages; the glue between two contents is
+    ``post`` of the first plus ``pre`` of the second. Where that glue is cut is learned by
+    rendering the messages up to the first one (a prefix render: its end is the cut) once
+    per distinct (previous role, role, glue) shape, and always at the first and the last
+    boundary; every prefix render must be a prefix of the whole (an incremental template).
+    So a conversation costs a handful of renders, not one per message."""
+    if not messages:
+        return [], ""
+    sentinels = _sentinel_messages(messages)
+    whole = counter.apply(sentinels, add_generation_prompt=False)
+    starts, ends = _sentinel_spans(whole, len(messages))
+    cuts: dict[tuple[str, str, str], int] = {}
+    out_pre = [whole[:starts[0]]]
+    out_post: list[str] = []
+    for k in range(1, len(messages)):
+        glue = whole[ends[k - 1]:starts[k]]
+        shape = (messages[k - 1].role, messages[k].role, glue)
+        if shape not in cuts or k in (1, len(messages) - 1):
+            cut = _cut_after(counter, sentinels, k, whole, ends[k - 1])
+            if shape in cuts and cuts[shape] != cut:
+                raise TemplateError("chat template glue between messages depends on their "
+                                    "position, not only on their roles")
+            cuts[shape] = cut
+            if len(cuts) > MAX_GLUE_SHAPES:
+                raise TemplateError("chat template renders too many distinct kinds of "
+                                    "message boundaries")
+        out_post.append(glue[:cuts[shape]])
+        out_pre.append(glue[cuts[shape]:])
+    out_post.append(whole[ends[-1]:])
+    return list(zip(out_pre, out_post)), whole
+
+
+def _sentinel_spans(whole: str, n: int) -> tuple[list[int], list[int]]:
+    """Start and end offset of each message's sentinel; each must appear once, in order."""
+    starts, ends, position = [], [], 0
+    for i in range(n):
+        sentinel = _SENTINEL.format(i)
+        index = whole.find(sentinel, position)
+        if index < 0 or whole.find(sentinel, index + len(sentinel)) >= 0:
+            raise TemplateError(f"chat template did not render message {i} exactly once")
+        starts.append(index)
+        ends.append(index + len(sentinel))
+        position = ends[-1]
+    return starts, ends
+
+
+def _cut_after(counter: _RenderCounter, sentinels: list[dict], k: int, whole: str,
+               content_end: int) -> int:
+    """Length of message k-1's post text: the first k messages rendered alone end there."""
+    prefix = counter.apply(sentinels[:k], add_generation_prompt=False)
+    if not whole.startswith(prefix) or len(prefix) < content_end:
+        raise TemplateError("chat template is not incremental: rendering one more message "
+                            "changed the text of earlier ones")
+    return len(prefix) - content_end
+
+
+def _generation_prompt(counter: _RenderCounter, messages: Sequence[ChatMessage],
+                       without: str) -> str:
+    with_prompt = counter.apply(_sentinel_messages(messages), add_generation_prompt=True)
     if not with_prompt.startswith(without):
         raise TemplateError("chat template's generation prompt rewrites earlier text")
     return with_prompt[len(without):]
@@ -165,14 +253,19 @@ def _piece_segments(pieces: Sequence[Piece], sep: str, pre: str = "") -> list[Se
             for i, p in enumerate(pieces)]
 
 
-def _tokenize(tokenizer: ChatTokenizer, segments: list[Segment]) -> RenderedPrompt:
+def _tokenize(tokenizer: ChatTokenizer, segments: list[Segment],
+              budget: RenderBudget = RenderBudget()) -> RenderedPrompt:
     tokens: list[int] = []
     ends: list[int] = []
     ttl_at: dict[int, float] = {}
     for segment in segments:
+        if budget.cancelled is not None and budget.cancelled():
+            raise RenderAbandoned()
         for text, trusted in segment.parts:
             if text:
                 tokens.extend(tokenizer.encode(text) if trusted else tokenizer.encode_plain(text))
+        if budget.max_tokens is not None and len(tokens) > budget.max_tokens:
+            raise PromptTooLong(budget.max_tokens)
         ends.append(len(tokens))
         if segment.ttl is not None and len(tokens) > 0:
             ttl_at[len(tokens)] = max(segment.ttl, ttl_at.get(len(tokens), 0.0))

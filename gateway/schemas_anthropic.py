@@ -96,6 +96,7 @@ class MessagesRequest(_PromptFields):
     stop_sequences: list[str] | None = None
     stream: bool = False
     metadata: Metadata | None = None
+    cache_salt: str | None = None      # extension (as vLLM's): a separate cache namespace
 
 
 class CountTokensRequest(_PromptFields):

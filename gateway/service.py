@@ -14,6 +14,8 @@ from aiohttp import web
 from radixgate.gateway.auth import Principal, namespace_for
 from radixgate.gateway.errors import ApiError, Kind, from_engine
 from radixgate.gateway.http_util import ACCESS
+from radixgate.gateway.prepare import render_bounded, room_for_prompt
+from radixgate.gateway.render import RenderedPrompt
 from radixgate.gateway.state import GatewayState
 from radixgate.runtime.api import (Breakpoint, Finished, FinishReason, Request, SamplingParams,
                                    TextDelta)
@@ -42,6 +44,18 @@ def default_max_tokens(state: GatewayState, prompt_len: int) -> int:
     engine = state.engine
     room = min(engine.max_model_len, engine.num_blocks * engine.block_size) - prompt_len
     return max(1, min(room, DEFAULT_MAX_TOKENS_CAP))
+
+
+async def render_request(state: GatewayState, principal: Principal, converted,
+                         reserved: int) -> RenderedPrompt:
+    """The request's prompt rendered within the context window (``reserved`` tokens kept
+    for the answer) and ``request_timeout_s``; counts the template renders it cost."""
+    engine = state.require_engine()
+    room = room_for_prompt(engine.max_model_len, reserved)
+    return await render_bounded(state.tokenizer, converted.conversation, room=room,
+                                reserved=reserved, timeout_s=state.config.server.request_timeout_s,
+                                on_template_render=state.metrics.template_renders.labels(
+                                    principal.tenant).inc)
 
 
 def engine_request(state: GatewayState, principal: Principal, request_id: str,
@@ -152,7 +166,7 @@ class Generation:
 
 def raise_if_error(event: Finished) -> None:
     if event.reason is FinishReason.ERROR:
-        raise from_engine(event.error_kind, event.error_message)
+        raise from_engine(event.error_kind, event.error_message, event.request_id)
     if event.reason is FinishReason.ABORTED:
         raise ApiError(Kind.OVERLOADED,
                        event.error_message or "the request was aborted (server shutting down)")

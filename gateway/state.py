@@ -16,6 +16,7 @@ from radixgate.gateway.auth import ADMIN_TENANT, KeyRing, RateLimiter
 from radixgate.gateway.config import GatewayConfig, ModelSettings
 from radixgate.gateway.errors import ApiError, Kind
 from radixgate.gateway.metrics import GatewayMetrics
+from radixgate.gateway.prepare import PrepareGate
 from radixgate.gateway.usage_book import UsageBook
 
 log = logging.getLogger("radixgate.gateway")
@@ -36,7 +37,9 @@ def default_engine_factory(config: GatewayConfig):
 def engine_config(config: GatewayConfig):
     from radixgate.radix_cache import EvictionPolicy
     from radixgate.runtime.engine_config import EngineConfig, TenantQuota
-    quotas = {t.name: TenantQuota(max_running=t.max_running, max_pinned_tokens=t.max_pinned_tokens)
+    quotas = {t.name: TenantQuota(max_running=t.max_running, max_pinned_tokens=t.max_pinned_tokens,
+                                  max_queued=config.queue_share(t),
+                                  max_namespaces=t.max_namespaces)
               for t in config.tenants}
     quotas[ADMIN_TENANT] = TenantQuota()
     return EngineConfig(kv_cache_bytes=int(config.model.kv_cache_gb * (1 << 30)),
@@ -64,6 +67,7 @@ class GatewayState:
         self.load_error: str | None = None
         self.model_name = config.model.name
         self.metrics = GatewayMetrics(self.snapshot)
+        self.prepare_gate = PrepareGate()
         self.load_done = threading.Event()     # set when load() ends, ready or failed
         self._factory = engine_factory or default_engine_factory
 
@@ -115,6 +119,15 @@ class GatewayState:
         raise ApiError(Kind.NOT_FOUND, f"model: {name} (this server serves "
                        f"{self.model_name!r}; aliases {list(self.config.model.aliases)})",
                        param="model", code="model_not_found")
+
+    def preparing(self, principal):
+        """``async with state.preparing(principal):`` one of the tenant's slots for reading,
+        parsing and rendering a request (gateway/prepare.py); 429 when too many wait."""
+        limits = principal.limits
+        if principal.tenant not in self.keyring.tenants:      # admin / open server
+            return self.prepare_gate.slot(principal.tenant, 1 << 20, 1 << 20)
+        return self.prepare_gate.slot(principal.tenant, limits.max_preparing,
+                                      self.config.queue_share(limits))
 
     def check_rate(self, principal) -> None:
         wait = self.limiter.try_acquire(principal.tenant, principal.limits.requests_per_minute)

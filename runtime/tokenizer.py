@@ -108,6 +108,14 @@ class Tokenizer:
                 table.append(_sentencepiece_bytes(piece))
         return table
 
+    @cached_property
+    def max_plain_token_bytes(self) -> int:
+        """The most UTF-8 bytes one token of ``encode_plain`` output can stand for (added and
+        special tokens excluded: plain text never becomes them). Gives a cheap lower bound
+        on a text's token count before tokenizing it."""
+        added = set(self.backend.get_added_tokens_decoder())
+        return max((len(b) for i, b in enumerate(self._token_bytes) if i not in added), default=1)
+
     def token_to_bytes(self, token_id: int) -> bytes:
         """Bytes of one token; a multi-byte character may be split across tokens. Ids past
         the tokenizer's vocabulary (a model's padded embedding rows) have no bytes."""
