@@ -6,7 +6,8 @@ pinned tokens and its own prefixes (no preview). Server-wide block, tree and evi
 counts describe every tenant's traffic, so a tenant gets them as zeros (``total`` blocks,
 the capacity, is configuration and stays); the prefill rate it gets is rounded. Extra keys beyond the design: ``tenant`` (the
 scope, null for admin), ``prefill_tokens_per_s``, the 5m/1h split of ``cache_creation``
-in every ``tokens``, ``requests.preemptions`` (server-wide, admin only) and a per-second ``history`` in each ``tenants.<name>`` entry.
+in every ``tokens``, ``requests.preemptions`` (server-wide, admin only), ``tree.namespaces``
+(live cache namespaces, admin only) and a per-second ``history`` in each ``tenants.<name>`` entry.
 """
 from __future__ import annotations
 
@@ -82,10 +83,11 @@ def _tree(snapshot, tenant: str | None) -> dict:
     if tenant is None:
         t = snapshot.tree
         return {"nodes": t.nodes, "cached_tokens": t.cached_tokens,
-                "evictable_tokens": t.evictable_tokens, "pinned_tokens": t.pinned_tokens}
+                "evictable_tokens": t.evictable_tokens, "pinned_tokens": t.pinned_tokens,
+                "namespaces": t.namespaces}
     counts = snapshot.tenants.get(tenant)
     return {"nodes": 0, "cached_tokens": 0, "evictable_tokens": 0,
-            "pinned_tokens": counts.pinned_tokens if counts else 0}
+            "pinned_tokens": counts.pinned_tokens if counts else 0, "namespaces": 0}
 
 
 def _tenants(snapshot, book: UsageBook, tenant: str | None) -> dict:
@@ -105,8 +107,12 @@ def _tenants(snapshot, book: UsageBook, tenant: str | None) -> dict:
 
 
 def _prefixes(snapshot, tenant: str | None, decode) -> list[dict]:
+    """The admin gets the server-wide list; a tenant the list computed from its own
+    namespaces (never a filter of the server-wide one, whose length and gaps would tell it
+    about the others' traffic)."""
     out = []
-    for entry in snapshot.top_prefixes:
+    entries = snapshot.top_prefixes if tenant is None else snapshot.tenant_prefixes.get(tenant, ())
+    for entry in entries:
         if tenant is not None and entry.tenant != tenant:
             continue
         item = {"tenant": entry.tenant, "tokens": entry.length, "hits": entry.hits,

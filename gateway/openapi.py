@@ -127,7 +127,9 @@ def _paths() -> dict:
                                 codes=(503,), auth=False)},
         "/metrics": {"get": _get("Prometheus metrics", {"type": "string"},
                                  content_type="text/plain")},
-        "/v1/cache/stats": {"get": _get("Cache statistics (scoped to the caller)", _OBJECT)},
+        "/v1/cache/stats": {"get": _get("Cache statistics (scoped to the caller; top_prefixes "
+                                        "from the caller's own namespaces; admin: "
+                                        "tree.namespaces, live cache namespaces)", _OBJECT)},
         "/v1/cache/flush": {"post": _post("Flush the cache (admin)", "FlushRequest", _OBJECT,
                                           "OpenAIError", admin, required=False)},
         "/v1/cache/prefixes": {

@@ -57,6 +57,8 @@ class _Recount:
                  f"{where}: holds {len(node.blocks)} blocks, covers {expected_blocks}")
         _require(len(set(node.blocks)) == len(node.blocks), f"{where}: holds a block twice")
         _require(node.own_blocks == node.count_own_blocks(), f"{where}: stale own-block count")
+        _require(parent.parent is None or node.hits <= parent.hits,
+                 f"{where}: more hits than its parent (top prefixes rely on it: reports.py)")
         want = self.locks.get(node, 0)
         _require(node.lock_ref == want, f"{where}: lock_ref {node.lock_ref}, handles say {want}")
         for block in node.blocks:
@@ -94,7 +96,29 @@ def check_tree(tree: RadixTree, extra_holders: Iterable[Sequence[int]]) -> None:
     recount.walk()
     _check_counters(tree, recount)
     _check_pin_totals(tree)
+    _check_namespaces(tree)
     _check_blocks(tree, recount.node_refs, extra_holders)
+
+
+def _check_namespaces(tree: RadixTree) -> None:
+    """Every registered namespace is in use and indexed under its tenant; its lock count
+    equals its handles' (namespaces.py)."""
+    locks: dict[int, int] = {}
+    for handle in tree.handles:
+        locks[id(handle.node.ns)] = locks.get(id(handle.node.ns), 0) + handle.count
+    table = tree.namespaces
+    indexed = 0
+    for tenant in table.tenants():
+        owned = table.of_tenant(tenant)
+        indexed += len(owned)
+        _require(all(ns.tenant == tenant for ns in owned), f"tenant {tenant!r}: foreign namespace")
+    _require(indexed == len(table), f"{indexed} namespaces indexed by tenant, {len(table)} live")
+    for ns in table:
+        _require(ns.in_use, f"namespace {ns.name!r} is unused but was not dropped")
+        _require(table.get(ns.name) is ns, f"namespace {ns.name!r} is filed under another name")
+        _require(ns.locks == locks.get(id(ns), 0),
+                 f"namespace {ns.name!r}: {ns.locks} locks, handles say {locks.get(id(ns), 0)}")
+        _require(ns.users >= 0, f"namespace {ns.name!r}: {ns.users} users")
 
 
 def _check_counters(tree: RadixTree, r: _Recount) -> None:

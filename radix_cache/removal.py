@@ -15,7 +15,8 @@ if TYPE_CHECKING:
 
 def remove_leaf(tree: RadixTree, node: TreeNode, reason: str) -> int:
     """Take an unlocked leaf out of the tree: drop its references (and pin), update every
-    counter, emit ``removed``, offer its parent for eviction. Returns blocks freed."""
+    counter, emit ``removed``, offer its parent for eviction, drop its namespace when this
+    was the last node and nothing else holds it (namespaces.py). Returns blocks freed."""
     parent = node.parent
     del parent.children[first_token(node.key)]
     freed = drop_references(tree, node.blocks)
@@ -23,6 +24,8 @@ def remove_leaf(tree: RadixTree, node: TreeNode, reason: str) -> int:
     node.alive = False
     if node.pin is not None:
         pins.drop(tree, node)
+    if not node.ns.nodes:
+        tree.namespaces.drop_if_unused(node.ns)     # its last node: drop it unless held
     tree.evictions[reason] += 1
     tree.evicted_tokens[reason] += node.num_tokens
     if tree.on_event is not None:

@@ -68,6 +68,7 @@ class TreeStats:
     evictions: dict[str, int] = field(default_factory=dict)
     evicted_tokens: dict[str, int] = field(default_factory=dict)
     namespaces: dict[str, NamespaceStats] = field(default_factory=dict)
+    num_namespaces: int = 0       # live namespaces (namespaces.py: unused ones are dropped)
 
 
 @dataclass(frozen=True)
@@ -80,3 +81,4 @@ class PrefixInfo:
     length: int
     hits: int
     pin_ttl_s: float      # seconds until the pin expires; 0.0 when unpinned or expired
+    tenant: str = ""      # the namespace's owner (see namespaces.py), "" when unowned

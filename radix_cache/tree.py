@@ -17,7 +17,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable, Sequence
 
-from . import pins, removal, reports
+from . import namespaces, pins, removal, reports
 from .admission import Sightings, admit_leaf
 from .eviction import EvictionPolicy, EvictionQueue
 from .events import CacheEvent, EventSink
@@ -154,6 +154,8 @@ class RadixTree:
         if lock:
             handle = LockHandle(node)
             self.lock(handle)
+        elif not n:
+            self.namespaces.drop_if_unused(ns)      # nothing inserted into a new namespace
         return InsertResult(cached_before, handle)
 
     def _hold_references(self, blocks: Sequence[int]) -> None:
@@ -258,6 +260,7 @@ class RadixTree:
             node.lock_ref += 1
             node = node.parent
         handle.count += 1
+        handle.node.ns.locks += 1
         self.handles.add(handle)
 
     def unlock(self, handle: LockHandle) -> None:
@@ -275,6 +278,9 @@ class RadixTree:
                 if not node.children:
                     self.queue.push(node)
             node = node.parent
+        handle.node.ns.locks -= 1
+        if not handle.node.ns.locks:
+            self.namespaces.drop_if_unused(handle.node.ns)
 
     def _move_lock_state(self, node: TreeNode, locked: bool) -> None:
         sign = 1 if locked else -1
@@ -377,12 +383,32 @@ class RadixTree:
         """Blocks referenced by at least one node."""
         return set(self.block_holders)
 
-    def stats(self) -> TreeStats:
-        return reports.tree_stats(self)
+    def stats(self, per_namespace: bool = True) -> TreeStats:
+        """Counters of the whole tree; ``per_namespace`` False leaves ``namespaces`` empty
+        (then the cost does not grow with the number of namespaces)."""
+        return reports.tree_stats(self, per_namespace)
 
     def top_prefixes(self, n: int = 10, namespace: str | None = None) -> list[PrefixInfo]:
         """The ``n`` most hit nodes (ties: longer first), with their full token paths."""
         return reports.top_prefixes(self, n, namespace)
+
+    def top_prefixes_by_tenant(self, n: int = 10) -> dict[str, list[PrefixInfo]]:
+        """Each namespace owner's ``n`` most hit nodes, from its own namespaces only."""
+        return reports.top_prefixes_by_tenant(self, n)
+
+    # ---- namespace lifetime (see namespaces.py) ---------------------------------------
+
+    def open_namespace(self, namespace: str, tenant: str,
+                       max_namespaces: int | None = None) -> Namespace:
+        """A request of ``tenant`` will use ``namespace``: it stays alive until the matching
+        ``close_namespace``; the tenant's least recently opened idle namespaces beyond
+        ``max_namespaces`` are evicted (unlocked, unpinned content) and dropped."""
+        return namespaces.open_namespace(self, namespace, tenant, max_namespaces)
+
+    def close_namespace(self, namespace: str) -> None:
+        """The request that opened ``namespace`` is done (call after its last insert and
+        unlock); an unused namespace is dropped."""
+        namespaces.close_namespace(self, namespace)
 
     def check_integrity(self, extra_holders: Iterable[Sequence[int]] = ()) -> None:
         """Recount every holder, refcount, lock and counter; raise IntegrityError on a

@@ -73,7 +73,8 @@ class EngineCore:
             return
         seq = self._new_sequence(request, sink)
         self.sequences[request.request_id] = seq
-        self.counters.namespace_tenant[request.namespace] = request.tenant
+        self.tree.open_namespace(request.namespace, request.tenant,
+                                 self.config.quota_for(request.tenant).max_namespaces)
         self.scheduler.add(seq)
 
     def _new_sequence(self, request: Request, sink) -> Sequence:
@@ -112,12 +113,20 @@ class EngineCore:
         self.scheduler.remove(seq)
         if was_running:
             self.blocks.release(seq, cache=cache)
-        self.sequences.pop(seq.request_id, None)
+        self._forget(seq)
         if self.config.record_logits:
             self.traces[seq.request_id] = RequestTrace(tuple(seq.gaps), tuple(seq.logit_rows))
             while len(self.traces) > MAX_TRACES:
                 self.traces.pop(next(iter(self.traces)))
         self._emit_finished(seq, finish)
+
+    def _forget(self, seq: Sequence) -> bool:
+        """Drop seq from the live sequences and close its namespace (opened by
+        ``add_request``: an unused one is dropped); False when it was gone already."""
+        if self.sequences.pop(seq.request_id, None) is None:
+            return False
+        self.tree.close_namespace(seq.namespace)
+        return True
 
     def _emit_finished(self, seq: Sequence, finish: Finish) -> None:
         self.counters.finished += 1

@@ -14,11 +14,16 @@ class TenantQuota:
     max_running: requests of this tenant running at once (more wait in the queue).
     max_queued: requests of this tenant waiting at once (more are rejected: OVER_CAPACITY).
     max_pinned_tokens: tokens this tenant may keep pinned (breakpoint pins beyond it are skipped).
+    max_namespaces: cache namespaces (one per ``cache_salt``) this tenant keeps alive; beyond
+    it the least recently used idle ones are evicted and dropped. Busy ones (a request
+    waiting or running in it, an unexpired pin) are kept, so the count may exceed the cap
+    while they are busy (radix_cache/namespaces.py).
     """
 
     max_running: int | None = None
     max_queued: int | None = None
     max_pinned_tokens: int | None = None
+    max_namespaces: int | None = 64
 
 
 QuotaSource = Mapping[str, TenantQuota] | Callable[[str], TenantQuota] | None

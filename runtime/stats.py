@@ -6,6 +6,7 @@ free, and add up to ``total``.
 """
 from __future__ import annotations
 
+import heapq
 import time
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -27,6 +28,7 @@ class TreeCounts:
     cached_tokens: int
     evictable_tokens: int
     pinned_tokens: int
+    namespaces: int = 0      # live namespaces (unused ones are dropped; capped per tenant)
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,7 +40,7 @@ class TenantCounts:
 
 @dataclass(frozen=True, slots=True)
 class PrefixEntry:
-    tenant: str          # the pin's owner, else the tenant whose requests use the namespace
+    tenant: str          # the pin's owner, else the tenant whose requests opened the namespace
     namespace: str
     length: int
     hits: int
@@ -66,6 +68,10 @@ class EngineSnapshot:
     step_time_s: float = 0.0         # total time inside steps since start
     forward_time_s: float = 0.0      # of which in the model forward (overhead = the rest)
     pins: tuple[PrefixEntry, ...] = ()   # every unexpired pin (admin listing), by namespace
+    # each tenant's own hottest prefixes, from its own namespaces only (``top_prefixes`` is
+    # the server-wide list, for the admin)
+    tenant_prefixes: Mapping[str, tuple[PrefixEntry, ...]] = field(
+        default_factory=lambda: MappingProxyType({}))
 
 
 def empty_snapshot(total_blocks: int, block_size: int) -> EngineSnapshot:
@@ -85,7 +91,6 @@ class EngineCounters:
     prefill_rate: float = 0.0   # exponential moving average, tokens/s
     step_s: float = 0.0         # wall time inside steps
     forward_s: float = 0.0      # of which inside the model's forward
-    namespace_tenant: dict[str, str] = field(default_factory=dict)
 
     def record_prefill(self, tokens: int, seconds: float) -> None:
         if tokens <= 0 or seconds <= 0:
@@ -96,25 +101,29 @@ class EngineCounters:
 
 def take_snapshot(tree, pool, scheduler, counters: EngineCounters, *, top_n: int,
                   draining: bool) -> EngineSnapshot:
-    """Reads tree, pool and scheduler (engine thread only) into an immutable snapshot."""
+    """Reads tree, pool and scheduler (engine thread only) into an immutable snapshot.
+    Nothing here grows with the number of namespaces: tree counters are kept current, and
+    each tenant's hottest prefixes come from a bounded search of its own namespaces."""
     in_use = {b for seq in scheduler.running for b in seq.block_table}
     pinned = tree.pinned_blocks() - in_use
     cached = tree.held_blocks() - in_use - pinned
     blocks = BlockCounts(pool.num_blocks, pool.num_free(), len(cached), len(pinned), len(in_use))
-    stats = tree.stats()
+    stats = tree.stats(per_namespace=False)
     tree_counts = TreeCounts(stats.nodes, stats.cached_tokens, stats.evictable_tokens,
-                             stats.pinned_tokens)
+                             stats.pinned_tokens, stats.num_namespaces)
+    by_tenant = _tenant_prefix_entries(tree, top_n)
     return EngineSnapshot(
         time=time.monotonic(), block_size=pool.block_size, blocks=blocks, tree=tree_counts,
         running=len(scheduler.running), waiting=scheduler.num_waiting,
         tenants=MappingProxyType(_tenant_counts(tree, scheduler)),
         evictions=MappingProxyType(dict(stats.evictions)),
-        top_prefixes=tuple(_prefix_entries(tree, top_n, counters.namespace_tenant)),
+        top_prefixes=_server_top(by_tenant, top_n),
+        tenant_prefixes=MappingProxyType(by_tenant),
         prefill_tokens_per_s=counters.prefill_rate, steps=counters.steps,
         finished=counters.finished, errors=counters.errors, draining=draining,
         preemptions=counters.preemptions,
         step_time_s=counters.step_s, forward_time_s=counters.forward_s,
-        pins=tuple(_pin_entries(tree, counters.namespace_tenant)))
+        pins=tuple(_pin_entries(tree)))
 
 
 def _tenant_counts(tree, scheduler) -> dict[str, TenantCounts]:
@@ -126,19 +135,30 @@ def _tenant_counts(tree, scheduler) -> dict[str, TenantCounts]:
             for t in sorted(tenants)}
 
 
-def _prefix_entries(tree, top_n: int, namespace_tenant: Mapping[str, str]) -> list[PrefixEntry]:
-    return [PrefixEntry(tenant=info.owner or namespace_tenant.get(info.namespace, ""),
-                        namespace=info.namespace, length=info.length, hits=info.hits,
-                        pin_ttl_s=info.pin_ttl_s, token_ids=tuple(info.tokens))
-            for info in tree.top_prefixes(top_n)]
+def _tenant_prefix_entries(tree, top_n: int) -> dict[str, tuple[PrefixEntry, ...]]:
+    """Tenant -> its ``top_n`` hottest prefixes (own namespaces only; tenants with none
+    are left out)."""
+    return {tenant: tuple(PrefixEntry(tenant=info.owner or info.tenant, namespace=info.namespace,
+                                      length=info.length, hits=info.hits,
+                                      pin_ttl_s=info.pin_ttl_s, token_ids=tuple(info.tokens))
+                          for info in infos)
+            for tenant, infos in tree.top_prefixes_by_tenant(top_n).items()}
 
 
-def _pin_entries(tree, namespace_tenant: Mapping[str, str]) -> list[PrefixEntry]:
+def _server_top(by_tenant: Mapping[str, tuple[PrefixEntry, ...]],
+                top_n: int) -> tuple[PrefixEntry, ...]:
+    """The server-wide ``top_n``: each tenant's list holds all of its prefixes that can be
+    among them, so merging the lists is exact."""
+    entries = [entry for entries in by_tenant.values() for entry in entries]
+    return tuple(heapq.nlargest(top_n, entries, key=lambda e: (e.hits, e.length)))
+
+
+def _pin_entries(tree) -> list[PrefixEntry]:
     """Unexpired pins (the tree bounds them by the pin quotas, so there are few)."""
     now = tree.clock()
     live = [n for n in tree.pinned_nodes if n.pin is not None and n.pin.expiry > now]
     live.sort(key=lambda n: (n.ns.name, n.end))
-    return [PrefixEntry(tenant=n.pin.owner or namespace_tenant.get(n.ns.name, ""),
+    return [PrefixEntry(tenant=n.pin.owner or n.ns.tenant,
                         namespace=n.ns.name, length=n.end, hits=n.hits,
                         pin_ttl_s=n.pin.expiry - now, token_ids=tuple(n.path_tokens()))
             for n in live]

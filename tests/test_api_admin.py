@@ -45,7 +45,8 @@ def test_stats_have_the_design_shape(http):
                           "hit_rate", "ttft_ms", "evictions", "tenants", "top_prefixes", "history"}
     assert set(stats["blocks"]) == {"total", "free", "cached", "pinned", "in_use"}
     assert sum(stats["blocks"][k] for k in ("free", "cached", "pinned", "in_use")) == stats["blocks"]["total"]
-    assert set(stats["tree"]) == {"nodes", "cached_tokens", "evictable_tokens", "pinned_tokens"}
+    assert set(stats["tree"]) == {"nodes", "cached_tokens", "evictable_tokens", "pinned_tokens",
+                                  "namespaces"}
     assert set(stats["requests"]) == {"running", "waiting", "finished", "errors", "preemptions"}
     assert set(stats["tokens"]) == {"prompt", "cache_read", "cache_creation", "cache_creation_5m",
                                     "cache_creation_1h", "uncached", "output"}

@@ -90,3 +90,23 @@ def test_percentiles_without_samples_are_null_not_zero(book):
     assert '"hit": {"p50": null, "p95": null}' in json.dumps(globex["ttft_ms"])
     empty = stats(UsageBook(clock=Clock()))
     assert empty["ttft_ms"]["miss"]["p95"] is None
+
+
+def test_a_tenants_top_prefixes_come_from_its_own_list_not_the_server_wide_one(book):
+    from dataclasses import replace
+
+    from radixgate.runtime.stats import PrefixEntry
+
+    def entry(tenant, length, hits):
+        return PrefixEntry(tenant, "ns-" + tenant, length, hits, 0.0, (1,) * length)
+    server_wide = tuple(entry("globex", 40 + i, 9) for i in range(10))   # acme's fell off
+    snap = replace(snapshot(), top_prefixes=server_wide,
+                   tree=TreeCounts(9, 500, 400, 100, namespaces=7),
+                   tenant_prefixes=MappingProxyType({"acme": (entry("acme", 12, 2),),
+                                                     "globex": server_wide}))
+    acme = build_stats(snap, book, model="m", tenant="acme", decode=None)
+    assert acme["top_prefixes"] == [{"tenant": "acme", "tokens": 12, "hits": 2, "pin_ttl_s": 0.0}]
+    assert acme["tree"]["namespaces"] == 0
+    admin = build_stats(snap, book, model="m", tenant=None, decode=lambda ids: "text")
+    assert [p["tenant"] for p in admin["top_prefixes"]] == ["globex"] * 10
+    assert admin["tree"]["namespaces"] == 7
