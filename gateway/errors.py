@@ -123,11 +123,14 @@ def _styles(api: Api) -> dict[Kind, _Style]:
     return _ANTHROPIC if api is Api.ANTHROPIC else _OPENAI
 
 
-def from_engine(kind: ErrorKind | None, message: str) -> ApiError:
-    """Map a Finished(reason=error) to the API error the client sees."""
+def from_engine(kind: ErrorKind | None, message: str, request_id: str = "") -> ApiError:
+    """Map a Finished(reason=error) to the API error the client sees. An internal error
+    gets a generic message naming the request id only: the engine's text (an exception's)
+    stays in the server log."""
     mapped = _ENGINE_KINDS.get(kind, Kind.INTERNAL) if kind is not None else Kind.INTERNAL
     if mapped is Kind.INTERNAL:
-        message = "internal error while generating" + (f": {message}" if message else "")
+        message = "internal error while generating" + (
+            f" (request id {request_id})" if request_id else "")
     retry = 1.0 if mapped in (Kind.RATE_LIMIT, Kind.OVERLOADED) else None
     return ApiError(mapped, message or mapped.value, retry_after_s=retry)
 

@@ -2,9 +2,15 @@
 
 Owns the KV tensors, the block pool, the radix tree, the block manager and the scheduler.
 Not thread-safe: only the engine thread (``Engine``) calls it, between or as steps.
-A step is schedule -> build batch -> forward -> sample -> emit. An exception inside a step
-fails only that step's requests (``Finished(reason=error, kind=internal)``, blocks freed,
-nothing of theirs inserted) and the engine keeps serving.
+A step is schedule -> build batch -> forward -> sample -> emit. An exception while sampling
+or emitting one request's token (its sampling, detokenization, stop matching, tree insert or
+pins) fails that request alone; one in scheduling or the forward pass, which no single
+request can be blamed for, fails that step's requests. Either way the failed requests get
+``Finished(reason=error, kind=internal)`` with a generic message naming their request id
+(the exception goes to the log under that id, never to a client), their blocks are freed,
+nothing of theirs is inserted, and the engine keeps serving.
+
+Breakpoint pins stay within the tenant's pin share and the pin ceiling (``pin_shares``).
 """
 from __future__ import annotations
 
@@ -21,7 +27,9 @@ from .block_manager import BlockManager
 from .detokenize import IncrementalDetokenizer, token_bytes_function
 from .engine_config import EngineConfig
 from .kv_cache import KVCache
-from .output import Finish, account_admission, append_token, finished_event, flush_text
+from .output import (Finish, account_admission, account_pins, append_token, finished_event,
+                     flush_text)
+from .pin_shares import log_pin_shares, pin_ceiling, pin_share, pinned_prefix
 from .sampling import make_generator, sample_tokens, top2_gaps
 from .scheduler import Chunk, Scheduler
 from .sequence import Sequence, SeqStatus
@@ -62,6 +70,8 @@ class EngineCore:
         self.faults: set[str] = set()     # request ids, or "*" for the next step
         self.draining = False
         self._arrivals = 0
+        self.pin_ceiling = pin_ceiling(config, self.pool.num_blocks, self.pool.block_size)
+        log_pin_shares(config, self.pin_ceiling)
 
     # -- requests -------------------------------------------------------------------------
     def add_request(self, request: Request, sink) -> None:
@@ -147,8 +157,7 @@ class EngineCore:
             self.counters.preemptions += len(plan.preempted)
             if plan.unfit is not None:
                 self.finish(plan.unfit, Finish(FinishReason.ERROR, kind=ErrorKind.TOO_LONG,
-                                               message="the request does not fit the KV cache"
-                                                       " left over by pinned prefixes"))
+                                               message=unfit_message(self, plan.unfit)))
             chunks = plan.chunks
             if not chunks:
                 return False
@@ -160,14 +169,33 @@ class EngineCore:
         return True
 
     def _fail_step(self, chunks_or_seqs, exc: Exception) -> None:
-        log.error("step failed: %r", exc, exc_info=not isinstance(exc, InjectedFault))
-        message = f"internal error in an engine step: {type(exc).__name__}: {exc}"
-        for item in chunks_or_seqs:
-            seq = item.seq if isinstance(item, Chunk) else item
-            self.finish(seq, Finish(FinishReason.ERROR, kind=ErrorKind.INTERNAL, message=message),
-                        cache=False)
+        """Scheduling or the forward pass raised: no one request can be blamed, so every
+        request of the step fails."""
+        seqs = [item.seq if isinstance(item, Chunk) else item for item in chunks_or_seqs]
+        log.error("step failed (requests %s): %r", ", ".join(s.request_id for s in seqs), exc,
+                  exc_info=not isinstance(exc, InjectedFault))
+        for seq in seqs:
+            self._fail_sequence(seq, exc, logged=True)
+
+    def _fail_sequence(self, seq: Sequence, exc: Exception, logged: bool = False) -> None:
+        """Ends seq alone with a generic internal error; its K/V is not cached. The
+        exception is logged with seq's request id and never reaches the client."""
+        if not logged:
+            log.error("request %s failed: %r", seq.request_id, exc, exc_info=exc)
+        finish = Finish(FinishReason.ERROR, kind=ErrorKind.INTERNAL,
+                        message=internal_error_message(seq.request_id))
+        try:
+            self.finish(seq, finish, cache=False)
+        except Exception:  # noqa: BLE001 - still end seq below
+            log.error("request %s: cleanup after its failure raised", seq.request_id, exc_info=True)
+        if self._forget(seq):                                      # finish() stopped half-way
+            if seq.block_table or seq.lock_handle is not None:
+                self.blocks.release(seq, cache=False)
+            self._emit_finished(seq, finish)
 
     def _run(self, chunks: list[Chunk]) -> None:
+        """Forward the step's chunks (a failure here fails them all, in ``step``), then
+        sample and emit per request."""
         for chunk in chunks:
             account_admission(chunk.seq)
         self._maybe_inject_fault(chunks)
@@ -190,17 +218,44 @@ class EngineCore:
             self._sample_and_emit(sampled, logits)
 
     def _sample_and_emit(self, seqs: list[Sequence], logits: torch.Tensor) -> None:
-        tokens = sample_tokens(logits, [s.params for s in seqs], [s.generator for s in seqs])
+        """One token per sequence (logits: [len(seqs), V]); an exception while sampling or
+        emitting a sequence's token fails that sequence alone."""
+        tokens = self._sample(seqs, logits)
         if self.config.record_logits:
             for seq, gap, row in zip(seqs, top2_gaps(logits), logits):
                 seq.gaps.append(gap)
                 seq.logit_rows.append(row.detach().cpu().clone())
         for seq, token in zip(seqs, tokens):
-            if not seq.prefill_inserted:
-                self._on_prefilled(seq)
-            finish = append_token(seq, token, self.eos_ids, self.max_model_len)
-            if finish is not None:
-                self.finish(seq, finish)
+            if token is None:
+                continue
+            try:
+                self._emit_token(seq, token)
+            except Exception as exc:  # noqa: BLE001 - isolate the failure to this request
+                self._fail_sequence(seq, exc)
+
+    def _sample(self, seqs: list[Sequence], logits: torch.Tensor) -> list[int | None]:
+        """Samples the batch at once; if that raises, row by row, where a row that raises
+        fails its sequence (None in its place). A retried row may draw again from its
+        generator: seeded reproducibility is kept only when nothing fails."""
+        try:
+            return sample_tokens(logits, [s.params for s in seqs], [s.generator for s in seqs])
+        except Exception:  # noqa: BLE001 - find the failing rows below
+            pass
+        tokens: list[int | None] = []
+        for i, seq in enumerate(seqs):
+            try:
+                tokens.append(sample_tokens(logits[i:i + 1], [seq.params], [seq.generator])[0])
+            except Exception as exc:  # noqa: BLE001
+                self._fail_sequence(seq, exc)
+                tokens.append(None)
+        return tokens
+
+    def _emit_token(self, seq: Sequence, token: int) -> None:
+        if not seq.prefill_inserted:
+            self._on_prefilled(seq)
+        finish = append_token(seq, token, self.eos_ids, self.max_model_len)
+        if finish is not None:
+            self.finish(seq, finish)
 
     def _on_prefilled(self, seq: Sequence) -> None:
         """The tokens present at admission are computed: cache them, move the lock to their
@@ -212,21 +267,23 @@ class EngineCore:
             self._pin_breakpoints(seq)
 
     def _pin_breakpoints(self, seq: Sequence) -> None:
-        """Pins within the tenant's quota and the pin share of the KV budget (conservative:
-        a prefix counts whole even when part of it is pinned already)."""
-        if not self.config.enable_prefix_cache:
-            return
-        points = seq.prompt_breakpoints()
-        if not points:
-            return
-        quota = self.config.quota_for(seq.tenant).max_pinned_tokens
-        share = self.config.pin_share * self.pool.num_blocks * self.pool.block_size
-        for point in points:
-            if quota is not None and self.tree.pinned_tokens(seq.tenant) + point.offset > quota:
-                continue
-            if self.tree.pinned_tokens() + point.offset > share:
-                continue
-            self.blocks.pin(seq, point.offset, point.ttl_s)
+        """Pins each breakpoint that fits the tenant's pin share and the pin ceiling, then
+        bills creation for the pinned ones only (a skipped one is uncached input). A pin
+        counts the tokens it adds to what the tenant has pinned on that path already."""
+        pinned: list[tuple[int, float]] = []   # (pinned length, ttl_s)
+        if self.config.enable_prefix_cache:
+            share = pin_share(self.config, self.pin_ceiling, seq.tenant)
+            for point in seq.prompt_breakpoints():
+                prefix = seq.tokens[:point.offset]
+                added = point.offset - pinned_prefix(self.tree, seq.namespace, prefix, seq.tenant)
+                if self.tree.pinned_tokens(seq.tenant) + added > share:
+                    continue
+                if self.tree.pinned_tokens() + added > self.pin_ceiling:
+                    continue
+                length = self.blocks.pin(seq, point.offset, point.ttl_s)
+                if length > 0:
+                    pinned.append((length, point.ttl_s))
+        account_pins(seq, pinned)
 
     def _maybe_inject_fault(self, chunks: list[Chunk]) -> None:
         if not self.faults:
@@ -255,6 +312,18 @@ class EngineCore:
             raise AssertionError(f"idle engine left {len(self.tree.handles)} locks in the tree")
         return {"free": free, "held": len(held), "total": self.pool.num_blocks,
                 "locks": len(self.tree.handles), "running": len(self.scheduler.running)}
+
+
+def internal_error_message(request_id: str) -> str:
+    """What a client sees of an internal failure (the details are in the log)."""
+    return f"internal error while generating (request id {request_id})"
+
+
+def unfit_message(core: EngineCore, seq: Sequence) -> str:
+    """Why ``seq`` can never be scheduled, from its own numbers and the configured capacity."""
+    return (f"the request (prompt {seq.num_prompt} tokens + max_tokens {seq.params.max_tokens})"
+            f" does not fit the KV cache of {core.pool.num_blocks * core.pool.block_size} tokens"
+            f" ({core.pool.num_blocks} blocks), part of which pinned prefixes may hold")
 
 
 def _make_kv_cache(loaded, config: EngineConfig) -> KVCache:

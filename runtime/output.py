@@ -25,25 +25,28 @@ class Finish:
 
 
 def account_admission(seq: Sequence) -> None:
-    """Records prompt usage at the first admission (seq.num_computed is the reuse now).
-
-    cache_read = reuse; cache_creation = prompt tokens in [reuse, last breakpoint) computed
-    now (1h breakpoints come first, the tokens up to the last 1h one count as 1h, the rest
-    up to the last breakpoint as 5m); the last prompt token is always recomputed and counts
-    as uncached.
-    """
+    """Records prompt usage at the first admission (seq.num_computed is the reuse now):
+    cache_read = reuse. Creation stays 0 until ``account_pins`` bills the pinned breakpoints,
+    so a request that ends before its prompt is prefilled created nothing."""
     if seq.admitted_once:
         return
     seq.admitted_once = True
     seq.timing.first_scheduled = time.monotonic()
-    reuse = seq.num_computed
+    seq.accounting.cache_read = seq.num_computed
+
+
+def account_pins(seq: Sequence, pinned: list[tuple[int, float]]) -> None:
+    """Bills cache creation for the breakpoints actually pinned (``pinned``: the pinned
+    length and TTL of each); a breakpoint whose pin was skipped (tenant share or pin ceiling) is
+    uncached input. Creation = prompt tokens in [reuse, last pinned breakpoint) computed now:
+    1h breakpoints come first (the tokens up to the last pinned 1h one count as 1h, the rest
+    up to the last pinned one as 5m); the last prompt token is always recomputed and counts
+    as uncached."""
     last = seq.num_prompt - 1
-    offsets_1h = [b.offset for b in seq.request.breakpoints if b.ttl_s >= ONE_HOUR_S]
-    offsets_all = [b.offset for b in seq.request.breakpoints]
-    end_1h = min(max(offsets_1h, default=0), last)
-    end_all = min(max(offsets_all, default=0), last)
+    end_1h = min(max((end for end, ttl_s in pinned if ttl_s >= ONE_HOUR_S), default=0), last)
+    end_all = min(max((end for end, _ in pinned), default=0), last)
     acc = seq.accounting
-    acc.cache_read = reuse
+    reuse = acc.cache_read
     acc.creation_1h = max(0, end_1h - reuse)
     acc.creation_5m = max(0, end_all - max(reuse, end_1h))
 

@@ -2,6 +2,15 @@
 
 Each request owns a ``torch.Generator`` (seeded from ``SamplingParams.seed`` or at random),
 so a seeded request samples the same tokens whatever else shares its batch.
+
+Edge values are safe per row, so one request's numbers can never fail its batch:
+
+- a temperature below ``MIN_TEMPERATURE`` (1e-5; 0, ``1e-39``, ``5e-324`` ...) is greedy:
+  dividing by it would overflow the logits to inf and the softmax to NaN;
+- NaN logits count as ``-inf`` (never picked); a sampled row is scaled after subtracting its
+  largest logit, so huge logits cannot overflow either;
+- a row with no finite logit picks greedily over the row with NaN as ``-inf``: the first
+  ``+inf`` when there is one, else token 0 (a row of only ``-inf``/NaN).
 """
 from __future__ import annotations
 
@@ -10,6 +19,8 @@ import random
 import torch
 
 from .api import SamplingParams
+
+MIN_TEMPERATURE = 1e-5   # below it a request is greedy
 
 
 def validate_sampling(params: SamplingParams, vocab_size: int) -> str | None:
@@ -29,9 +40,14 @@ def validate_sampling(params: SamplingParams, vocab_size: int) -> str | None:
     return None
 
 
+def is_greedy(params: SamplingParams) -> bool:
+    """True when ``params`` picks the argmax (temperature below ``MIN_TEMPERATURE``)."""
+    return params.temperature < MIN_TEMPERATURE
+
+
 def make_generator(params: SamplingParams) -> torch.Generator | None:
     """A CPU generator for sampled requests (None for greedy ones: they need no randomness)."""
-    if params.temperature == 0:
+    if is_greedy(params):
         return None
     seed = params.seed if params.seed is not None else random.getrandbits(63)
     generator = torch.Generator(device="cpu")
@@ -43,31 +59,45 @@ def sample_tokens(logits: torch.Tensor, params: list[SamplingParams],
                   generators: list[torch.Generator | None]) -> list[int]:
     """Picks one token per row. logits: [n, vocab]; returns n token ids."""
     n = logits.shape[0]
-    greedy_rows = [i for i in range(n) if params[i].temperature == 0]
+    greedy_rows = [i for i in range(n) if is_greedy(params[i])]
     result = [0] * n
     if greedy_rows:
         if len(greedy_rows) == n:
-            return logits.argmax(dim=-1).tolist()
-        picked = logits[greedy_rows].argmax(dim=-1).tolist()
+            return greedy_tokens(logits)
+        picked = greedy_tokens(logits[greedy_rows])
         for row, token in zip(greedy_rows, picked):
             result[row] = token
     for row in range(n):
-        if params[row].temperature != 0:
+        if not is_greedy(params[row]):
             result[row] = _sample_row(logits[row], params[row], generators[row])
     return result
 
 
+def greedy_tokens(logits: torch.Tensor) -> list[int]:
+    """Argmax of each row of logits [n, vocab], NaN counted as -inf."""
+    return _nan_to_neg_inf(logits).argmax(dim=-1).tolist()
+
+
 def _sample_row(row: torch.Tensor, params: SamplingParams,
-                generator: torch.Generator | None) -> int:
+               generator: torch.Generator | None) -> int:
     """row: [vocab]. Temperature, then top-k, then top-p, then a draw from the generator."""
-    scaled = row.float().cpu() / params.temperature  # [V]
+    row = _nan_to_neg_inf(row.float().cpu())  # [V]
+    top = row.max()
+    if not torch.isfinite(top):               # a +inf, or nothing finite: no distribution
+        return int(row.argmax())
+    masked = row == float("-inf")             # [V] never drawn
+    scaled = ((row - top) / params.temperature).masked_fill(masked, float("-inf"))  # [V], max 0
     if 0 < params.top_k < scaled.shape[0]:
         kth = torch.topk(scaled, params.top_k).values[-1]
         scaled = scaled.masked_fill(scaled < kth, float("-inf"))
-    probs = torch.softmax(scaled, dim=-1)  # [V]
+    probs = torch.softmax(scaled, dim=-1)  # [V], finite: the largest entry is exp(0)
     if params.top_p < 1.0:
         probs = _top_p_filter(probs, params.top_p)
     return int(torch.multinomial(probs, 1, generator=generator).item())
+
+
+def _nan_to_neg_inf(logits: torch.Tensor) -> torch.Tensor:
+    return logits.masked_fill(logits.isnan(), float("-inf"))
 
 
 def _top_p_filter(probs: torch.Tensor, top_p: float) -> torch.Tensor:

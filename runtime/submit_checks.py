@@ -49,10 +49,11 @@ def _check_length(core, request: Request):
     block_size = core.pool.block_size
     needed = -(-(prompt + new - 1) // block_size)   # the last sampled token needs no slot
     available = core.pool.num_blocks - core.tree.pinned_block_count()
-    if needed > available:
+    if needed > available:   # worded from the request and the capacity: pins are others' too
         return (ErrorKind.TOO_LONG, f"prompt ({prompt} tokens) + max_tokens ({new}) needs {needed} "
-                                    f"KV blocks of {block_size} tokens but the cache has "
-                                    f"{available} (of {core.pool.num_blocks}) not held by pins")
+                                    f"KV blocks of {block_size} tokens, more than the KV cache "
+                                    f"({core.pool.num_blocks} blocks, part of which pinned "
+                                    f"prefixes may hold) can give one request")
     return None
 
 

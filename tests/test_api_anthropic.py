@@ -12,7 +12,9 @@ from tests.support.server import ServerSpec, shared_server, tenant_key
 
 # Own tenants (and so its own server, shared by the tests/test_api_*.py modules): other
 # suites' pins and flushes on the default spec's tenants cannot disturb these, nor these them.
-SPEC = ServerSpec(tenants=("gw_one", "gw_two", "org_1", "org_12345"), max_pinned_tokens=4096)
+# pins are shared out per tenant (ceiling / 5 entries): 8 MB of KV gives each ~1600 tokens
+SPEC = ServerSpec(tenants=("gw_one", "gw_two", "org_1", "org_12345"), max_pinned_tokens=4096,
+                  kv_cache_gb=0.008)
 MODEL = "claude-3-5-haiku-latest"
 
 

@@ -25,7 +25,8 @@ async def test_injected_step_fault_fails_only_that_steps_request_and_engine_keep
         results = [await finish(h) for h in handles]
         assert results[0].reason is FinishReason.ERROR
         assert results[0].error_kind is ErrorKind.INTERNAL
-        assert "injected fault" in results[0].error_message
+        assert results[0].error_message == (
+            f"internal error while generating (request id {doomed.request_id})")
         assert [r.reason for r in results[1:]] == [FinishReason.LENGTH] * 2
         assert [len(r.output_token_ids) for r in results[1:]] == [6, 6]
         after = await finish(engine.submit(request(distinct_prompt(3), max_tokens=3)))
