@@ -8,7 +8,8 @@ Reference, lock and copy-on-write rules are those of DESIGN.md section 3:
   position of block ``j``;
 - ``match`` gives the caller a reference to every returned block and a lock on the path;
   ``insert`` adds references for the blocks new nodes take and never drops the caller's.
-Matches never split a node: a match that ends inside a node locks that whole node.
+A match that ends inside a node splits it there and locks only the matched head, so the
+unmatched tail stays evictable (and ``evictable_blocks`` counts exactly what eviction frees).
 Only the engine thread may call into a tree (it is not thread-safe).
 """
 
@@ -72,11 +73,14 @@ class RadixTree:
         ``pool.decref`` when done) and the path is locked until ``unlock(result.handle)``.
         The blocks are safe to read only up to ``length``; if ``last_block_partial``, copy
         the last block before writing. Every node touched counts a hit, moves to the back
-        of the LRU order and refreshes its pin's expiry.
+        of the LRU order and refreshes its pin's expiry. A match ending inside a node splits
+        it at ``length`` (as the caller's insert would) and locks only the head.
         """
         ns = self.namespaces.get_or_create(namespace)
         self.tick += 1
         node, length, blocks = self._descend_for_match(ns.root, tokens, self.packer.pack(tokens))
+        if length < node.end:
+            node = self._split(node, length)    # the unmatched tail stays evictable
         ns.queries += 1
         ns.query_tokens += len(tokens)
         ns.hit_tokens += length

@@ -6,7 +6,10 @@ Implements DESIGN.md sections 2-3 for one sequence at a time (the scheduler deci
   wins, the other is released), reuse ``min(matched, len - 1)`` tokens (rounded down to whole
   blocks when ``page_rounded``), drop references beyond the reuse, copy a partially reused
   last block into a private block (copy-on-write), allocate the rest (evicting unlocked cache
-  when short). On failure everything taken is given back.
+  when short, and only when that makes room). On failure or an exception everything taken
+  is given back: the match's references and lock, the private copy.
+- ``may_fit``: the same count before matching, exact (``radix_cache.room``): free blocks
+  plus what eviction can free against the blocks admission would allocate.
 - ``insert_prefilled``: the computed tokens go into the tree and the request's lock moves to
   the node ending at them (with ``page_rounded``, as a hash-block cache, whole blocks only).
 - ``release``: insert what was computed (``tokens[:num_computed]``, i.e. prompt +
@@ -20,6 +23,7 @@ import torch
 
 from radixgate.radix_cache import BlockPool, RadixTree
 from radixgate.radix_cache.pins import walk
+from radixgate.radix_cache.room import freeable_blocks
 
 from .sequence import Sequence
 
@@ -48,7 +52,11 @@ class BlockManager:
             return None
         found = self.tree.match(seq.namespace, seq.tokens)
         if seq.request.use_public and seq.namespace != PUBLIC_NAMESPACE:
-            public = self.tree.match(PUBLIC_NAMESPACE, seq.tokens)
+            try:
+                public = self.tree.match(PUBLIC_NAMESPACE, seq.tokens)
+            except BaseException:
+                self.release_match(found)
+                raise
             if public.length > found.length:
                 found, public = public, found
             self.release_match(public)
@@ -64,13 +72,35 @@ class BlockManager:
             best = max(best, _peek(self.tree, PUBLIC_NAMESPACE, seq.tokens))
         return best
 
-    def may_fit(self, seq: Sequence) -> bool:
-        """Cheap upper bound, checked before matching: could free plus evictable blocks hold
-        seq's uncached tokens? (False means ``admit`` would surely fail.)"""
-        cached_blocks = self.peek_length(seq) // self.block_size
-        need = _ceil_div(len(seq.tokens), self.block_size) - cached_blocks
-        evictable = self.tree.evictable_blocks if self.enable_prefix_cache else 0
-        return need <= self.pool.num_free() + evictable
+    def may_fit(self, seq: Sequence, reuse: bool = True) -> bool:
+        """Checked before matching (reads only): could ``admit`` find seq's blocks now, with
+        its cached prefix (``reuse``) or computing everything? Counts the blocks admission
+        allocates (a reuse ending inside a block needs a private copy of it) against free
+        blocks plus what eviction can free once the match has locked the matched path (only
+        the matched head of a node the match ends inside) and leaving pinned paths alone."""
+        n = len(seq.tokens)
+        matched, path = self._peek_path(seq) if reuse else (0, [])
+        need = self.blocks_to_allocate(self.reuse_length(matched, n), n)
+        free = self.pool.num_free()
+        if need <= free:
+            return True
+        return self.enable_prefix_cache and need <= free + freeable_blocks(self.tree, path, matched)
+
+    def _peek_path(self, seq: Sequence) -> tuple[int, list]:
+        """(length, path) of the match ``match`` would return (reads only)."""
+        if not self.enable_prefix_cache:
+            return 0, []
+        found = _peek_walk(self.tree, seq.namespace, seq.tokens)
+        if seq.request.use_public and seq.namespace != PUBLIC_NAMESPACE:
+            public = _peek_walk(self.tree, PUBLIC_NAMESPACE, seq.tokens)
+            if public[0] > found[0]:
+                found = public
+        return found
+
+    def blocks_to_allocate(self, reuse: int, num_tokens: int) -> int:
+        """Fresh blocks a sequence of ``num_tokens`` reusing ``reuse`` tokens takes: all but
+        the reused blocks, a partly reused last block counting (its private copy)."""
+        return _ceil_div(num_tokens, self.block_size) - reuse // self.block_size
 
     def release_match(self, found) -> None:
         if found is None:
@@ -88,35 +118,58 @@ class BlockManager:
     def admit(self, seq: Sequence, found) -> bool:
         """Give seq blocks for all its tokens, reusing the match. Consumes ``found``: on
         success its lock becomes seq.lock_handle; on failure (not enough blocks even after
-        eviction) it is released and seq is unchanged. Returns success."""
+        eviction; nothing is evicted then) or an exception it is released and seq is
+        unchanged. Returns success."""
         B = self.block_size
         matched = found.length if found is not None else 0
         reuse = self.reuse_length(matched, len(seq.tokens))
         keep = _ceil_div(reuse, B)
         partial = reuse % B
-        need = _ceil_div(len(seq.tokens), B) - keep + (1 if partial else 0)
+        need = self.blocks_to_allocate(reuse, len(seq.tokens))
         table = list(found.blocks[:keep]) if found is not None else []
         if found is not None:
             self.pool.decref_many(found.blocks[keep:])
-        if not self.make_room(need):
-            self.pool.decref_many(table)
-            if found is not None:
-                self.tree.unlock(found.handle)
-            return False
-        if partial:
-            table[-1] = self._copy_on_write(table[-1], partial)
-            need -= 1
-        table += self.pool.allocate(need)
+        try:
+            if not self._room_for(need):
+                self._give_back(table, found)
+                return False
+            if partial:
+                table[-1] = self._copy_on_write(table[-1], partial)
+                need -= 1
+            table += self.pool.allocate(need)
+        except BaseException:
+            self._give_back(table, found)
+            raise
         seq.block_table = table
         seq.num_computed = reuse
         seq.lock_handle = found.handle if found is not None else None
         return True
 
+    def _give_back(self, table: list[int], found) -> None:
+        """Drop the references in ``table`` and the lock of ``found`` (a failed admission)."""
+        self.pool.decref_many(table)
+        if found is not None:
+            self.tree.unlock(found.handle)
+
+    def _room_for(self, num_blocks: int) -> bool:
+        """Make num_blocks free, evicting only when eviction can free enough."""
+        free = self.pool.num_free()
+        if num_blocks <= free:
+            return True
+        if not self.enable_prefix_cache or num_blocks > free + freeable_blocks(self.tree):
+            return False
+        return self.make_room(num_blocks)
+
     def _copy_on_write(self, shared: int, valid_slots: int) -> int:
-        """A private copy of the first ``valid_slots`` slots of a shared block (all layers)."""
+        """A private copy of the first ``valid_slots`` slots of a shared block (all layers);
+        the reference to ``shared`` is dropped once the copy is made (kept if it fails)."""
         private = self.pool.allocate(1)[0]
-        self.kv.copy_blocks(torch.tensor([[shared, private]], dtype=torch.int64),
-                            torch.tensor([valid_slots], dtype=torch.int32))
+        try:
+            self.kv.copy_blocks(torch.tensor([[shared, private]], dtype=torch.int64),
+                                torch.tensor([valid_slots], dtype=torch.int32))
+        except BaseException:
+            self.pool.decref(private)
+            raise
         self.pool.decref(shared)
         return private
 
@@ -180,3 +233,12 @@ def _peek(tree: RadixTree, namespace: str, tokens) -> int:
     """The cached prefix length in ``namespace`` (reads only: no lock, hit or LRU touch)."""
     space = tree.namespace(namespace)
     return 0 if space is None else walk(space.root, tokens)[1]
+
+
+def _peek_walk(tree: RadixTree, namespace: str, tokens) -> tuple[int, list]:
+    """(cached prefix length, nodes on its path) in ``namespace``; reads only."""
+    space = tree.namespace(namespace)
+    if space is None:
+        return 0, []
+    path, length = walk(space.root, tokens)
+    return length, path

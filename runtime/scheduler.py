@@ -187,20 +187,30 @@ class Scheduler:
         return False
 
     def _try_admit(self, seq: Sequence, plan: StepPlan) -> str:
-        """'admitted', 'held' (waits for a running prefill of its prefix) or 'no_room'."""
-        if not self.blocks.may_fit(seq):
-            if not self.running:
+        """'admitted', 'held' (waits for a running prefill of its prefix) or 'no_room'.
+
+        On an idle engine a request that does not fit with its cached prefix (the match
+        locks that prefix, so eviction cannot take it) is admitted without reuse when that
+        fits (everything unpinned can then be evicted); one that fits neither way is
+        ``plan.unfit``: nothing that finishes later would make room for it."""
+        idle = not self.running
+        if not self.blocks.may_fit(seq) and not (idle and self.blocks.may_fit(seq, reuse=False)):
+            if idle:
                 plan.unfit = seq
             return "no_room"
         found = self.blocks.match(seq)
-        matched = found.length if found is not None else 0
-        leader = self._prefilling_leader(seq, matched) if found is not None else None
+        try:
+            matched = found.length if found is not None else 0
+            leader = self._prefilling_leader(seq, matched) if found is not None else None
+        except BaseException:
+            self.blocks.release_match(found)
+            raise
         if leader is not None:
             self.blocks.release_match(found)
             seq.waiting_on = leader
             return "held"
-        if not self.blocks.admit(seq, found):
-            if not self.running:
+        if not self.blocks.admit(seq, found) and not (idle and self.blocks.admit(seq, None)):
+            if idle:
                 plan.unfit = seq
             return "no_room"
         self._start(seq)

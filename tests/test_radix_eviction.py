@@ -45,14 +45,18 @@ def test_lock_prevents_eviction():
     tree.check_integrity()
 
 
-def test_partial_match_lock_protects_whole_node():
+def test_partial_match_locks_only_the_matched_head_and_the_tail_stays_evictable():
     pool, tree = make_tree()
     cache(pool, tree, list(range(12)))
-    match = tree.match("ns", list(range(5)))
-    assert tree.evict(10) == 0
+    match = tree.match("ns", list(range(5)))      # splits [0, 12) at 5
+    assert tree.evictable_blocks == 1             # the tail's own block (block 1 is shared)
+    assert tree.evict(10) == 1
+    tree.check_integrity([match.blocks])
     tree.unlock(match.handle)
     pool.decref_many(match.blocks)
-    assert tree.evict(10) == 3
+    assert tree.evict(10) == 2
+    assert pool.num_free() == 64
+    tree.check_integrity()
 
 
 def test_parent_becomes_evictable_when_last_child_goes():

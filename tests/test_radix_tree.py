@@ -60,12 +60,20 @@ def test_match_gives_caller_a_reference_to_each_block():
     assert [pool.refcount(b) for b in blocks] == [1, 1]
 
 
-def test_match_does_not_split_nodes():
+def test_match_ending_inside_a_node_splits_it_and_locks_only_the_head():
     pool, tree = make_tree()
-    cache(pool, tree, list(range(12)))
+    blocks, _ = cache(pool, tree, list(range(12)))
     match = tree.match("ns", list(range(5)))
-    assert tree.stats().nodes == 1
+    assert tree.stats().nodes == 2
+    assert match.handle.node.end == 5 and match.blocks == blocks[:2]
+    tail = match.handle.node.children[5]
+    assert tail.lock_ref == 0 and tail.blocks == blocks[1:]
+    tree.check_integrity([match.blocks])
     release(pool, tree, match)
+    whole = tree.match("ns", list(range(12)))
+    assert whole.length == 12                     # the split keeps every token
+    release(pool, tree, whole)
+    tree.check_integrity()
 
 
 def test_insert_never_removes_callers_references():
