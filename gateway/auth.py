@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from typing import Callable, Mapping
 
 from radixgate.gateway.config import GatewayConfig, TenantConfig
+from radixgate.radix_cache import PUBLIC_NAMESPACE
 
-PUBLIC_NAMESPACE = "public"
 DEFAULT_TENANT = "default"
 ADMIN_TENANT = "admin"
 

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from radixgate.radix_cache import PUBLIC_NAMESPACE
+
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 MIN_QUEUE_SHARE = 8     # a tenant's default queue share never drops below this
 
@@ -209,7 +211,7 @@ def _validate(cfg: GatewayConfig) -> None:
         raise ConfigError("server.port must be 0..65535 and max_queue >= 1")
     seen: dict[str, str] = {k: "admin" for k in cfg.admin_keys}
     for t in cfg.tenants:
-        if t.name in ("public", "admin") or not t.name:
+        if t.name in (PUBLIC_NAMESPACE, "admin") or not t.name:
             raise ConfigError(f"tenant name {t.name!r} is reserved")
         if t.max_running < 1 or t.max_pinned_tokens < 0 or t.requests_per_minute < 0:
             raise ConfigError(f"[tenants.{t.name}] limits must be non-negative")

@@ -11,8 +11,12 @@ from .pool import BlockPool, BlockPoolError, OutOfBlocks
 from .stats import InsertResult, MatchResult, NamespaceStats, PrefixInfo, TreeStats
 from .tree import RadixTree
 
+# The namespace of published prefixes (``Engine.publish``), which tenants that opt in also
+# match against; no tenant may take its name.
+PUBLIC_NAMESPACE = "public"
+
 __all__ = [
     "BlockPool", "BlockPoolError", "CacheEvent", "EvictionPolicy", "InsertResult",
     "IntegrityError", "LockHandle", "LRU", "MatchResult", "NamespaceStats", "OutOfBlocks",
-    "PrefixInfo", "RadixTree", "TreeStats", "token_array",
+    "PrefixInfo", "PUBLIC_NAMESPACE", "RadixTree", "TreeStats", "token_array",
 ]

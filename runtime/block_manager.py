@@ -21,13 +21,11 @@ from __future__ import annotations
 
 import torch
 
-from radixgate.radix_cache import BlockPool, RadixTree
+from radixgate.radix_cache import PUBLIC_NAMESPACE, BlockPool, RadixTree
 from radixgate.radix_cache.pins import walk
 from radixgate.radix_cache.room import freeable_blocks
 
 from .sequence import Sequence
-
-PUBLIC_NAMESPACE = "public"
 
 
 def _ceil_div(a: int, b: int) -> int:

@@ -24,6 +24,8 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 
+from radixgate.radix_cache import PUBLIC_NAMESPACE
+
 from .api import Breakpoint, ErrorKind, Event, Finished, FinishReason, Request, SamplingParams, Usage
 from .core import EngineCore
 from .engine_config import EngineConfig
@@ -33,8 +35,6 @@ from .stats import EngineSnapshot, empty_snapshot
 from .trace import RequestTrace
 
 log = logging.getLogger(__name__)
-
-PUBLIC_OWNER = "public"
 
 
 class Engine:
@@ -140,11 +140,11 @@ class Engine:
     def unpin(self, namespace: str, tokens: Sequence[int]) -> Future:
         return self._command(self.core.tree.unpin, namespace, list(tokens))
 
-    def publish(self, tokens: Sequence[int], ttl_s: float, owner: str = PUBLIC_OWNER) -> Future:
+    def publish(self, tokens: Sequence[int], ttl_s: float, owner: str = PUBLIC_NAMESPACE) -> Future:
         """Future[Finished]: computes ``tokens`` into the ``public`` namespace and pins them
         for ``ttl_s`` (tenants with ``use_public`` then reuse them)."""
         request = Request(list(tokens), SamplingParams(max_tokens=1, temperature=0.0),
-                          tenant=owner, namespace="public",
+                          tenant=owner, namespace=PUBLIC_NAMESPACE,
                           breakpoints=(Breakpoint(len(tokens), ttl_s),))
         return self.submit_future(request)
 
