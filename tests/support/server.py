@@ -46,6 +46,8 @@ class ServerSpec:
     max_pinned_tokens: int = 128
     requests_per_minute: int = 0
     extra_args: tuple[str, ...] = ()
+    # per-tenant settings that replace the ones above: ((tenant, ((name, value), ...)), ...)
+    tenant_overrides: tuple[tuple[str, tuple[tuple[str, int], ...]], ...] = ()
 
 
 def config_toml(spec: ServerSpec) -> str:
@@ -63,14 +65,13 @@ def config_toml(spec: ServerSpec) -> str:
         "[admin]",
         f"api_keys = [{json.dumps(ADMIN_KEY)}]",
     ]
+    overrides = dict(spec.tenant_overrides)
     for tenant in spec.tenants:
-        lines += [
-            f"[tenants.{tenant}]",
-            f"api_keys = [{json.dumps(tenant_key(tenant))}]",
-            f"max_running = {spec.max_running}",
-            f"max_pinned_tokens = {spec.max_pinned_tokens}",
-            f"requests_per_minute = {spec.requests_per_minute}",
-        ]
+        settings = {"max_running": spec.max_running, "max_pinned_tokens": spec.max_pinned_tokens,
+                    "requests_per_minute": spec.requests_per_minute,
+                    **dict(overrides.get(tenant, ()))}
+        lines += [f"[tenants.{tenant}]", f"api_keys = [{json.dumps(tenant_key(tenant))}]"]
+        lines += [f"{name} = {value}" for name, value in settings.items()]
     return "\n".join(lines) + "\n"
 
 
