@@ -26,9 +26,8 @@ from dataclasses import asdict, dataclass, field
 import aiohttp
 
 from benchmarks.bodies import anthropic_body, openai_body
-from benchmarks.checkpoint import Unsaved
 from benchmarks.stats import summarize
-from benchmarks.workloads import ChatRequest, Workload, make_workloads
+from benchmarks.workloads import HTTP_FULL, ChatRequest, Workload, make_workloads
 
 
 @dataclass
@@ -189,49 +188,37 @@ async def _sample_blocks(http, cfg: ClientConfig, peak: list, stop: asyncio.Even
 
 
 async def run_workload(cfg: ClientConfig, workload: Workload, progress=None,
-                       flush_first: bool = True, checkpoint: Unsaved | None = None) -> dict:
-    """Send every request of ``workload``; returns the summary (see ``benchmarks.stats``).
-
-    With a ``checkpoint`` (``benchmarks.checkpoint.PairCheckpoint``) the requests it holds
-    are not sent again but summarized with the new ones, and each new answer is recorded
-    in it as it ends (only for servers that keep no state between requests)."""
-    checkpoint = checkpoint or Unsaved()
-    done = checkpoint.done
+                       flush_first: bool = True) -> dict:
+    """Send every request of ``workload``; returns the summary (see ``benchmarks.stats``)
+    with each request's result under ``results``, in the workload's order."""
     timeout = aiohttp.ClientTimeout(total=cfg.timeout_s)
     connector = aiohttp.TCPConnector(limit=cfg.concurrency + 2)
     async with aiohttp.ClientSession(timeout=timeout, connector=connector) as http:
         if flush_first:
             await flush_cache(http, cfg)
         before = await cache_stats(http, cfg)
-        results: list[dict] = []
+        results: list[dict | None] = [None] * len(workload.requests)
         peak, stop = [None], asyncio.Event()
-        started = time.perf_counter()
 
         async def one(indexed: tuple[int, ChatRequest]) -> None:
             index, req = indexed
-            result = asdict(await send(http, cfg, req))
-            results.append(result)
-            checkpoint.record(index, result, time.perf_counter() - started, peak[0])
+            results[index] = asdict(await send(http, cfg, req))
             if progress is not None:
                 progress.update(1)
 
-        if progress is not None and done:
-            progress.update(len(done))
         sampler = asyncio.create_task(_sample_blocks(http, cfg, peak, stop))
-        todo = [(i, r) for i, r in enumerate(workload.requests) if i not in done]
-        await dispatch_in_arrival_order(todo, cfg.concurrency, one, session=lambda x: x[1].session)
+        started = time.perf_counter()
+        await dispatch_in_arrival_order(list(enumerate(workload.requests)), cfg.concurrency,
+                                        one, session=lambda x: x[1].session)
         wall_s = time.perf_counter() - started
         stop.set()
         await sampler
         after = await cache_stats(http, cfg)
-    summary = summarize(list(done.values()) + results, wall_s + checkpoint.prior_wall_s)
-    summary["kv_blocks_peak"] = _max(_max(peak[0], blocks_used(after)),
-                                     checkpoint.prior_kv_blocks_peak)
+    summary = summarize(results, wall_s)
+    summary["kv_blocks_peak"] = _max(peak[0], blocks_used(after))
     summary["kv_blocks_cached_after"] = ((after or {}).get("blocks") or {}).get("cached")
     summary["server_hit_rate"] = _hit_rate_delta(before or {}, after or {})
-    if done:                      # the server's counters saw only this segment
-        summary["server_hit_rate"] = None
-        summary["resumed"] = {"requests_saved": len(done), "segments": checkpoint.segments + 1}
+    summary["results"] = results
     return summary
 
 
@@ -283,7 +270,7 @@ def _hit_rate_delta(before: dict, after: dict) -> float | None:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Drive a running radixgate server")
     parser.add_argument("--url", default="http://127.0.0.1:8080")
-    parser.add_argument("--full", action="store_true")
+    parser.add_argument("--full", action="store_true", help="run_all's full HTTP sizes")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--api", choices=("anthropic", "openai"), default="anthropic")
     parser.add_argument("--concurrency", type=int, default=4)
@@ -292,10 +279,12 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     cfg = ClientConfig(args.url, api=args.api, concurrency=args.concurrency,
                        admin_key=args.admin_key)
-    for workload in make_workloads(quick=not args.full, seed=args.seed):
+    scale = HTTP_FULL if args.full else None
+    for workload in make_workloads(quick=not args.full, seed=args.seed, scale=scale):
         if args.workload and workload.name not in args.workload:
             continue
         summary = asyncio.run(run_workload(cfg, workload))
+        summary.pop("results")
         print(json.dumps({"workload": workload.name, **summary}))
 
 

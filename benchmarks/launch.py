@@ -3,11 +3,14 @@
 ``BenchServer(variant_args, tenants).start()`` writes a TOML config (DESIGN.md section 8)
 with an admin key and one key per tenant, spawns the server with the default real model
 (or ``--tiny``), waits for ``GET /health`` and hands back the base URL; ``stop()`` sends
-SIGTERM (then SIGKILL after a grace period). Logs go to ``workdir/server.log``.
+SIGTERM (then SIGKILL after a grace period). Logs go to ``workdir/server.log``. With
+``record_replies`` the server runs through ``benchmarks.replies``, which logs every reply's
+token ids to ``workdir/replies.jsonl`` (``reply_log``).
 """
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -77,6 +80,9 @@ def radixgate_command() -> list[str]:
     return [sys.executable, "-c", "from radixgate.gateway.cli import main; main()"]
 
 
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
 @dataclass
 class BenchServer:
     extra_args: tuple[str, ...] = ()
@@ -84,6 +90,7 @@ class BenchServer:
     tiny: bool = False
     kv_cache_gb: float = 1.0
     max_model_len: int = 8192
+    record_replies: bool = False
     workdir: Path | None = None
     port: int = 0
     proc: subprocess.Popen | None = None
@@ -92,17 +99,27 @@ class BenchServer:
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
+    @property
+    def reply_log(self) -> Path:
+        return self.workdir / "replies.jsonl"
+
     def start(self, timeout_s: float = 300.0) -> "BenchServer":
         self.workdir = self.workdir or Path(tempfile.mkdtemp(prefix="radixgate-bench-"))
         config = self.workdir / "radixgate.toml"
         config.write_text(config_toml(self.tenants, self.kv_cache_gb, self.max_model_len))
         self.port = free_port()
-        command = radixgate_command() + ["serve", "--config", str(config), "--host",
-                                         "127.0.0.1", "--port", str(self.port),
-                                         *(["--tiny"] if self.tiny else []), *self.extra_args]
+        serve = ["serve", "--config", str(config), "--host", "127.0.0.1", "--port",
+                 str(self.port), *(["--tiny"] if self.tiny else []), *self.extra_args]
+        env = dict(os.environ)
+        if self.record_replies:
+            command = [sys.executable, "-m", "benchmarks.replies", str(self.reply_log), *serve]
+            env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT),
+                                                              env.get("PYTHONPATH")]))
+        else:
+            command = radixgate_command() + serve
         with open(self.workdir / "server.log", "wb") as log:
             self.proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
-                                         cwd=self.workdir)
+                                         cwd=self.workdir, env=env)
         self._wait_healthy(timeout_s)
         return self
 

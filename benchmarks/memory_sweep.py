@@ -101,13 +101,17 @@ def _blocks(num_tokens: int, block_size: int) -> int:
 
 def replay_radix(trace: Trace, block_size: int, budget_blocks: int | None,
                  round_to_block: bool = False, policy: EvictionPolicy = EvictionPolicy(),
-                 tool_calls: Sequence[bool] | None = None) -> Replay:
+                 tool_calls: Sequence[bool] | None = None,
+                 cached: Sequence[Sequence[int]] | None = None) -> Replay:
     """Replay through the real ``RadixTree`` with eviction ``policy``; ``None`` = unlimited
     memory. ``round_to_block``: a hash-block cache (reuse and caching in whole blocks only).
     ``tool_calls[i]``: request ``i``'s response is a tool call (the tree is told to expect
-    its continuation, as the gateway does)."""
-    largest = max(_blocks(len(t), block_size) for _, t in trace)
-    total = sum(_blocks(len(t), block_size) for _, t in trace)
+    its continuation, as the gateway does). ``cached[i]``: what the server keeps after
+    request ``i``, its prompt followed by more (the reply, as the engine caches it); default
+    the prompt alone."""
+    cached = cached or [t for _, t in trace]
+    largest = max(_blocks(len(t), block_size) for t in cached)
+    total = sum(_blocks(len(t), block_size) for t in cached)
     capacity = total + 1 if budget_blocks is None else budget_blocks + largest + 1
     pool = BlockPool(capacity, block_size)
     tree = RadixTree(pool, policy=policy)
@@ -118,12 +122,14 @@ def replay_radix(trace: Trace, block_size: int, budget_blocks: int | None,
         if round_to_block:
             reused -= reused % block_size
         keep = reused // block_size
-        need = _blocks(len(tokens), block_size) - keep
+        kept = cached[index]
+        need = _blocks(len(kept), block_size) - keep
         if pool.num_free() < need:
             tree.evict(need - pool.num_free())
         new_blocks = pool.allocate(need)
-        cached = tokens[:len(tokens) - len(tokens) % block_size] if round_to_block else tokens
-        tree.insert(namespace, cached, list(match.blocks[:keep]) + new_blocks)
+        if round_to_block:
+            kept = kept[:len(kept) - len(kept) % block_size]
+        tree.insert(namespace, kept, list(match.blocks[:keep]) + new_blocks)
         tree.unlock(match.handle)
         pool.decref_many(match.blocks)
         pool.decref_many(new_blocks)

@@ -62,8 +62,8 @@ def transformers_baseline(workloads: Sequence[Workload], traces: dict[str, list[
     """{"load_s": ..., "workloads": {name: summary}}; requests run sequentially, only
     ``sample`` of each workload when given, spread evenly over its arrival order
     (``spread_sample``: a session workload's short early turns and long late ones alike).
-    Summaries are added to ``out`` when given (a resumed run), and ``on_workload`` is
-    called after each workload (to save progress)."""
+    Summaries are added to ``out`` when given, and ``on_workload`` is called after each
+    workload."""
     import torch
     torch.set_num_threads(os.cpu_count() or 1)
     started = time.perf_counter()

@@ -6,7 +6,7 @@ import platform
 from pathlib import Path
 
 from benchmarks.memory_sweep import SweepPoint, WorkloadSweep, markdown as sweep_markdown
-from benchmarks.resume import runs_note
+from benchmarks.stats import summarize
 
 SYSTEM_LABELS = {"radixgate": "radixgate (cache on)", "cache_off": "radixgate --no-prefix-cache",
                  "page_rounded": "radixgate --page-rounded-match",
@@ -53,6 +53,12 @@ def _row(label: str, s: dict) -> str:
             f"{_fmt(s.get('cpu_s'))} | {_fmt(s.get('kv_blocks_peak'))} | {s.get('errors', 0)} |")
 
 
+def _label(system: str, summary: dict) -> str:
+    label = SYSTEM_LABELS.get(system, system)
+    sample = summary.get("sample_indices")
+    return label if sample is None else f"{label}, {len(sample)} requests"
+
+
 def http_tables(results: dict) -> str:
     table = systems(results)
     names = list(results.get("upper_bound") or {})
@@ -62,7 +68,7 @@ def http_tables(results: dict) -> str:
                   "| system | prompt tok | prefill tok | hit rate | TTFT p50 ms | p95 | p99 | "
                   "ITL ms | req/s | out tok/s | CPU s | KV blocks peak | errors |",
                   "|---|" + "---:|" * 12]
-        lines += [_row(SYSTEM_LABELS.get(k, k), v[name]) for k, v in table.items() if name in v]
+        lines += [_row(_label(k, v[name]), v[name]) for k, v in table.items() if name in v]
     return "\n".join(lines) + "\n"
 
 
@@ -92,25 +98,37 @@ def per_request(summary: dict, key: str) -> float | None:
     return value / done if value is not None and done > 0 else None
 
 
+def same_requests(on: dict, other: dict) -> dict:
+    """Cache on's summary restricted to the requests ``other`` ran (a sampled system's
+    ``sample_indices``; no wall time, so no throughput), else ``on`` itself."""
+    indices, results = other.get("sample_indices"), on.get("results")
+    if indices is None or not results or len(indices) == len(results):
+        return on
+    return {**summarize([results[i] for i in indices], 0.0), "cpu_s": None}
+
+
 def ratio_table(results: dict) -> str:
-    """Side-by-side ratios from the same run: what the cache buys."""
+    """Side-by-side ratios from the same run: what the cache buys. Against a sampled
+    system, prefill tokens and TTFT are cache on's for the same requests; CPU per request
+    is cache on's mean over the whole workload."""
     table = systems(results)
     on, off = table.get("radixgate", {}), table.get("cache_off", {})
     page, hf = table.get("page_rounded", {}), table.get("transformers", {})
-    lines = ["| workload | hit rate (on / page-rounded / upper bound) | prefill tokens off / on | "
-             "TTFT p50 off / on | TTFT p50 transformers / on | req/s on / off | "
-             "CPU s per request off / on | CPU s per request transformers / on |",
+    lines = ["| workload | hit rate (on / page-rounded / upper bound) | prefill tokens "
+             "page-rounded / on | prefill tokens off / on | TTFT p50 off / on | "
+             "TTFT p50 transformers / on | CPU s per request off / on | "
+             "CPU s per request transformers / on |",
              "|---|---|---:|---:|---:|---:|---:|---:|"]
     for name, ub in (results.get("upper_bound") or {}).items():
         o, f, p, h = on.get(name, {}), off.get(name, {}), page.get(name, {}), hf.get(name, {})
         hits = " / ".join(_fmt(x, "{:.1%}") for x in (o.get("hit_rate"), p.get("hit_rate"),
                                                      ub.get("hit_rate")))
         p50 = lambda s: (s.get("ttft_ms") or {}).get("p50")  # noqa: E731
-        rps = lambda s: (s.get("throughput") or {}).get("requests_per_s")  # noqa: E731
         prefill = lambda s: s.get("prefill_tokens")  # noqa: E731
-        lines.append(f"| {name} | {hits} | {_compare(f, o, prefill)} | {_compare(f, o, p50)} | "
-                     f"{_compare(h, o, p50)} | {_compare(o, f, rps)} | {_compare(f, o, cpu)} | "
-                     f"{_compare(h, o, cpu)} |")
+        of, oh = same_requests(o, f), same_requests(o, h)
+        lines.append(f"| {name} | {hits} | {_compare(p, o, prefill)} | "
+                     f"{_compare(f, of, prefill)} | {_compare(f, of, p50)} | "
+                     f"{_compare(h, oh, p50)} | {_compare(f, o, cpu)} | {_compare(h, o, cpu)} |")
     return "\n".join(lines) + "\n"
 
 
@@ -154,17 +172,17 @@ def workloads_markdown(results: dict) -> str:
              f"Run {results['date']} with `{results['command']}` (seed {results['seed']}) on "
              f"{m['cpus']} CPUs ({m['cpu']}), Python {m['python']}; "
              f"total {results.get('elapsed_s') or '-'} s. "
-             + (results.get("note") or runs_note(results) or "Every figure below comes from "
-                "this one run, systems side by side on the same prompts.") + "\n"]
+             + (results.get("note") or "Every figure below comes from this one run, "
+                "systems side by side on the same prompts.") + "\n"]
     if results.get("http") or results.get("transformers"):
         parts += ["### Ratios (side by side)\n", ratio_table(results),
                   "### Per workload (HTTP, streaming; transformers/llama.cpp in-process, "
                   "sequential)\n", http_tables(results)]
-        sample = (results.get("transformers") or {}).get("sample")
-        if sample:
-            parts.append(f"transformers ran {sample} requests of each workload, spread evenly "
-                         "over its arrival order (early and late turns alike); its ratios "
-                         "compare per-request figures of that sample with radixgate's.\n")
+        if results.get("sample"):
+            parts.append(f"Cache off and transformers ran {results['sample']} requests of each "
+                         "workload, spread evenly over its arrival order (early and late turns "
+                         "alike); their ratios compare them with cache on's figures for the "
+                         "same requests (CPU: cache on's mean over the workload).\n")
         errors = {v: r["error"][-300:] for v, r in (results.get("http") or {}).items()
                   if r.get("error")}
         if errors:

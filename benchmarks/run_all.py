@@ -1,26 +1,32 @@
 """Run the whole benchmark suite: ``python -m benchmarks.run_all --quick|--full``.
 
 1. memory sweep (``benchmarks.memory_sweep``: RadixTree alone, no model; full-size traces
-   in both modes since it takes about a minute);
+   in both modes, about 25 s);
 2. the five workloads over HTTP against ``radixgate serve`` subprocesses with the default
-   real model, one variant after the other: cache on, ``--no-prefix-cache``,
-   ``--page-rounded-match`` (``--variants plain_lru`` adds ``--plain-lru``, eviction
-   without credits: compare it with a small ``--kv-cache-gb``); plus the offline upper
-   bound from the token traces;
-3. ``transformers`` ``generate`` on the same model and prompts (sequential, full recompute);
-4. with ``--peers``, llama.cpp (llama-cpp-python + RAM prompt cache) when installed;
-5. the other helpers' scripts when present (``runtime_bench``, ``radix_ops``, ``kernels_bench``,
-   ``seed_spread``: the sweep's goal ratios over several seeds).
+   real model, one variant after the other: cache on and ``--page-rounded-match`` on every
+   request, ``--no-prefix-cache`` on a sample (``--sample`` requests of each workload,
+   spread over its arrival order: a server without a cache pays the same for a request
+   whatever came before it); ``--variants plain_lru`` adds ``--plain-lru`` (eviction
+   without credits: compare it with a small ``--kv-cache-gb``);
+3. the offline upper bound: each workload's token trace replayed with unlimited memory,
+   each prompt followed by the reply the cache-on server generated for it
+   (``benchmarks.replies``), as the engine caches prompt + output[:-1];
+4. ``transformers`` ``generate`` on the same model and the same sample (sequential, full
+   recompute); with ``--peers``, llama.cpp (llama-cpp-python + RAM prompt cache);
+5. the other helpers' scripts in quick mode (``runtime_bench``, ``radix_ops``,
+   ``kernels_bench``, ``seed_spread``); each is its own command with its own full mode.
 
-Writes ``results.json``, ``sweep.png``, ``http.png`` and ``workloads.md`` to ``benchmarks/out``
-(full mode: ``benchmarks/out/full``), saving ``results.json`` after every finished part so
-that ``--resume`` can continue an interrupted run (``benchmarks.resume``).
-Quick mode (``make bench``) keeps prefixes under ~512 tokens and requests few and short.
+A sampled system's ratios are taken against cache on's figures for the same requests.
+Sizes: quick (``make bench``) keeps prefixes under ~512 tokens; full (``make bench-full``)
+has the full-size prompts (``workloads.HTTP_FULL``) with fewer sessions. Both stay under 15
+minutes on 2 cores. Writes ``results.json``, ``sweep.png``, ``http.png`` and ``workloads.md``
+to ``benchmarks/out`` (full mode: ``benchmarks/out/full``).
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import subprocess
 import sys
 import time
@@ -32,45 +38,60 @@ import aiohttp
 from tqdm import tqdm
 
 from benchmarks import report
-from benchmarks.checkpoint import (STATELESS_VARIANTS, PairCheckpoint, Unsaved,
-                                  discard_all, discard_finished)
 from benchmarks.http_runner import ClientConfig, run_workload, warm_up
 from benchmarks.launch import ADMIN_KEY, DEFAULT_VARIANTS, VARIANTS, BenchServer, tenant_key
 from benchmarks.memory_sweep import replay_radix, run_sweep
-from benchmarks.resume import (ResumeMismatch, current_commit, finished_parts, load_previous,
-                               open_part, run_settings, save_atomically)
+from benchmarks.replies import load_replies, prompt_key
 from benchmarks.stats import spread_sample
 from benchmarks.traces import load_tokenizer, workload_trace
-from benchmarks.workloads import WORKLOAD_NAMES, make_workloads
+from benchmarks.workloads import HTTP_FULL, WORKLOAD_NAMES, Workload, make_workloads
 
 OTHER_SCRIPTS = ("runtime_bench", "radix_ops", "kernels_bench", "seed_spread")
+SAMPLED_VARIANTS = ("cache_off",)    # no state between requests: a sample costs the same
 
 
-def upper_bounds(traces: dict, block_size: int = 16) -> dict:
-    """Offline upper bound per workload: unlimited memory, every reusable prefix reused."""
+def upper_bounds(traces: dict, replies: dict | None = None, block_size: int = 16) -> dict:
+    """Offline upper bound per workload: unlimited memory, every reusable prefix reused,
+    each request's prompt cached with ``replies[prompt_key(prompt)][:-1]`` after it (the
+    reply's ids but the last, as the engine caches them; the prompt alone when the reply
+    is unknown)."""
+    replies = replies or {}
     out = {}
     for name, entries in traces.items():
-        replay = replay_radix([(e.namespace, e.tokens) for e in entries], block_size, None)
+        cached = [e.tokens + replies.get(prompt_key(e.tokens), ())[:-1] for e in entries]
+        replay = replay_radix([(e.namespace, e.tokens) for e in entries], block_size, None,
+                              cached=cached)
         out[name] = {"requests": len(entries), "prompt_tokens": replay.prompt_tokens,
                      "cache_read_tokens": replay.reused_tokens,
                      "prefill_tokens": replay.prompt_tokens - replay.reused_tokens,
-                     "hit_rate": replay.hit_rate, "kv_blocks_peak": replay.peak_blocks}
+                     "hit_rate": replay.hit_rate, "kv_blocks_peak": replay.peak_blocks,
+                     "replies": sum(prompt_key(e.tokens) in replies for e in entries)}
     return out
 
 
-def run_variant(variant: str, workloads, args, out: dict, save=lambda: None) -> None:
-    """Start one server variant, run ``workloads`` against it (adding each summary to
-    ``out["workloads"]`` and calling ``save`` after each), stop it. A failure is recorded
-    as ``out["error"]``."""
+def sample_indices(workload: Workload, n: int | None) -> list[int]:
+    """Positions of the ``n`` requests a sampled system runs (all when ``n`` is None)."""
+    return spread_sample(list(range(len(workload.requests))), n)
+
+
+def sampled(workload: Workload, n: int | None) -> Workload:
+    return replace(workload, requests=[workload.requests[i] for i in sample_indices(workload, n)])
+
+
+def run_variant(variant: str, workloads, args) -> dict:
+    """Start one server variant, run ``workloads`` against it, stop it: {"workloads":
+    {name: summary with the server's CPU seconds}, ...}; a failure is recorded as
+    ``"error"``. The cache-on server records its replies for the upper bound."""
+    out: dict = {"args": list(VARIANTS[variant]), "workloads": {}}
     tenants = sorted({r.tenant for w in workloads for r in w.requests})
     server = BenchServer(VARIANTS[variant], tenants, tiny=args.tiny,
-                         kv_cache_gb=args.kv_cache_gb)
+                         kv_cache_gb=args.kv_cache_gb, record_replies=variant == "radixgate")
     started = time.perf_counter()
     try:
         server.start()
     except (RuntimeError, TimeoutError) as e:
         out["error"] = str(e)[-2000:]
-        return
+        return out
     out["startup_s"] = round(time.perf_counter() - started, 1)
     cfg = ClientConfig(server.base_url, concurrency=args.concurrency, admin_key=ADMIN_KEY,
                        api_keys={t: tenant_key(t) for t in tenants},
@@ -78,52 +99,41 @@ def run_variant(variant: str, workloads, args, out: dict, save=lambda: None) -> 
     try:
         warm = asyncio.run(warm_up(cfg, tenants[0]))
         out["warm_up"] = {"ok": warm.ok, "latency_s": warm.latency_s, "error": warm.error}
-        total = sum(len(w.requests) for w in workloads)
-        with tqdm(total=total, desc=f"http {variant}", unit="req") as bar:
+        with tqdm(total=sum(len(w.requests) for w in workloads), desc=f"http {variant}",
+                  unit="req") as bar:
             for workload in workloads:
+                cpu_before = server.cpu_seconds()
                 try:
-                    summary, checkpoint = measure_workload(server, cfg, variant, workload,
-                                                           args.out, bar, save)
+                    summary = asyncio.run(run_workload(cfg, workload, bar))
                 except (RuntimeError, aiohttp.ClientError) as e:   # e.g. flush refused
                     out["error"] = f"{workload.name}: {type(e).__name__}: {e}"[-2000:]
                     break
+                summary["cpu_s"] = round(server.cpu_seconds() - cpu_before, 2)
                 out["workloads"][workload.name] = summary
-                save()
-                if not summary.get("errors"):
-                    checkpoint.discard()      # else only the failed requests run again
+        if server.record_replies:
+            out["replies"] = load_replies(server.reply_log)
     finally:
         server.stop()
+    return out
 
 
-def measure_workload(server: BenchServer, cfg: ClientConfig, variant: str, workload,
-                     out_dir: Path, bar, save=lambda: None) -> tuple[dict, Unsaved]:
-    """``workload``'s summary with the server's CPU seconds (``cpu_s``). On a variant that
-    keeps no state between requests, each answered request is saved (then ``save()`` is
-    called, keeping the run's time current) and those an interrupted invocation saved are
-    not sent again but counted, wall time and CPU included (``benchmarks.checkpoint``); the
-    checkpoint is returned so that it can be discarded once the summary is saved."""
-    checkpoint = Unsaved()
-    if variant in STATELESS_VARIANTS:
-        checkpoint = PairCheckpoint.open(out_dir, variant, workload, on_record=save)
-        if checkpoint.done:
-            print(f"{variant}/{workload.name}: {len(checkpoint.done)} of "
-                  f"{len(workload.requests)} requests answered in earlier invocations; "
-                  "sending the rest", file=sys.stderr)
-    checkpoint.start_segment(server.cpu_seconds)
-    summary = asyncio.run(run_workload(cfg, workload, bar, checkpoint=checkpoint))
-    summary["cpu_s"] = checkpoint.total_cpu_s()
-    return summary, checkpoint
-
-
-def run_variants(results: dict, workloads, args, save) -> None:
-    """Each server variant on the workloads it has no saved summary for (all of them
-    unless resuming); a variant with nothing left to do starts no server."""
+def run_variants(results: dict, workloads, args) -> None:
+    """Each server variant on the workloads (a sample of them for ``SAMPLED_VARIANTS``)."""
     for variant in [v for v in args.variants.split(",") if v]:
-        out, todo = open_part(results["http"], variant, workloads)
-        out["args"] = list(VARIANTS[variant])
-        if todo:
-            run_variant(variant, todo, args, out, save)
-            save()
+        todo = workloads
+        if variant in SAMPLED_VARIANTS:
+            todo = [sampled(w, args.sample) for w in workloads]
+        results["http"][variant] = run_variant(variant, todo, args)
+        if variant in SAMPLED_VARIANTS:
+            mark_sample(results["http"][variant], workloads, args.sample)
+
+
+def mark_sample(run: dict, workloads, n: int | None) -> None:
+    """Record in each summary which requests of the workload the sample holds."""
+    for workload in workloads:
+        summary = (run.get("workloads") or {}).get(workload.name)
+        if summary is not None:
+            summary["sample_indices"] = sample_indices(workload, n)
 
 
 def run_other_script(name: str, quick: bool, out_dir: Path, timeout_s: float) -> dict | None:
@@ -153,12 +163,12 @@ def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--quick", action="store_true", help="small sizes (default)")
-    mode.add_argument("--full", action="store_true", help="the issue's full sizes")
+    mode.add_argument("--full", action="store_true",
+                      help="full-size prompts, fewer sessions (workloads.HTTP_FULL)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=None,
                         help="where results.json, the plots and logs go (default "
-                             "benchmarks/out, full mode benchmarks/out/full: a quick run "
-                             "never overwrites an hours-long full one)")
+                             "benchmarks/out, full mode benchmarks/out/full)")
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--variants", default=",".join(DEFAULT_VARIANTS),
                         help=f"server variants to run (comma separated; empty for none): "
@@ -167,33 +177,27 @@ def parse_args(argv):
     parser.add_argument("--cache-control", action="store_true",
                         help="mark system prompts and tool lists with cache_control breakpoints")
     parser.add_argument("--no-transformers", action="store_true")
-    parser.add_argument("--transformers-requests", type=int, default=None,
-                        help="transformers runs only N requests of each workload, spread "
-                             "evenly over its arrival order (early and late turns); 0 = all; "
-                             "default 4 in quick mode, 16 in full mode (all 1,072 full-size "
-                             "requests would take hours on 2 cores)")
+    parser.add_argument("--sample", type=int, default=4,
+                        help="cache off and transformers run N requests of each workload, "
+                             "spread evenly over its arrival order (early and late turns); "
+                             "0 = all (default 4)")
     parser.add_argument("--peers", action="store_true", help="also llama.cpp when installed")
     parser.add_argument("--no-scripts", action="store_true", help="skip the other scripts")
     parser.add_argument("--tiny", action="store_true", help="servers with --tiny weights")
     parser.add_argument("--sweep-quick", action="store_true",
                         help="sweep the quick-size traces (default: full size in both modes; "
-                             "the sweep runs no model and takes about a minute)")
+                             "the sweep runs no model and takes about 25 s)")
     parser.add_argument("--kv-cache-gb", type=float, default=None,
                         help="KV budget of each server (small: a run under memory pressure)")
     parser.add_argument("--max-tokens", type=int, default=None,
                         help="output tokens per request (default: the mode's)")
-    parser.add_argument("--resume", action="store_true",
-                        help="continue the run saved in --out/results.json (same settings): "
-                             "only the (variant, workload) pairs, transformers workloads and "
-                             "scripts it has not finished run")
     args = parser.parse_args(argv)
     args.quick = not args.full
+    args.sample = args.sample or None
     if args.out is None:
         args.out = Path("benchmarks/out" if args.quick else "benchmarks/out/full")
-    if args.transformers_requests is None:
-        args.transformers_requests = 4 if args.quick else 16
-    if args.kv_cache_gb is None:
-        args.kv_cache_gb = 1.0 if args.quick else 4.0
+    if args.kv_cache_gb is None:       # room for every workload's working set: no eviction
+        args.kv_cache_gb = 1.0 if args.quick else 2.0
     return args
 
 
@@ -204,95 +208,64 @@ def set_max_tokens(workloads, max_tokens: int) -> None:
 
 
 def run(argv: list[str] | None = None) -> dict:
-    """Run the suite (or, with ``--resume``, what an earlier run left undone); returns what
-    it wrote to results.json."""
+    """Run the suite; returns what it wrote to results.json."""
     args = parse_args(argv)
     command = "python -m benchmarks.run_all " + " ".join(argv if argv is not None else sys.argv[1:])
     args.out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    results = _open_results(args, command.strip())
-    this_run = {"date": _now(), "command": command.strip(), "commit": current_commit()}
-    results.setdefault("runs", []).append(this_run)
-
-    def save() -> None:
-        this_run["elapsed_s"] = round(time.perf_counter() - started, 1)
-        results["elapsed_s"] = round(sum(r.get("elapsed_s", 0) for r in results["runs"]), 1)
-        save_atomically(results, args.out)
-
-    save()                  # this invocation is listed even if it is killed in its first part
-
-    if "sweep" not in results:
-        results["sweep"] = run_sweep(args.quick and args.sweep_quick, args.seed, args.out)
-        save()
+    results = {"date": _now(), "command": command.strip(), "mode": "quick" if args.quick else "full",
+               "seed": args.seed, "machine": report.machine_info(), "commit": current_commit(),
+               "sample": args.sample, "http": {}}
+    results["sweep"] = run_sweep(args.quick and args.sweep_quick, args.seed, args.out)
     names = tuple(args.workloads.split(",")) if args.workloads else WORKLOAD_NAMES
-    workloads = make_workloads(quick=args.quick, seed=args.seed, names=names)
+    workloads = make_workloads(quick=args.quick, seed=args.seed, names=names,
+                               scale=None if args.quick else HTTP_FULL)
     if args.max_tokens is not None:
         set_max_tokens(workloads, args.max_tokens)
     tokenizer = load_tokenizer()
     traces = {w.name: workload_trace(w, tokenizer) for w in workloads}
-    results["upper_bound"].update(upper_bounds(traces))
-    run_variants(results, workloads, args, save)
+    run_variants(results, workloads, args)
+    replies = (results["http"].get("radixgate") or {}).pop("replies", None)
+    results["upper_bound"] = upper_bounds(traces, replies)
     if not args.no_transformers:
-        run_transformers(results, workloads, traces, args, save)
+        run_transformers(results, workloads, traces, args)
     if args.peers:
-        run_llama_cpp(results, workloads, traces, save)
+        run_llama_cpp(results, workloads, traces)
     if not args.no_scripts:
-        run_scripts(results, args, save)
-    save()
+        results["scripts"] = {name: run_other_script(name, True, args.out, 300)
+                              for name in OTHER_SCRIPTS}
+    results["elapsed_s"] = round(time.perf_counter() - started, 1)
+    (args.out / "results.json").write_text(json.dumps(results, indent=1, default=str))
     report.write_all(results, args.out)
     print((args.out / "workloads.md").read_text())
     return results
 
 
-def _open_results(args, command: str) -> dict:
-    """The saved results to continue (``--resume``, when there are any) or a new record."""
-    settings = {**run_settings(args), "machine": report.machine_info()}
-    previous = load_previous(args.out, settings) if args.resume else None
-    if not previous:
-        discard_all(args.out)            # another run's unfinished pairs
-    if previous:
-        done = finished_parts(previous)
-        print(f"resuming {args.out / 'results.json'}: {len(done)} parts already done "
-              f"({', '.join(done)})", file=sys.stderr)
-        discard_finished(args.out, done)
-    return previous or {"date": _now(), "command": command, "mode": settings["mode"],
-                        "seed": args.seed, "machine": settings["machine"],
-                        "settings": settings, "http": {}, "upper_bound": {}}
-
-
-def run_transformers(results: dict, workloads, traces: dict, args, save) -> None:
-    """transformers ``generate`` on the workloads it has no saved summary for."""
+def run_transformers(results: dict, workloads, traces: dict, args) -> None:
+    """transformers ``generate`` on each workload's sample."""
     from benchmarks.peers import transformers_baseline
-    out, todo = open_part(results, "transformers", workloads)
-    if not todo:
-        return
-    sample = args.transformers_requests or None
-    with tqdm(total=sum(len(spread_sample(w.requests, sample)) for w in todo),
+    with tqdm(total=sum(len(sample_indices(w, args.sample)) for w in workloads),
               desc="transformers", unit="req") as bar:
-        transformers_baseline(todo, traces, bar, sample, out=out, on_workload=save)
-    save()
+        results["transformers"] = transformers_baseline(workloads, traces, bar, args.sample)
+    mark_sample(results["transformers"], workloads, args.sample)
 
 
-def run_llama_cpp(results: dict, workloads, traces: dict, save) -> None:
-    """llama.cpp (when installed) on the workloads it has no saved summary for."""
+def run_llama_cpp(results: dict, workloads, traces: dict) -> None:
+    """llama.cpp (when installed) on every request of each workload."""
     from benchmarks.peers import llama_cpp_available, llama_cpp_baseline
     if not llama_cpp_available():
         results["llama_cpp"] = {"error": "llama_cpp is not installed"}
         return
-    out, todo = open_part(results, "llama_cpp", workloads)
-    if todo:
-        llama_cpp_baseline(todo, traces, out=out, on_workload=save)
-        save()
+    results["llama_cpp"] = llama_cpp_baseline(workloads, traces)
 
 
-def run_scripts(results: dict, args, save) -> None:
-    """The other scripts, except those that already succeeded in the saved results."""
-    scripts = results.setdefault("scripts", {})
-    for name in OTHER_SCRIPTS:
-        if (scripts.get(name) or {}).get("returncode") == 0:
-            continue
-        scripts[name] = run_other_script(name, args.quick, args.out, 300 if args.quick else 3600)
-        save()
+def current_commit() -> str | None:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, timeout=10, cwd=Path(__file__).parent
+                              ).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
 
 
 def _now() -> str:
@@ -323,11 +296,7 @@ def failures(results: dict) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``python -m benchmarks.run_all`` and ``radixgate bench``: exit code
     (1 when anything in ``failures`` went wrong; the figures are written either way)."""
-    try:
-        results = run(argv)
-    except ResumeMismatch as e:
-        print(f"cannot resume: {e}", file=sys.stderr)
-        return 2
+    results = run(argv)
     problems = failures(results)
     for line in problems:
         print(f"FAILED {line}", file=sys.stderr)

@@ -77,6 +77,13 @@ FULL = Scale(system_tokens=2000, num_users=256, chat_conversations=24, chat_turn
              num_documents=50, document_tokens=1500, fewshot_tokens=400, doc_questions=300,
              zipf_s=1.1, control_requests=100, control_tokens=1500, max_tokens=64,
              live_sessions=8)
+# ``run_all --full`` over HTTP with the real model: FULL's prompt lengths (2-3k-token shared
+# prefixes, 1.5k-token documents, 10-turn conversations), fewer sessions and 16 output
+# tokens, so the whole suite stays under 15 minutes on 2 cores. The replays (memory sweep,
+# seed spread) use FULL itself: they run no model.
+HTTP_FULL = replace(FULL, num_users=16, chat_conversations=3, chat_turns=8, num_tenants=2,
+                    loops_per_tenant=1, tool_calls_per_loop=5, num_documents=6,
+                    doc_questions=16, control_requests=6, max_tokens=16, live_sessions=4)
 
 
 @dataclass

@@ -3,6 +3,7 @@ from dataclasses import asdict
 
 from benchmarks import report
 from benchmarks.memory_sweep import goal_checks, sweep_trace
+from benchmarks.replies import prompt_key
 from benchmarks.run_all import failures, parse_args, upper_bounds
 from benchmarks.stats import spread_sample, summarize
 from benchmarks.traces import TraceEntry
@@ -34,6 +35,17 @@ def test_upper_bound_reuses_every_shared_prefix_token():
                                 TraceEntry("n", (1, 2, 3, 9), "b"),
                                 TraceEntry("m", (1, 2, 3, 4), "c")]})["tiny"]
     assert (ub["prompt_tokens"], ub["cache_read_tokens"], ub["prefill_tokens"]) == (12, 3, 9)
+    assert ub["replies"] == 0
+
+
+def test_upper_bound_caches_each_reply_but_its_last_token_after_the_prompt():
+    # the model answered (7, 8, 9); the next turn re-sends the prompt and a scripted
+    # assistant turn that begins like that answer: 7, 8 are cached, 9 never was
+    first, second = TraceEntry("n", (1, 2, 3), "a"), TraceEntry("n", (1, 2, 3, 7, 8, 9, 5), "a")
+    prompt_only = upper_bounds({"t": [first, second]})["t"]
+    with_reply = upper_bounds({"t": [first, second]}, {prompt_key(first.tokens): (7, 8, 9)})["t"]
+    assert prompt_only["cache_read_tokens"] == 3
+    assert (with_reply["cache_read_tokens"], with_reply["replies"]) == (5, 1)
 
 
 def test_report_shows_side_by_side_ratios_and_failed_variants(tmp_path):
@@ -41,8 +53,8 @@ def test_report_shows_side_by_side_ratios_and_failed_variants(tmp_path):
     text = report.workloads_markdown(results)
     ratio_row = next(line for line in text.splitlines() if line.startswith("| tiny |"))
     assert "80.8% / - /" in ratio_row                 # hit rate on / page-rounded / bound
-    assert "| 5.21x |" in ratio_row                    # prefill tokens off / on (396 / 76)
-    assert "| 4.00x | 4.00x | 2.00x | 3.00x | 3.00x |" in ratio_row   # TTFT, req/s, CPU s
+    assert "| - | 5.21x |" in ratio_row                # prefill page-rounded (failed), off / on
+    assert "| 4.00x | 4.00x | 3.00x | 3.00x |" in ratio_row   # TTFT p50, CPU s per request
     assert "radixgate --no-prefix-cache" in text and "transformers generate" in text
     assert "`page_rounded`" in text                    # the variant that failed is reported
     assert results["command"] in text and "2026-11-29" in text
@@ -61,7 +73,7 @@ def test_ratios_are_withheld_when_a_side_lost_requests_and_failures_are_listed()
     results["scripts"] = {"radix_ops": {"returncode": None, "error": "timed out after 300s"}}
     ratio_row = next(line for line in report.ratio_table(results).splitlines()
                      if line.startswith("| tiny |"))
-    assert ratio_row.count("n/a (errors)") == 4         # prefill, TTFT, req/s, CPU vs off
+    assert ratio_row.count("n/a (errors)") == 3         # prefill, TTFT, CPU vs off
     assert "| 4.00x |" in ratio_row                       # transformers / on still compared
     problems = failures(results)
     assert any(p.startswith("cache_off/tiny: 1 failed requests, e.g. HTTP 529") for p in problems)
@@ -69,6 +81,21 @@ def test_ratios_are_withheld_when_a_side_lost_requests_and_failures_are_listed()
     assert "FAILED: timed out after 300s" in report.workloads_markdown(results)
     nothing = summarize([failed], 1.0)
     assert nothing["hit_rate"] is None and report.per_request(nothing, "prefill_tokens") is None
+
+
+def test_ratios_against_a_sample_use_cache_on_figures_for_the_same_requests():
+    results = results_dict()
+    on_results = [request(66, 0, 0.4)] + [request(66, 64, 0.05)] * 4 + [request(66, 60, 0.1)]
+    on = {**summarize(on_results, 2.0), "cpu_s": 1.2, "results": on_results}
+    off = {**summarize([request(66, 0, 0.8), request(66, 0, 0.3)], 1.0), "cpu_s": 1.0,
+           "sample_indices": [0, 5]}
+    results["http"]["radixgate"]["workloads"]["tiny"] = on
+    results["http"]["cache_off"]["workloads"]["tiny"] = off
+    text = report.workloads_markdown(results)
+    ratio_row = next(line for line in text.splitlines() if line.startswith("| tiny |"))
+    # prefill 132 / 72 and TTFT p50 550 / 250 ms on requests 0 and 5; CPU 0.5 / 0.2 s
+    assert "| 1.83x | 2.20x | 4.00x | 2.50x |" in ratio_row
+    assert "| radixgate --no-prefix-cache, 2 requests | 132 |" in text
 
 
 def test_spread_sample_takes_early_and_late_requests():
