@@ -61,7 +61,7 @@ class TenantConfig:
     requests_per_minute: int = 600   # 0 = unlimited
     use_public_prefixes: bool = True
     max_queued: int = 0              # waiting requests; 0 = an equal share of max_queue (>= 8)
-    max_preparing: int = 2           # prompts rendered/tokenized at once (more wait, bounded)
+    max_preparing: int = 1           # prompts read, parsed and rendered at once (more wait, bounded)
     max_namespaces: int = 64         # live cache namespaces (one per cache_salt); LRU idle ones go
 
 

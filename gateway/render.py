@@ -26,6 +26,7 @@ Formats are documented in docs/PROMPT_FORMAT.md.
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass, field
 from typing import Callable, Protocol, Sequence
 
@@ -33,6 +34,7 @@ from radixgate.runtime.api import Breakpoint
 
 PIECE_SEPARATOR = "\n"
 _SENTINEL = "\ue000{}\ue001"      # private-use characters never produced by the APIs' JSON
+_SENTINEL_PATTERN = re.compile("\ue000(\\d+)\ue001")
 MAX_GLUE_SHAPES = 32               # distinct message-boundary shapes one render may learn
 
 
@@ -156,9 +158,11 @@ def _message_texts(counter: _RenderCounter, messages: Sequence[ChatMessage]
     The template is applied once to all messages; the glue between two contents is
     ``post`` of the first plus ``pre`` of the second. Where that glue is cut is learned by
     rendering the messages up to the first one (a prefix render: its end is the cut) once
-    per distinct (previous role, role, glue) shape, and always at the first and the last
-    boundary; every prefix render must be a prefix of the whole (an incremental template).
-    So a conversation costs a handful of renders, not one per message."""
+    per distinct (previous role, role, glue text) shape; every prefix render must be a
+    prefix of the whole (an incremental template). A template whose glue varies with the
+    position (say, a message number) gives a new shape per boundary and is learned exactly,
+    up to ``MAX_GLUE_SHAPES``. So a conversation costs two full renders plus a few short
+    ones, not one per message."""
     if not messages:
         return [], ""
     sentinels = _sentinel_messages(messages)
@@ -170,12 +174,8 @@ def _message_texts(counter: _RenderCounter, messages: Sequence[ChatMessage]
     for k in range(1, len(messages)):
         glue = whole[ends[k - 1]:starts[k]]
         shape = (messages[k - 1].role, messages[k].role, glue)
-        if shape not in cuts or k in (1, len(messages) - 1):
-            cut = _cut_after(counter, sentinels, k, whole, ends[k - 1])
-            if shape in cuts and cuts[shape] != cut:
-                raise TemplateError("chat template glue between messages depends on their "
-                                    "position, not only on their roles")
-            cuts[shape] = cut
+        if shape not in cuts:
+            cuts[shape] = _cut_after(counter, sentinels, k, whole, ends[k - 1])
             if len(cuts) > MAX_GLUE_SHAPES:
                 raise TemplateError("chat template renders too many distinct kinds of "
                                     "message boundaries")
@@ -186,17 +186,14 @@ def _message_texts(counter: _RenderCounter, messages: Sequence[ChatMessage]
 
 
 def _sentinel_spans(whole: str, n: int) -> tuple[list[int], list[int]]:
-    """Start and end offset of each message's sentinel; each must appear once, in order."""
-    starts, ends, position = [], [], 0
-    for i in range(n):
-        sentinel = _SENTINEL.format(i)
-        index = whole.find(sentinel, position)
-        if index < 0 or whole.find(sentinel, index + len(sentinel)) >= 0:
-            raise TemplateError(f"chat template did not render message {i} exactly once")
-        starts.append(index)
-        ends.append(index + len(sentinel))
-        position = ends[-1]
-    return starts, ends
+    """Start and end offset of each message's sentinel; each must appear once, in order
+    (one scan of the text)."""
+    found = list(_SENTINEL_PATTERN.finditer(whole))
+    numbers = [int(match.group(1)) for match in found]
+    if numbers != list(range(n)):
+        missing = next((i for i, number in enumerate(numbers + [-1]) if number != i), n)
+        raise TemplateError(f"chat template did not render message {missing} exactly once")
+    return [match.start() for match in found], [match.end() for match in found]
 
 
 def _cut_after(counter: _RenderCounter, sentinels: list[dict], k: int, whole: str,
@@ -258,12 +255,19 @@ def _tokenize(tokenizer: ChatTokenizer, segments: list[Segment],
     tokens: list[int] = []
     ends: list[int] = []
     ttl_at: dict[int, float] = {}
+    glue_tokens: dict[str, list[int]] = {}     # the template's text repeats: encode it once
     for segment in segments:
         if budget.cancelled is not None and budget.cancelled():
             raise RenderAbandoned()
         for text, trusted in segment.parts:
-            if text:
-                tokens.extend(tokenizer.encode(text) if trusted else tokenizer.encode_plain(text))
+            if not text:
+                continue
+            if trusted:
+                if text not in glue_tokens:
+                    glue_tokens[text] = tokenizer.encode(text)
+                tokens.extend(glue_tokens[text])
+            else:
+                tokens.extend(tokenizer.encode_plain(text))
         if budget.max_tokens is not None and len(tokens) > budget.max_tokens:
             raise PromptTooLong(budget.max_tokens)
         ends.append(len(tokens))

@@ -74,8 +74,13 @@ def sample_tokens(logits: torch.Tensor, params: list[SamplingParams],
 
 
 def greedy_tokens(logits: torch.Tensor) -> list[int]:
-    """Argmax of each row of logits [n, vocab], NaN counted as -inf."""
-    return _nan_to_neg_inf(logits).argmax(dim=-1).tolist()
+    """Argmax of each row of logits [n, vocab], NaN counted as -inf. torch's argmax picks
+    a NaN over every number, so only the rows whose pick is NaN (rare) are redone."""
+    picked = logits.argmax(dim=-1)                                   # [n]
+    is_nan = logits.gather(-1, picked[:, None]).squeeze(-1).isnan()  # [n]
+    if bool(is_nan.any()):
+        picked[is_nan] = _nan_to_neg_inf(logits[is_nan]).argmax(dim=-1)
+    return picked.tolist()
 
 
 def _sample_row(row: torch.Tensor, params: SamplingParams,
