@@ -155,6 +155,8 @@ class EngineCore:
         try:
             plan = self.scheduler.schedule()
             self.counters.preemptions += len(plan.preempted)
+            for seq, exc in plan.failed:
+                self._fail_sequence(seq, exc)
             if plan.unfit is not None:
                 self.finish(plan.unfit, Finish(FinishReason.ERROR, kind=ErrorKind.TOO_LONG,
                                                message=unfit_message(self, plan.unfit)))
@@ -194,10 +196,27 @@ class EngineCore:
             self._emit_finished(seq, finish)
 
     def _run(self, chunks: list[Chunk]) -> None:
-        """Forward the step's chunks (a failure here fails them all, in ``step``), then
-        sample and emit per request."""
+        """Forward the step's chunks, then sample and emit per request. When a forward of
+        several chunks raises, each is run again alone, so only a request whose own forward
+        fails is failed (its slots are rewritten by the retry: store_kv runs first)."""
         for chunk in chunks:
             account_admission(chunk.seq)
+        try:
+            self._forward_and_emit(chunks)
+        except Exception as exc:  # noqa: BLE001 - one request must not fail its batch
+            if len(chunks) == 1:
+                raise
+            log.warning("a step of %d requests failed (%r): running them one by one",
+                        len(chunks), exc)
+            for chunk in chunks:
+                try:
+                    self._forward_and_emit([chunk])
+                except Exception as exc_alone:  # noqa: BLE001 - this request's own failure
+                    self._fail_sequence(chunk.seq, exc_alone)
+        finally:
+            self._consume_faults(chunks)
+
+    def _forward_and_emit(self, chunks: list[Chunk]) -> None:
         self._maybe_inject_fault(chunks)
         sampling = [chunk.samples for chunk in chunks]
         prefill_tokens = sum(c.num_tokens for c in chunks if not c.seq.prefill_inserted)
@@ -286,13 +305,18 @@ class EngineCore:
         account_pins(seq, pinned)
 
     def _maybe_inject_fault(self, chunks: list[Chunk]) -> None:
+        """Raises when a fault is set for the step ("*") or for one of its requests; the
+        faults stay set through the step's retries (``_consume_faults`` ends them)."""
         if not self.faults:
             return
         hit = [c.seq.request_id for c in chunks if c.seq.request_id in self.faults]
         if "*" in self.faults or hit:
-            self.faults.discard("*")
-            self.faults.difference_update(hit)
             raise InjectedFault(f"injected fault (requests {hit or 'of the next step'})")
+
+    def _consume_faults(self, chunks: list[Chunk]) -> None:
+        if self.faults:
+            self.faults.discard("*")
+            self.faults.difference_update(c.seq.request_id for c in chunks)
 
     # -- reports --------------------------------------------------------------------------
     def snapshot(self):

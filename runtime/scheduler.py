@@ -19,6 +19,7 @@ from .block_manager import BlockManager
 from .engine_config import EngineConfig
 from .sequence import Sequence, SeqStatus
 
+MAX_ADMISSION_FAILURES = 3   # a request whose admission raises this often fails alone
 CANDIDATE_WINDOW = 16   # waiting requests of a tenant considered for longest-prefix-first
 
 
@@ -39,6 +40,7 @@ class StepPlan:
     chunks: list[Chunk] = field(default_factory=list)
     preempted: list[Sequence] = field(default_factory=list)
     unfit: Sequence | None = None   # could not be admitted although nothing else runs
+    failed: list[tuple[Sequence, Exception]] = field(default_factory=list)  # admission raised
 
     @property
     def num_tokens(self) -> int:
@@ -172,7 +174,14 @@ class Scheduler:
                 if id(seq) in held or self._still_held(seq):
                     held.add(id(seq))
                     continue
-                outcome = self._try_admit(seq, plan)
+                try:
+                    outcome = self._try_admit(seq, plan)
+                except Exception as exc:  # noqa: BLE001 - seq alone (its match is given back)
+                    seq.admission_failures += 1
+                    if seq.admission_failures >= MAX_ADMISSION_FAILURES:
+                        plan.failed.append((seq, exc))
+                    held.add(id(seq))
+                    continue
                 if outcome == "held":
                     held.add(id(seq))
                     continue

@@ -58,6 +58,7 @@ class Sequence:
         self.admitted_once = False
         self.num_preemptions = 0
         self.waiting_on: Sequence | None = None   # a running sequence prefilling our prefix
+        self.admission_failures = 0                # admissions that raised (retried a few times)
         self.timing = Timing()
         self.accounting = PromptAccounting()
         self.text_parts: list[str] = []
