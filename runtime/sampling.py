@@ -19,6 +19,7 @@ import random
 import torch
 
 from .api import SamplingParams
+from .stop import stop_problem
 
 MIN_TEMPERATURE = 1e-5   # below it a request is greedy
 
@@ -35,6 +36,8 @@ def validate_sampling(params: SamplingParams, vocab_size: int) -> str | None:
         return "top_k must be >= 0"
     if any(not isinstance(s, str) or not s for s in params.stop):
         return "stop strings must be non-empty strings"
+    if (problem := stop_problem(params.stop)) is not None:
+        return problem
     if any(not 0 <= t < vocab_size for t in params.stop_token_ids):
         return "stop_token_ids must be token ids of the model's vocabulary"
     return None
