@@ -3,6 +3,7 @@
 See DESIGN.md section 3 for the reference, lock and copy-on-write rules.
 """
 
+from .config import CacheConfig, CreditParams, make_policy
 from .eviction import LRU, EvictionPolicy
 from .events import CacheEvent
 from .integrity import IntegrityError
@@ -16,7 +17,7 @@ from .tree import RadixTree
 PUBLIC_NAMESPACE = "public"
 
 __all__ = [
-    "BlockPool", "BlockPoolError", "CacheEvent", "EvictionPolicy", "InsertResult",
+    "BlockPool", "BlockPoolError", "CacheConfig", "CacheEvent", "CreditParams", "EvictionPolicy", "InsertResult",
     "IntegrityError", "LockHandle", "LRU", "MatchResult", "NamespaceStats", "OutOfBlocks",
-    "PrefixInfo", "PUBLIC_NAMESPACE", "RadixTree", "TreeStats", "token_array",
+    "PrefixInfo", "PUBLIC_NAMESPACE", "RadixTree", "TreeStats", "make_policy", "token_array",
 ]

@@ -1,0 +1,76 @@
+"""The cache's configuration: one frozen value, parsed once (the gateway's ``[cache]``
+section or the CLI flags) and handed down to the engine and the tree.
+
+``make_policy(config)`` turns it into the eviction policy the tree runs.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+POLICIES = ("lru", "credit")
+KV_DTYPES = ("auto", "float32", "bfloat16", "float16", "int8", "fp8")
+
+
+@dataclass(frozen=True, slots=True)
+class CreditParams:
+    """Parameters of the ``credit`` policy (LRU with credits and a penalty; see
+    ``radix_cache/eviction.py`` for what each one does)."""
+
+    continuation_ticks: int = 200
+    branch_ticks: int = 64
+    partial_tails_first: bool = True
+    branch_cap: int = 4
+    probation_ticks: int = 1000
+    probation_branches: int = 4
+
+    def __post_init__(self) -> None:
+        if min(self.continuation_ticks, self.branch_ticks, self.probation_ticks) < 0:
+            raise ValueError("eviction credits must be >= 0 (0: none)")
+        if self.branch_cap < 1 or self.probation_branches < 2:
+            raise ValueError("branch_cap must be >= 1 and probation_branches >= 2")
+
+
+@dataclass(frozen=True, slots=True)
+class CacheConfig:
+    """Everything that shapes the KV cache.
+
+    kv_cache_gb: the KV budget; block_size: tokens per KV block; policy: ``"lru"`` or
+    ``"credit"`` (with ``credit``'s parameters); kv_dtype, disk_dir, disk_gb: the KV
+    element type and the disk tier (later issues; ``"auto"`` / no tier today);
+    enable_prefix_cache / page_rounded_match: the baselines of the benchmarks (no reuse;
+    reuse rounded down to whole blocks).
+    """
+
+    kv_cache_gb: float = 4.0
+    block_size: int = 16
+    policy: str = "credit"
+    credit: CreditParams = field(default_factory=CreditParams)
+    kv_dtype: str = "auto"
+    disk_dir: str = ""
+    disk_gb: float = 0.0
+    enable_prefix_cache: bool = True
+    page_rounded_match: bool = False
+
+    def __post_init__(self) -> None:
+        if self.policy not in POLICIES:
+            raise ValueError(f"cache.policy must be one of {POLICIES}, got {self.policy!r}")
+        if self.kv_dtype not in KV_DTYPES:
+            raise ValueError(f"cache.kv_dtype must be one of {KV_DTYPES}, got {self.kv_dtype!r}")
+        if self.block_size < 1 or self.kv_cache_gb <= 0 or self.disk_gb < 0:
+            raise ValueError("cache.block_size >= 1, kv_cache_gb > 0 and disk_gb >= 0 required")
+
+    @property
+    def kv_cache_bytes(self) -> int:
+        return int(self.kv_cache_gb * (1 << 30))
+
+
+def make_policy(config: CacheConfig):
+    """The eviction policy ``config`` names, ready for ``RadixTree(pool, policy=...)``."""
+    from .eviction import LRU, EvictionPolicy
+    if config.policy == "lru":
+        return LRU
+    c = config.credit
+    return EvictionPolicy(continuation_ticks=c.continuation_ticks, branch_ticks=c.branch_ticks,
+                          partial_tails_first=c.partial_tails_first, branch_cap=c.branch_cap,
+                          probation_ticks=c.probation_ticks,
+                          probation_branches=c.probation_branches)
