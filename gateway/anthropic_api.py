@@ -12,16 +12,16 @@ import json
 
 from aiohttp import web
 
+from radixgate.gateway.api_common import Frame, admitted_body, stream_answer
 from radixgate.gateway.convert_anthropic import convert_messages_request
-from radixgate.gateway.errors import Api, ApiError, Kind, from_engine
-from radixgate.gateway.http_util import parse_body, principal_of, request_id_of, state_of
+from radixgate.gateway.errors import Api, ApiError
+from radixgate.gateway.http_util import request_id_of
 from radixgate.gateway.prompt_parts import ConvertedPrompt
 from radixgate.gateway.schemas_anthropic import CountTokensRequest, MessagesRequest
 from radixgate.gateway.service import (Generation, engine_request, render_request,
                                        sampling_params)
-from radixgate.gateway.sse import open_stream, send_event
 from radixgate.gateway.tools import ToolCallParser, split_output
-from radixgate.runtime.api import Finished, FinishReason, TextDelta, Usage
+from radixgate.runtime.api import Finished, FinishReason, Usage
 
 _STOP_REASONS = {FinishReason.EOS: "end_turn", FinishReason.LENGTH: "max_tokens",
                  FinishReason.STOP_SEQUENCE: "stop_sequence"}
@@ -33,22 +33,14 @@ def add_routes(app: web.Application) -> None:
 
 
 async def count_tokens(request: web.Request) -> web.Response:
-    state, principal = state_of(request), principal_of(request)
-    state.check_rate(principal)
-    async with state.preparing(principal):
-        body = await parse_body(request, CountTokensRequest)
-        state.resolve_model(body.model)
+    async with admitted_body(request, CountTokensRequest) as (state, principal, body):
         rendered = await render_request(state, principal, convert_messages_request(body),
                                         reserved=0)
     return web.json_response({"input_tokens": len(rendered.tokens)})
 
 
 async def messages(request: web.Request) -> web.StreamResponse:
-    state, principal = state_of(request), principal_of(request)
-    state.check_rate(principal)
-    async with state.preparing(principal):
-        body = await parse_body(request, MessagesRequest)
-        state.resolve_model(body.model)
+    async with admitted_body(request, MessagesRequest) as (state, principal, body):
         state.require_engine()
         converted = convert_messages_request(body)
         sampling = sampling_params(max_tokens=body.max_tokens, temperature=body.temperature,
@@ -60,7 +52,8 @@ async def messages(request: web.Request) -> web.StreamResponse:
     generation = Generation(state, request, principal, "anthropic", engine_req)
     message_id = "msg_" + request_id_of(request).removeprefix("req_")
     if body.stream:
-        return await _stream(request, generation, converted, body.model, message_id)
+        return await stream_answer(request, generation,
+                                   MessageStream(converted, body.model, message_id))
     async with generation:
         finished = await generation.result()
     response_body = message_body(message_id, body.model, converted, finished)
@@ -105,101 +98,79 @@ def _stop_reason(finished: Finished, has_tool: bool) -> str:
     return _STOP_REASONS.get(finished.reason, "end_turn")
 
 
-async def _stream(request: web.Request, generation: Generation, converted: ConvertedPrompt,
-                  model: str, message_id: str) -> web.StreamResponse:
-    async with generation:
-        first = await generation.first_event()          # refusals raise before the 200
-        response = await open_stream(request)
-        try:
-            await _stream_events(response, generation, converted, model, message_id, first)
-        except ConnectionResetError:
-            pass                                         # client gone: __aexit__ aborts
-    return response
+class MessageStream:
+    """message_start, content_block_* (text and tool_use blocks), message_delta,
+    message_stop; an error closes the open block and ends with an ``error`` event."""
 
-
-async def _stream_events(response, generation: Generation, converted: ConvertedPrompt,
-                         model: str, message_id: str, first) -> None:
-    usage = first.usage if first.usage is not None else Usage()
-    start = {"id": message_id, "type": "message", "role": "assistant", "model": model,
-             "content": [], "stop_reason": None, "stop_sequence": None,
-             "usage": usage_body(usage)}
-    await send_event(response, {"type": "message_start", "message": start}, "message_start")
-    await send_event(response, {"type": "ping"}, "ping")
-    writer = _BlockWriter(response, converted)
-    if isinstance(first, TextDelta):
-        await writer.feed(first.text)
-        async for event in generation.rest():
-            if isinstance(event, TextDelta):
-                await writer.feed(event.text)
-    finished = generation.finished
-    if finished.reason in (FinishReason.ERROR, FinishReason.ABORTED):
-        await writer.close()
-        error = (from_engine(finished.error_kind, finished.error_message, finished.request_id)
-                 if finished.reason is FinishReason.ERROR
-                 else ApiError(Kind.OVERLOADED, finished.error_message or "request aborted"))
-        await response.write(error.sse_event(Api.ANTHROPIC).encode())
-        return
-    await writer.finish()
-    if writer.has_tool:
-        generation.expect_continuation()
-    delta = {"stop_reason": _stop_reason(finished, writer.has_tool),
-             "stop_sequence": finished.stop_sequence}
-    await send_event(response, {"type": "message_delta", "delta": delta,
-                                "usage": usage_body(finished.usage)}, "message_delta")
-    await send_event(response, {"type": "message_stop"}, "message_stop")
-
-
-class _BlockWriter:
-    """Turns output text into content_block_* events (text blocks and tool_use blocks)."""
-
-    def __init__(self, response, converted: ConvertedPrompt):
-        self.response = response
+    def __init__(self, converted: ConvertedPrompt, model: str, message_id: str):
+        self.converted = converted
+        self.model = model
+        self.message_id = message_id
         self.index = -1
         self.open_text = False
-        self.has_tool = False
+        self.has_tool_call = False
         self.parser = (ToolCallParser(converted.tool_names, "toolu_")
                        if converted.tool_names else None)
         self._prefix = converted.output_prefix
 
-    async def feed(self, text: str) -> None:
+    def start(self, first) -> list[Frame]:
+        usage = first.usage if first.usage is not None else Usage()
+        message = {"id": self.message_id, "type": "message", "role": "assistant",
+                   "model": self.model, "content": [], "stop_reason": None,
+                   "stop_sequence": None, "usage": usage_body(usage)}
+        return [_frame({"type": "message_start", "message": message}), _frame({"type": "ping"})]
+
+    def text(self, text: str) -> list[Frame]:
         if self._prefix:
             text, self._prefix = self._prefix + text, ""
         items = self.parser.feed(text) if self.parser else [("text", text)]
-        for kind, value in items:
-            await self._emit(kind, value)
+        return [frame for kind, value in items for frame in self._item(kind, value)]
 
-    async def finish(self) -> None:
-        if self._prefix:
-            await self.feed("")
+    def end(self, finished: Finished) -> list[Frame]:
+        frames = self.text("") if self._prefix else []
         for kind, value in (self.parser.finish() if self.parser else []):
-            await self._emit(kind, value)
-        await self.close()
+            frames += self._item(kind, value)
+        frames += self._close_text()
+        delta = {"stop_reason": _stop_reason(finished, self.has_tool_call),
+                 "stop_sequence": finished.stop_sequence}
+        return frames + [_frame({"type": "message_delta", "delta": delta,
+                                 "usage": usage_body(finished.usage)}),
+                         _frame({"type": "message_stop"})]
 
-    async def close(self) -> None:
-        if self.open_text:
-            await self._send({"type": "content_block_stop", "index": self.index})
-            self.open_text = False
+    def error(self, error: ApiError) -> list[Frame]:
+        return self._close_text() + [("error", error.body(Api.ANTHROPIC))]
 
-    async def _emit(self, kind: str, value) -> None:
+    def _close_text(self) -> list[Frame]:
+        if not self.open_text:
+            return []
+        self.open_text = False
+        return [_frame({"type": "content_block_stop", "index": self.index})]
+
+    def _item(self, kind: str, value) -> list[Frame]:
         if kind == "text":
-            if not value:
-                return
-            if not self.open_text:
-                self.index += 1
-                self.open_text = True
-                await self._send({"type": "content_block_start", "index": self.index,
-                                  "content_block": {"type": "text", "text": ""}})
-            await self._send({"type": "content_block_delta", "index": self.index,
-                              "delta": {"type": "text_delta", "text": value}})
-            return
-        await self.close()
+            return self._text_delta(value) if value else []
+        frames = self._close_text()
         self.index += 1
-        self.has_tool = True
-        await self._send({"type": "content_block_start", "index": self.index, "content_block": {
-            "type": "tool_use", "id": value.id, "name": value.name, "input": {}}})
-        await self._send({"type": "content_block_delta", "index": self.index, "delta": {
-            "type": "input_json_delta", "partial_json": json.dumps(value.arguments)}})
-        await self._send({"type": "content_block_stop", "index": self.index})
+        self.has_tool_call = True
+        block = {"type": "tool_use", "id": value.id, "name": value.name, "input": {}}
+        delta = {"type": "input_json_delta", "partial_json": json.dumps(value.arguments)}
+        return frames + [
+            _frame({"type": "content_block_start", "index": self.index, "content_block": block}),
+            _frame({"type": "content_block_delta", "index": self.index, "delta": delta}),
+            _frame({"type": "content_block_stop", "index": self.index})]
 
-    async def _send(self, data: dict) -> None:
-        await send_event(self.response, data, data["type"])
+    def _text_delta(self, text: str) -> list[Frame]:
+        frames = []
+        if not self.open_text:
+            self.index += 1
+            self.open_text = True
+            frames.append(_frame({"type": "content_block_start", "index": self.index,
+                                  "content_block": {"type": "text", "text": ""}}))
+        frames.append(_frame({"type": "content_block_delta", "index": self.index,
+                              "delta": {"type": "text_delta", "text": text}}))
+        return frames
+
+
+def _frame(data: dict) -> Frame:
+    """An Anthropic event: its name is its ``type``."""
+    return data["type"], data

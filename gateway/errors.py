@@ -11,7 +11,6 @@ the envelope of the route's API:
 from __future__ import annotations
 
 import enum
-import json
 from dataclasses import dataclass
 
 from radixgate.runtime.api import ErrorKind
@@ -32,6 +31,7 @@ class Kind(str, enum.Enum):
     RATE_LIMIT = "rate_limit"
     OVERLOADED = "overloaded"
     TIMEOUT = "timeout"
+    BODY_TIMEOUT = "body_timeout"      # the client did not send its body in time: 408
     UNAVAILABLE = "unavailable"
     INTERNAL = "internal"
 
@@ -53,6 +53,7 @@ _ANTHROPIC = {
     Kind.RATE_LIMIT: _Style(429, "rate_limit_error"),
     Kind.OVERLOADED: _Style(529, "overloaded_error"),
     Kind.TIMEOUT: _Style(504, "timeout_error"),
+    Kind.BODY_TIMEOUT: _Style(408, "timeout_error"),
     Kind.UNAVAILABLE: _Style(503, "api_error"),
     Kind.INTERNAL: _Style(500, "api_error"),
 }
@@ -67,6 +68,7 @@ _OPENAI = {
     Kind.RATE_LIMIT: _Style(429, "rate_limit_error", "rate_limit_exceeded"),
     Kind.OVERLOADED: _Style(503, "server_error", "overloaded"),
     Kind.TIMEOUT: _Style(504, "server_error", "timeout"),
+    Kind.BODY_TIMEOUT: _Style(408, "invalid_request_error", "request_timeout"),
     Kind.UNAVAILABLE: _Style(503, "server_error", "unavailable"),
     Kind.INTERNAL: _Style(500, "server_error", "internal_error"),
 }
@@ -110,13 +112,6 @@ class ApiError(Exception):
         if self.retry_after_s is None:
             return {}
         return {"retry-after": str(int(max(1, round(self.retry_after_s))))}
-
-    def sse_event(self, api: Api) -> str:
-        """The error as a server-sent event after a 200 has gone out."""
-        body = self.body(api)
-        if api is Api.ANTHROPIC:
-            return f"event: error\ndata: {json.dumps(body)}\n\n"
-        return f"data: {json.dumps(body)}\n\n"
 
 
 def _styles(api: Api) -> dict[Kind, _Style]:

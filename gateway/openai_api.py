@@ -15,16 +15,16 @@ import time
 from aiohttp import web
 
 from radixgate.gateway.convert_openai import convert_chat_request
-from radixgate.gateway.errors import Api, ApiError, Kind, from_engine
-from radixgate.gateway.http_util import parse_body, principal_of, request_id_of, state_of
+from radixgate.gateway.api_common import Frame, admitted_body, stream_answer
+from radixgate.gateway.errors import Api, ApiError, Kind
+from radixgate.gateway.http_util import request_id_of, state_of
 from radixgate.gateway.prompt_parts import ConvertedPrompt
 from radixgate.gateway.schemas_openai import ChatCompletionRequest, CompletionRequest
 from radixgate.gateway.prepare import check_length_bound, room_for_prompt, too_long
 from radixgate.gateway.service import (Generation, default_max_tokens, engine_request,
                                        render_request, sampling_params)
-from radixgate.gateway.sse import open_stream, send_event
 from radixgate.gateway.tools import ToolCallParser, split_output
-from radixgate.runtime.api import Finished, FinishReason, TextDelta, Usage
+from radixgate.runtime.api import Finished, FinishReason, Usage
 
 _FINISH = {FinishReason.EOS: "stop", FinishReason.STOP_SEQUENCE: "stop",
            FinishReason.LENGTH: "length"}
@@ -53,12 +53,8 @@ def usage_body(usage: Usage) -> dict:
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
-    state, principal = state_of(request), principal_of(request)
-    state.check_rate(principal)
-    async with state.preparing(principal):
-        body = await parse_body(request, ChatCompletionRequest)
+    async with admitted_body(request, ChatCompletionRequest) as (state, principal, body):
         _reject_unsupported(body)
-        state.resolve_model(body.model)
         state.require_engine()
         converted = convert_chat_request(body)
         asked = body.max_completion_tokens or body.max_tokens
@@ -72,8 +68,8 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     completion_id = "chatcmpl-" + request_id_of(request).removeprefix("req_")
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     if body.stream:
-        chunks = _ChatChunks(completion_id, body.model, converted, include_usage)
-        return await _stream(request, generation, chunks)
+        chunks = ChatStream(completion_id, body.model, converted, include_usage)
+        return await stream_answer(request, generation, chunks)
     async with generation:
         finished = await generation.result()
     response_body = _chat_body(completion_id, body.model, converted, finished)
@@ -108,7 +104,7 @@ def _tool_call(call, index: int | None = None) -> dict:
     return out
 
 
-class _ChatChunks:
+class ChatStream:
     """chat.completion.chunk objects for one streamed completion."""
 
     def __init__(self, completion_id: str, model: str, converted: ConvertedPrompt,
@@ -127,23 +123,28 @@ class _ChatChunks:
             chunk["usage"] = None
         return chunk
 
-    def start(self) -> list[dict]:
-        return [self._chunk({"role": "assistant", "content": ""})]
+    @property
+    def has_tool_call(self) -> bool:
+        return self.num_calls > 0
 
-    def text(self, text: str) -> list[dict]:
+    def start(self, first) -> list[Frame]:
+        return [(None, self._chunk({"role": "assistant", "content": ""}))]
+
+    def text(self, text: str) -> list[Frame]:
         if self.prefix:
             text, self.prefix = self.prefix + text, ""
         items = self.parser.feed(text) if self.parser else [("text", text)]
-        return [self._item(k, v) for k, v in items if k != "text" or v]
+        return [(None, self._item(k, v)) for k, v in items if k != "text" or v]
 
-    def end(self, finished: Finished) -> list[dict]:
+    def end(self, finished: Finished) -> list[Frame]:
         out = self.text("") if self.prefix else []
-        out += [self._item(k, v) for k, v in (self.parser.finish() if self.parser else [])]
+        out += [(None, self._item(k, v)) for k, v in (self.parser.finish() if self.parser else [])]
         reason = "tool_calls" if self.num_calls else _FINISH.get(finished.reason, "stop")
-        out.append(self._chunk({}, reason))
-        if self.include_usage:
-            out.append({**self.base, "choices": [], "usage": usage_body(finished.usage)})
-        return out
+        out.append((None, self._chunk({}, reason)))
+        return out + _usage_and_done(self.base, self.include_usage, finished)
+
+    def error(self, error: ApiError) -> list[Frame]:
+        return _error_and_done(error)
 
     def _item(self, kind: str, value) -> dict:
         if kind == "text":
@@ -152,39 +153,13 @@ class _ChatChunks:
         return self._chunk({"tool_calls": [_tool_call(value, self.num_calls - 1)]})
 
 
-async def _stream(request: web.Request, generation: Generation, chunks) -> web.StreamResponse:
-    async with generation:
-        first = await generation.first_event()
-        response = await open_stream(request)
-        try:
-            for chunk in chunks.start():
-                await send_event(response, chunk)
-            if isinstance(first, TextDelta):
-                for chunk in chunks.text(first.text):
-                    await send_event(response, chunk)
-                async for event in generation.rest():
-                    if isinstance(event, TextDelta):
-                        for chunk in chunks.text(event.text):
-                            await send_event(response, chunk)
-            await _stream_end(response, generation.finished, chunks)
-            if chunks.num_calls:
-                generation.expect_continuation()
-        except ConnectionResetError:
-            pass
-    return response
+def _usage_and_done(base: dict, include_usage: bool, finished: Finished) -> list[Frame]:
+    usage = [(None, {**base, "choices": [], "usage": usage_body(finished.usage)})]
+    return (usage if include_usage else []) + [(None, "[DONE]")]
 
 
-async def _stream_end(response, finished: Finished, chunks) -> None:
-    if finished.reason is FinishReason.ERROR:
-        error = from_engine(finished.error_kind, finished.error_message, finished.request_id)
-        await response.write(error.sse_event(Api.OPENAI).encode())
-    elif finished.reason is FinishReason.ABORTED:
-        error = ApiError(Kind.OVERLOADED, finished.error_message or "request aborted")
-        await response.write(error.sse_event(Api.OPENAI).encode())
-    else:
-        for chunk in chunks.end(finished):
-            await send_event(response, chunk)
-    await send_event(response, "[DONE]")
+def _error_and_done(error: ApiError) -> list[Frame]:
+    return [(None, error.body(Api.OPENAI)), (None, "[DONE]")]
 
 
 # -- /v1/completions ----------------------------------------------------------------------
@@ -220,15 +195,11 @@ def _given_tokens(state, body: CompletionRequest, room: int, max_tokens: int) ->
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
-    state, principal = state_of(request), principal_of(request)
-    state.check_rate(principal)
-    async with state.preparing(principal):
-        body = await parse_body(request, CompletionRequest)
+    async with admitted_body(request, CompletionRequest) as (state, principal, body):
         _reject_unsupported(body)
         if body.echo or body.suffix:
             raise ApiError(Kind.BAD_REQUEST, "echo and suffix are not supported",
                            param="echo" if body.echo else "suffix")
-        state.resolve_model(body.model)
         engine = state.require_engine()
         max_tokens = body.max_tokens or 16
         room = room_for_prompt(engine.max_model_len, max_tokens)
@@ -241,8 +212,8 @@ async def completions(request: web.Request) -> web.StreamResponse:
     completion_id = "cmpl-" + request_id_of(request).removeprefix("req_")
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     if body.stream:
-        return await _stream(request, generation,
-                             _TextChunks(completion_id, body.model, include_usage))
+        return await stream_answer(request, generation,
+                                   CompletionStream(completion_id, body.model, include_usage))
     async with generation:
         finished = await generation.result()
     choice = {"index": 0, "text": finished.text, "logprobs": None,
@@ -253,12 +224,11 @@ async def completions(request: web.Request) -> web.StreamResponse:
                               "system_fingerprint": None})
 
 
-class _TextChunks:
+class CompletionStream:
     def __init__(self, completion_id: str, model: str, include_usage: bool):
         self.base = {"id": completion_id, "object": "text_completion",
                      "created": int(time.time()), "model": model, "system_fingerprint": None}
         self.include_usage = include_usage
-        self.num_calls = 0          # plain completions never parse tool calls
 
     def _chunk(self, text: str, finish_reason=None) -> dict:
         chunk = {**self.base, "choices": [{"index": 0, "text": text, "logprobs": None,
@@ -267,17 +237,20 @@ class _TextChunks:
             chunk["usage"] = None
         return chunk
 
-    def start(self) -> list[dict]:
+    has_tool_call = False          # plain completions never parse tool calls
+
+    def start(self, first) -> list[Frame]:
         return []
 
-    def text(self, text: str) -> list[dict]:
-        return [self._chunk(text)] if text else []
+    def text(self, text: str) -> list[Frame]:
+        return [(None, self._chunk(text))] if text else []
 
-    def end(self, finished: Finished) -> list[dict]:
-        out = [self._chunk("", _FINISH.get(finished.reason, "stop"))]
-        if self.include_usage:
-            out.append({**self.base, "choices": [], "usage": usage_body(finished.usage)})
-        return out
+    def end(self, finished: Finished) -> list[Frame]:
+        return ([(None, self._chunk("", _FINISH.get(finished.reason, "stop")))]
+                + _usage_and_done(self.base, self.include_usage, finished))
+
+    def error(self, error: ApiError) -> list[Frame]:
+        return _error_and_done(error)
 
 
 # -- /v1/models ---------------------------------------------------------------------------

@@ -164,9 +164,17 @@ class Generation:
             "finish": event.reason.value}
 
 
+def finished_error(finished: Finished) -> ApiError | None:
+    """The API error of a request that ended in an error or was aborted, else None."""
+    if finished.reason is FinishReason.ERROR:
+        return from_engine(finished.error_kind, finished.error_message, finished.request_id)
+    if finished.reason is FinishReason.ABORTED:
+        return ApiError(Kind.OVERLOADED, finished.error_message or
+                        "the request was aborted (server shutting down)")
+    return None
+
+
 def raise_if_error(event: Finished) -> None:
-    if event.reason is FinishReason.ERROR:
-        raise from_engine(event.error_kind, event.error_message, event.request_id)
-    if event.reason is FinishReason.ABORTED:
-        raise ApiError(Kind.OVERLOADED,
-                       event.error_message or "the request was aborted (server shutting down)")
+    error = finished_error(event)
+    if error is not None:
+        raise error

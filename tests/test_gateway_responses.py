@@ -2,11 +2,10 @@
 tool_calls, stop reasons map per API, usage fields add up, streams split calls from text."""
 from __future__ import annotations
 
-import asyncio
 import json
 
-from radixgate.gateway.anthropic_api import _BlockWriter, message_body, usage_body
-from radixgate.gateway.openai_api import _chat_body, _ChatChunks
+from radixgate.gateway.anthropic_api import MessageStream, message_body, usage_body
+from radixgate.gateway.openai_api import ChatStream, _chat_body
 from radixgate.gateway.prompt_parts import ConvertedPrompt
 from radixgate.gateway.render import Conversation
 from radixgate.gateway.tools import forced_call_prefill
@@ -71,11 +70,13 @@ def test_openai_chat_body_usage_and_tool_calls():
 
 
 def test_openai_stream_chunks_carry_tool_call_deltas_and_final_usage():
-    chunks = _ChatChunks("c", "g", WITH_TOOLS, include_usage=True)
-    out = chunks.start()
+    stream = ChatStream("c", "g", WITH_TOOLS, include_usage=True)
+    frames = stream.start(None)
     for piece in ("Sure ", CALL[:15], CALL[15:]):
-        out += chunks.text(piece)
-    out += chunks.end(finished("Sure " + CALL))
+        frames += stream.text(piece)
+    frames += stream.end(finished("Sure " + CALL))
+    assert frames[-1] == (None, "[DONE]")
+    out = [data for _, data in frames[:-1]]
     deltas = [c["choices"][0]["delta"] for c in out if c["choices"]]
     assert deltas[0] == {"role": "assistant", "content": ""}
     assert {"content": "Sure "} in deltas
@@ -83,38 +84,24 @@ def test_openai_stream_chunks_carry_tool_call_deltas_and_final_usage():
     assert len(calls) == 1 and calls[0]["index"] == 0 and calls[0]["function"]["name"] == "get_weather"
     assert out[-2]["choices"][0]["finish_reason"] == "tool_calls"
     assert out[-1]["choices"] == [] and out[-1]["usage"]["prompt_tokens"] == 100
+    assert stream.has_tool_call
 
 
-class _Collect:
-    """Stands in for the HTTP stream: keeps the SSE frames written to it."""
-
-    def __init__(self):
-        self.frames: list[bytes] = []
-
-    async def write(self, data: bytes) -> None:
-        self.frames.append(data)
-
-    def events(self) -> list[dict]:
-        return [json.loads(f.decode().split("data: ", 1)[1]) for f in self.frames]
-
-
-def test_anthropic_stream_writer_opens_and_closes_blocks_in_order():
-    sink = _Collect()
-
-    async def run():
-        writer = _BlockWriter(sink, WITH_TOOLS)
-        for piece in ("Let me ", "check. ", CALL[:20], CALL[20:], "\n"):
-            await writer.feed(piece)
-        await writer.finish()
-        return writer
-
-    writer = asyncio.run(run())
-    events = sink.events()
+def test_anthropic_stream_opens_and_closes_blocks_in_order():
+    stream = MessageStream(WITH_TOOLS, "claude", "msg_1")
+    frames = []
+    for piece in ("Let me ", "check. ", CALL[:20], CALL[20:], "\n"):
+        frames += stream.text(piece)
+    frames += stream.end(finished("Let me check. " + CALL + "\n"))
+    assert all(name == data["type"] for name, data in frames)
+    events = [data for _, data in frames]
     kinds = [(e["type"], e.get("index")) for e in events]
-    assert kinds == [("content_block_start", 0), ("content_block_delta", 0),
-                     ("content_block_delta", 0), ("content_block_stop", 0),
-                     ("content_block_start", 1), ("content_block_delta", 1),
-                     ("content_block_stop", 1)]
+    assert kinds[:7] == [("content_block_start", 0), ("content_block_delta", 0),
+                         ("content_block_delta", 0), ("content_block_stop", 0),
+                         ("content_block_start", 1), ("content_block_delta", 1),
+                         ("content_block_stop", 1)]
+    assert kinds[-2:] == [("message_delta", None), ("message_stop", None)]
     assert events[4]["content_block"]["type"] == "tool_use"
     assert json.loads(events[5]["delta"]["partial_json"]) == {"city": "Paris"}
-    assert writer.has_tool
+    assert stream.has_tool_call
+    assert events[-2]["delta"]["stop_reason"] == "tool_use"
