@@ -1,0 +1,90 @@
+"""The import graph, as an import-graph tool (grimp) sees the package: every subpackage is
+visible through radixgate/ (a symlink per top-level folder), dependencies point downwards
+only (DESIGN.md section 1) and no modules import each other in a cycle."""
+from __future__ import annotations
+
+import grimp
+import pytest
+
+LAYERS = ("radixgate.gateway", "radixgate.runtime", "radixgate.kernels", "radixgate.radix_cache")
+
+
+@pytest.fixture(scope="module")
+def graph():
+    return grimp.build_graph("radixgate", exclude_type_checking_imports=True)
+
+
+def test_the_tool_sees_every_subpackage_and_their_imports(graph):
+    for package in LAYERS:
+        assert len(graph.find_children(package)) >= 5, package
+    imported = graph.find_modules_directly_imported_by("radixgate.gateway.service")
+    assert "radixgate.runtime.api" in imported
+
+
+@pytest.mark.parametrize("lower, upper", [(LAYERS[j], LAYERS[i]) for i in range(len(LAYERS))
+                                          for j in range(i + 1, len(LAYERS))])
+def test_dependencies_point_downwards(graph, lower, upper):
+    chain = graph.find_shortest_chain(importer=lower, imported=upper, as_packages=True)
+    assert chain is None, f"{lower} reaches {upper} through {chain}"
+
+
+def test_gateway_never_imports_the_kernels_itself(graph):
+    """The gateway never touches a tensor: it reaches kernels only through the runtime."""
+    direct = [(m, i) for m in graph.find_descendants("radixgate.gateway")
+              for i in graph.find_modules_directly_imported_by(m)
+              if i == "radixgate.kernels" or i.startswith("radixgate.kernels.")]
+    assert direct == []
+
+
+def test_no_import_cycles(graph):
+    cycles = import_cycles({m: graph.find_modules_directly_imported_by(m) for m in graph.modules})
+    assert cycles == [], cycles
+
+
+def import_cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    on_stack: set[str] = set()
+    stack: list[str] = []
+    cycles: list[list[str]] = []
+    for root in sorted(edges):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(edges[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is None:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    component = _pop_component(stack, on_stack, node)
+                    if len(component) > 1:
+                        cycles.append(sorted(component))
+            elif child not in index:
+                index[child] = low[child] = len(index)
+                stack.append(child)
+                on_stack.add(child)
+                work.append((child, iter(sorted(edges.get(child, ())))))
+            elif child in on_stack:
+                low[node] = min(low[node], index[child])
+    return cycles
+
+
+def _pop_component(stack: list[str], on_stack: set[str], root: str) -> list[str]:
+    component = []
+    while True:
+        member = stack.pop()
+        on_stack.discard(member)
+        component.append(member)
+        if member == root:
+            return component
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    assert import_cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
