@@ -21,7 +21,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from radixgate.gateway.auth import PUBLIC_NAMESPACE, namespace_for
 from radixgate.gateway.cache_stats import build_stats
 from radixgate.gateway.errors import ApiError, Kind
-from radixgate.gateway.http_util import (parse_body, principal_of, require_admin, state_of)
+from radixgate.gateway.http_util import (parse_body, principal_of, read_body, require_admin,
+                                         state_of)
 from radixgate.gateway.prompt_parts import TTL_SECONDS
 from radixgate.gateway.render import ChatMessage, Conversation, Piece, render_prompt
 from radixgate.runtime.api import Breakpoint, Request, SamplingParams
@@ -101,7 +102,7 @@ async def flush(request: web.Request) -> web.Response:
 
 
 async def _optional_body(request: web.Request, model):
-    if request.can_read_body and (await request.read()).strip():
+    if request.can_read_body and (await read_body(request)).strip():
         return await parse_body(request, model)
     return model()
 

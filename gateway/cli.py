@@ -41,6 +41,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int)
     _model_flags(serve)
     serve.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    serve.add_argument("--body-timeout-s", type=float,
+                       help="seconds a request body may take to arrive (else 408)")
+    serve.add_argument("--max-unsent-events", type=int,
+                       help="events a streaming client may leave unread before its request ends")
+    serve.add_argument("--stream-send-buffer-bytes", type=int,
+                       help="kernel send buffer of a streaming response (0: the kernel's)")
     serve.add_argument("--no-prefix-cache", dest="enable_prefix_cache", action="store_false",
                        default=None, help="compute every prompt in full (benchmark baseline)")
     serve.add_argument("--page-rounded-match", action="store_true", default=None,
@@ -77,7 +83,8 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
     overrides = {"model": args.model, "tiny": args.tiny, "kv_cache_gb": args.kv_cache_gb,
                  "block_size": args.block_size, "max_model_len": args.max_model_len,
                  "threads": _threads_override(args.threads)}
-    for name in ("host", "port", "log_level", "enable_prefix_cache", "page_rounded_match"):
+    for name in ("host", "port", "log_level", "enable_prefix_cache", "page_rounded_match",
+                 "body_timeout_s", "max_unsent_events", "stream_send_buffer_bytes"):
         overrides[name] = getattr(args, name, None)
     if getattr(args, "plain_lru", None):
         overrides["continuation_ticks"] = overrides["branch_ticks"] = 0

@@ -30,6 +30,9 @@ class ServerConfig:
     max_queue: int = 256             # waiting requests beyond this: overloaded
     request_timeout_s: float = 600.0
     max_body_bytes: int = 8 * 1024 * 1024
+    body_timeout_s: float = 30.0     # the whole body must arrive within this: else 408
+    max_unsent_events: int = 4096    # a stream's events its client left unread: beyond, it ends
+    stream_send_buffer_bytes: int = 262144   # kernel send buffer of a stream (0: the kernel's)
     shutdown_grace_s: float = 10.0
     log_level: str = "info"
 
@@ -95,6 +98,9 @@ class GatewayConfig:
 _FLAG_FIELDS = {
     "host": ("server", "host"), "port": ("server", "port"), "log_level": ("server", "log_level"),
     "max_queue": ("server", "max_queue"),
+    "body_timeout_s": ("server", "body_timeout_s"),
+    "max_unsent_events": ("server", "max_unsent_events"),
+    "stream_send_buffer_bytes": ("server", "stream_send_buffer_bytes"),
     "model": ("model", "path"), "tiny": ("model", "tiny"), "kv_cache_gb": ("model", "kv_cache_gb"),
     "block_size": ("model", "block_size"), "max_model_len": ("model", "max_model_len"),
     "model_name": ("model", "name"),
@@ -209,6 +215,9 @@ def _validate(cfg: GatewayConfig) -> None:
                           "model.probation_ticks must be >= 0 (0: none)")
     if not (0 <= s.port <= 65535) or s.max_queue < 1:
         raise ConfigError("server.port must be 0..65535 and max_queue >= 1")
+    if s.body_timeout_s <= 0 or s.max_unsent_events < 1 or s.stream_send_buffer_bytes < 0:
+        raise ConfigError("server.body_timeout_s must be > 0, max_unsent_events >= 1 and "
+                          "stream_send_buffer_bytes >= 0 (0: the kernel's choice)")
     seen: dict[str, str] = {k: "admin" for k in cfg.admin_keys}
     for t in cfg.tenants:
         if t.name in (PUBLIC_NAMESPACE, "admin") or not t.name:

@@ -7,6 +7,7 @@ while reading, which the middleware maps too.
 """
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import TypeVar
 
@@ -48,7 +49,7 @@ def _reject_constant(name: str):
 
 
 async def read_json(request: web.Request) -> object:
-    raw = await request.read()
+    raw = await read_body(request)
     if not raw:
         raise ApiError(Kind.BAD_REQUEST, "request body is empty; expected a JSON object")
     try:
@@ -61,6 +62,19 @@ async def read_json(request: web.Request) -> object:
     except ValueError as e:
         raise ApiError(Kind.BAD_REQUEST, f"request body is not valid JSON: {e}") from None
     return data
+
+
+async def read_body(request: web.Request) -> bytes:
+    """The whole body within ``[server] body_timeout_s`` (a client that sends it slowly
+    holds a connection and a tenant's preparing slot), else 408 (aiohttp then reads the
+    rest for at most its 10 s lingering time before it closes the connection)."""
+    limit = state_of(request).config.server.body_timeout_s
+    try:
+        async with asyncio.timeout(limit):
+            return await request.read()
+    except TimeoutError:
+        raise ApiError(Kind.BODY_TIMEOUT, f"the request body did not arrive within {limit:g} "
+                                          "seconds ([server] body_timeout_s)") from None
 
 
 async def parse_body(request: web.Request, model: type[M]) -> M:

@@ -103,7 +103,7 @@ def _get(summary: str, ok: dict, error: str = "OpenAIError", codes=(401, 503),
 
 
 def _paths() -> dict:
-    gen = (400, 401, 404, 413, 429, 503)
+    gen = (400, 401, 404, 408, 413, 429, 503)
     admin = (400, 401, 403, 503)
     return {
         "/v1/messages": {"post": _post("Create a message (Anthropic)", "MessagesRequest",

@@ -7,11 +7,19 @@ client that went away raises ``ConnectionResetError`` (or cancels the handler, w
 from __future__ import annotations
 
 import json
+import socket
 
 from aiohttp import web
 
+from radixgate.gateway.http_util import state_of
+
 
 async def open_stream(request: web.Request) -> web.StreamResponse:
+    """Sends the 200. The connection's kernel send buffer is capped at
+    ``[server] stream_send_buffer_bytes`` (Linux autotunes it up to 4 MB on loopback): a
+    client that reads nothing then blocks the handler's writes soon, so its unsent events
+    pile up in the request's queue, where ``max_unsent_events`` bounds them."""
+    _cap_send_buffer(request, state_of(request).config.server.stream_send_buffer_bytes)
     response = web.StreamResponse(status=200, headers={
         "Content-Type": "text/event-stream; charset=utf-8",
         "Cache-Control": "no-cache",
@@ -19,6 +27,12 @@ async def open_stream(request: web.Request) -> web.StreamResponse:
     })
     await response.prepare(request)
     return response
+
+
+def _cap_send_buffer(request: web.Request, size: int) -> None:
+    sock = request.transport.get_extra_info("socket") if request.transport else None
+    if size > 0 and sock is not None:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, size)
 
 
 async def send_event(response: web.StreamResponse, data: dict | str, event: str | None = None

@@ -47,6 +47,7 @@ def engine_config(config: GatewayConfig):
                         block_size=config.model.block_size,
                         max_model_len=config.model.max_model_len,
                         max_queue=config.server.max_queue, tenant_quotas=quotas,
+                        max_unsent_events=config.server.max_unsent_events,
                         enable_prefix_cache=config.model.enable_prefix_cache,
                         page_rounded_match=config.model.page_rounded_match,
                         eviction=EvictionPolicy(

@@ -29,7 +29,7 @@ from radixgate.radix_cache import PUBLIC_NAMESPACE
 from .api import Breakpoint, ErrorKind, Event, Finished, FinishReason, Request, SamplingParams, Usage
 from .core import EngineCore
 from .engine_config import EngineConfig
-from .handle import AsyncSink, RequestHandle
+from .handle import SLOW_READER_MESSAGE, AsyncSink, RequestHandle
 from .output import Finish
 from .stats import EngineSnapshot, empty_snapshot
 from .trace import RequestTrace
@@ -81,9 +81,17 @@ class Engine:
         """Queues a request; call from a running asyncio loop. Its events arrive on the
         returned handle (TextDelta..., then one Finished). Never raises for a bad request:
         the handle yields a Finished with reason error instead."""
-        sink = AsyncSink(asyncio.get_running_loop())
+        limit = self.config.max_unsent_events
+        sink = AsyncSink(asyncio.get_running_loop(), limit,
+                         lambda: self._stop_slow_reader(request.request_id, limit))
         self._enqueue_request(request, sink)
         return RequestHandle(request.request_id, sink, self.abort)
+
+    def _stop_slow_reader(self, request_id: str, limit: int) -> None:
+        """The request's reader left ``limit`` events unread: end it (its blocks go back)."""
+        message = SLOW_READER_MESSAGE.format(limit=limit)
+        self._command(self.core.abort, request_id,
+                      Finish(FinishReason.ERROR, kind=ErrorKind.TIMEOUT, message=message))
 
     def generate(self, request: Request, on_event: Callable[[Event], None] | None = None,
                  timeout: float | None = None) -> Finished:

@@ -43,6 +43,8 @@ class EngineConfig:
     ``record_logits`` keeps each request's per-step logits and top-2 gaps for
     ``Engine.debug_trace`` (tests of the near-tie rule; costs memory).
     ``pin_share`` bounds all pinned tokens together to this share of the KV budget.
+    ``max_unsent_events``: a request submitted from asyncio whose reader leaves more events
+    than this unread is ended with a TIMEOUT error (``handle.AsyncSink``; None: no bound).
     ``share_wait_min_tokens``: a waiting request whose prompt shares at least this many more
     tokens with a prompt being prefilled than it matches in the tree waits for that prefill
     (``None``: one block).
@@ -66,6 +68,7 @@ class EngineConfig:
     pin_share: float = 0.5
     share_wait_min_tokens: int | None = None
     snapshot_interval_s: float = 0.25
+    max_unsent_events: int | None = None
     top_prefixes: int = 10
 
     def __post_init__(self) -> None:

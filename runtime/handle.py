@@ -2,6 +2,13 @@
 
 The engine thread calls ``sink.put(event)``; it never blocks and never raises (a closed
 event loop just drops the event: its consumer is gone).
+
+A reader that falls behind (its handler stuck writing to a client that does not read) must
+not make the queue grow without bound: past ``max_unsent`` events put but not yet taken,
+the sink calls ``on_overflow`` once (the engine ends the request, freeing its blocks),
+drops every later TextDelta and keeps the final Finished. On the loop, the handle then
+gives its consumer ``SLOW_READER_GRACE_S`` seconds to finish (read that Finished and tell
+its client) before it cancels the consumer task, which closes the connection.
 """
 from __future__ import annotations
 
@@ -10,17 +17,65 @@ from collections.abc import Callable
 
 from .api import Event, Finished
 
+SLOW_READER_GRACE_S = 5.0
+SLOW_READER_MESSAGE = ("the client read its stream too slowly: more than {limit} events were "
+                       "waiting to be sent, so the request was stopped")
+
 
 class AsyncSink:
-    """Feeds an asyncio.Queue that lives on ``loop`` (thread-safe via call_soon_threadsafe)."""
+    """Feeds an asyncio.Queue that lives on ``loop`` (thread-safe via call_soon_threadsafe).
 
-    def __init__(self, loop: asyncio.AbstractEventLoop):
+    ``max_unsent``: events queued but not yet taken before the sink overflows (None: no
+    bound). ``on_overflow`` runs once, on the thread that puts (the engine thread): it must
+    not block. ``on_overflow_loop`` (set by the handle) runs once on the loop after it.
+    The two counters each have one writer (``_put`` the putting thread, ``_taken`` the
+    loop), so their difference needs no lock; it may be stale by an event or two.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, max_unsent: int | None = None,
+                 on_overflow: Callable[[], object] | None = None):
         self.loop = loop
         self.queue: asyncio.Queue[Event] = asyncio.Queue()
+        self.max_unsent = max_unsent
+        self.on_overflow = on_overflow
+        self.on_overflow_loop: Callable[[], object] | None = None
+        self.overflowed = False
+        self._put = 0
+        self._taken = 0
+
+    @property
+    def unsent(self) -> int:
+        """Events put and not yet taken by the reader."""
+        return self._put - self._taken
 
     def put(self, event: Event) -> None:
+        if not isinstance(event, Finished):
+            if self.overflowed:
+                return
+            if self.max_unsent is not None and self.unsent >= self.max_unsent:
+                self._overflow()
+                return
+        self._put += 1
+        self._call(self.queue.put_nowait, event)
+
+    async def get(self) -> Event:
+        event = await self.queue.get()
+        self._taken += 1
+        return event
+
+    def _overflow(self) -> None:
+        self.overflowed = True
+        if self.on_overflow is not None:
+            self.on_overflow()
+        self._call(self._overflowed_on_loop)
+
+    def _overflowed_on_loop(self) -> None:
+        if self.on_overflow_loop is not None:
+            self.on_overflow_loop()
+
+    def _call(self, fn: Callable, *args) -> None:
         try:
-            self.loop.call_soon_threadsafe(self.queue.put_nowait, event)
+            self.loop.call_soon_threadsafe(fn, *args)
         except RuntimeError:   # the loop is closed: nobody is listening any more
             pass
 
@@ -30,13 +85,19 @@ class RequestHandle:
     events and then exactly one Finished, after which iteration stops. ``abort()`` is
     idempotent; a Finished(reason="aborted") follows if the request had not ended. Used as
     ``async with handle:`` it aborts on exit when the request is still running (for example
-    when the consuming task is cancelled because its client disconnected)."""
+    when the consuming task is cancelled because its client disconnected).
+
+    The first task that iterates the handle is its consumer: when the sink overflows (the
+    consumer stopped taking events), that task is cancelled unless it is done (it read the
+    Finished and told its client) within ``SLOW_READER_GRACE_S`` seconds."""
 
     def __init__(self, request_id: str, sink: AsyncSink, abort: Callable[[str], object]):
         self.request_id = request_id
         self._sink = sink
         self._abort = abort
+        self._consumer: asyncio.Task | None = None
         self.finished: Finished | None = None
+        sink.on_overflow_loop = self._reader_fell_behind
 
     def __aiter__(self) -> "RequestHandle":
         return self
@@ -44,7 +105,9 @@ class RequestHandle:
     async def __anext__(self) -> Event:
         if self.finished is not None:
             raise StopAsyncIteration
-        event = await self._sink.queue.get()
+        if self._consumer is None:
+            self._consumer = asyncio.current_task()
+        event = await self._sink.get()
         if isinstance(event, Finished):
             self.finished = event
         return event
@@ -59,6 +122,13 @@ class RequestHandle:
     def abort(self) -> None:
         if self.finished is None:
             self._abort(self.request_id)
+
+    def _reader_fell_behind(self) -> None:
+        self._sink.loop.call_later(SLOW_READER_GRACE_S, self._cancel_stuck_consumer)
+
+    def _cancel_stuck_consumer(self) -> None:
+        if self._consumer is not None and not self._consumer.done():
+            self._consumer.cancel()
 
     async def __aenter__(self) -> "RequestHandle":
         return self
