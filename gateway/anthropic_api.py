@@ -47,8 +47,9 @@ async def messages(request: web.Request) -> web.StreamResponse:
                                    top_p=body.top_p, top_k=body.top_k, seed=None,
                                    stop=body.stop_sequences)
         rendered = await render_request(state, principal, converted, reserved=body.max_tokens)
-    engine_req = engine_request(state, principal, request_id_of(request), rendered.tokens,
-                                rendered.breakpoints, sampling, body.cache_salt)
+        engine_req = await engine_request(state, principal, request_id_of(request),
+                                          rendered.tokens, rendered.breakpoints, sampling,
+                                          body.cache_salt)
     generation = Generation(state, request, principal, "anthropic", engine_req)
     message_id = "msg_" + request_id_of(request).removeprefix("req_")
     if body.stream:

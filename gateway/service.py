@@ -17,6 +17,7 @@ from radixgate.gateway.http_util import ACCESS
 from radixgate.gateway.prepare import render_bounded, room_for_prompt
 from radixgate.gateway.render import RenderedPrompt
 from radixgate.gateway.state import GatewayState
+from radixgate.runtime.stop import compile_stops, stop_problem
 from radixgate.runtime.api import (Breakpoint, Finished, FinishReason, Request, SamplingParams,
                                    TextDelta)
 
@@ -58,15 +59,21 @@ async def render_request(state: GatewayState, principal: Principal, converted,
                                     principal.tenant).inc)
 
 
-def engine_request(state: GatewayState, principal: Principal, request_id: str,
-                   tokens: list[int], breakpoints: tuple[Breakpoint, ...],
-                   sampling: SamplingParams, cache_salt: str | None = None) -> Request:
-    """The engine Request: tenant and namespace come from the key, never from the body."""
+async def engine_request(state: GatewayState, principal: Principal, request_id: str,
+                         tokens: list[int], breakpoints: tuple[Breakpoint, ...],
+                         sampling: SamplingParams, cache_salt: str | None = None) -> Request:
+    """The engine Request: tenant and namespace come from the key, never from the body.
+    Its stop strings are compiled here, in a worker thread (call it inside the tenant's
+    preparing slot), so the engine thread never spends time on them."""
     timeout = state.config.server.request_timeout_s
+    automaton = None
+    if sampling.stop and stop_problem(sampling.stop) is None:
+        automaton = await asyncio.to_thread(compile_stops, sampling.stop)
     return Request(tokens=tokens, sampling=sampling, tenant=principal.tenant,
                    namespace=namespace_for(principal.tenant, cache_salt),
                    breakpoints=breakpoints, deadline=time.monotonic() + timeout,
-                   use_public=principal.limits.use_public_prefixes, request_id=request_id)
+                   use_public=principal.limits.use_public_prefixes, request_id=request_id,
+                   stop_automaton=automaton)
 
 
 class Generation:

@@ -132,9 +132,12 @@ class StopMatcher:
     feed returns nothing. ``steps`` counts automaton transitions and failure-link steps.
     """
 
-    def __init__(self, stops: tuple[str, ...] | list[str]):
+    def __init__(self, stops: tuple[str, ...] | list[str],
+                 automaton: StopAutomaton | None = None):
+        """``automaton``: ``compile_stops(stops)`` built beforehand (else on the first feed)."""
         self.stops = tuple(s for s in stops if s)
-        self._automaton: StopAutomaton | None = None
+        self._automaton = automaton if automaton is not None and automaton.stops == self.stops \
+            else None
         self._state = 0
         self._pending = ""   # text received but not yet emitted: the state's string
         self.stopped: str | None = None

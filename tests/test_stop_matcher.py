@@ -8,7 +8,7 @@ from hypothesis import given, settings, strategies as st
 from radixgate.runtime.api import SamplingParams
 from radixgate.runtime.sampling import validate_sampling
 from radixgate.runtime.stop import (MAX_STOP_LENGTH, MAX_STOP_STRINGS, StopAutomaton,
-                                    StopMatcher, StopResult, stop_problem)
+                                    StopMatcher, StopResult, compile_stops, stop_problem)
 
 
 class BruteForceStops:
@@ -119,3 +119,30 @@ def test_validate_sampling_refuses_stops_over_the_limits():
     assert "stop strings" in validate_sampling(too_many, 100)
     assert "too long" in validate_sampling(too_long, 100)
     assert validate_sampling(SamplingParams(max_tokens=4, stop=("s",)), 100) is None
+
+
+def test_a_prebuilt_automaton_is_used_and_a_mismatched_one_ignored():
+    stops = ("alpha", "beta")
+    built = compile_stops(stops)
+    matcher = StopMatcher(stops, built)
+    assert matcher.feed("xx alpha yy").stop == "alpha"
+    assert matcher._automaton is built
+    other = StopMatcher(("gamma",), built)          # built for other strings: not used
+    assert other.feed("a gamma").stop == "gamma"
+    assert other._automaton is not built
+
+
+async def test_the_gateway_compiles_stop_strings_off_the_engine_thread():
+    from types import SimpleNamespace
+
+    from radixgate.gateway.service import engine_request, sampling_params
+    state = SimpleNamespace(config=SimpleNamespace(server=SimpleNamespace(request_timeout_s=9)))
+    principal = SimpleNamespace(tenant="acme", limits=SimpleNamespace(use_public_prefixes=False))
+    sampling = sampling_params(max_tokens=4, temperature=0, top_p=None, top_k=None, seed=None,
+                               stop=["END", "STOP"])
+    request = await engine_request(state, principal, "req_1", [1, 2], (), sampling)
+    assert request.stop_automaton is not None and request.stop_automaton.stops == ("END", "STOP")
+    too_many = sampling_params(max_tokens=4, temperature=0, top_p=None, top_k=None, seed=None,
+                               stop=[f"s{i}" for i in range(65)])
+    refused = await engine_request(state, principal, "req_2", [1, 2], (), too_many)
+    assert refused.stop_automaton is None            # the engine refuses it (400): no work here
