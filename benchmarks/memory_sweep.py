@@ -10,11 +10,11 @@ top of it. Policies:
 
 - ``radixgate``     ``radixgate.radix_cache.RadixTree`` with its own eviction: leaves'
                     partly filled last blocks first, then LRU with credits for expected
-                    continuations and branching prefixes (``EvictionPolicy``), trimming a
+                    continuations and branching prefixes (``CreditPolicy``), trimming a
                     victim leaf's tail instead of dropping all of it when that frees enough. A request whose response is a tool
                     call (the session's next request carries it as an assistant
                     ``tool_use``) is followed by ``expect_continuation``, as the gateway does;
-- ``plain_lru``     the same tree with plain LRU order (``LRU``: no credits, partial
+- ``plain_lru``     the same tree with plain LRU order (``LRUPolicy``: no credits, partial
                     blocks in LRU order with the rest);
 - ``page_rounded``  a hash-block cache: the radixgate tree holding whole blocks only (a
                     prompt's partial last block is computed but not cached, so it takes no
@@ -51,7 +51,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-from radixgate.radix_cache import LRU, BlockPool, EvictionPolicy, RadixTree
+from radixgate.radix_cache import BlockPool, CacheConfig, RadixTree, make_policy
 
 from benchmarks.belady import SESSION_POLICIES, BeladyCache
 
@@ -100,10 +100,11 @@ def _blocks(num_tokens: int, block_size: int) -> int:
 
 
 def replay_radix(trace: Trace, block_size: int, budget_blocks: int | None,
-                 round_to_block: bool = False, policy: EvictionPolicy = EvictionPolicy(),
+                 round_to_block: bool = False, policy: str = "credit",
                  tool_calls: Sequence[bool] | None = None,
                  cached: Sequence[Sequence[int]] | None = None) -> Replay:
-    """Replay through the real ``RadixTree`` with eviction ``policy``; ``None`` = unlimited
+    """Replay through the real ``RadixTree`` with eviction ``policy`` (``"credit"`` with
+    its default parameters, or ``"lru"``); ``None`` = unlimited
     memory. ``round_to_block``: a hash-block cache (reuse and caching in whole blocks only).
     ``tool_calls[i]``: request ``i``'s response is a tool call (the tree is told to expect
     its continuation, as the gateway does). ``cached[i]``: what the server keeps after
@@ -114,7 +115,7 @@ def replay_radix(trace: Trace, block_size: int, budget_blocks: int | None,
     total = sum(_blocks(len(t), block_size) for t in cached)
     capacity = total + 1 if budget_blocks is None else budget_blocks + largest + 1
     pool = BlockPool(capacity, block_size)
-    tree = RadixTree(pool, policy=policy)
+    tree = RadixTree(pool, policy=make_policy(CacheConfig(policy=policy)))
     reused_total = prompt_total = peak = 0
     for index, (namespace, tokens) in enumerate(trace):
         match = tree.match(namespace, tokens)
@@ -178,7 +179,7 @@ def sweep_trace(name: str, trace: Trace, block_size: int = 16,
                                       tool_calls=tool_calls).hit_rate,
             belady=replay_belady(trace, block_size, budget).hit_rate,
             belady_trim=replay_belady(trace, block_size, budget, trim_tails=True).hit_rate,
-            plain_lru=replay_radix(trace, block_size, budget, policy=LRU).hit_rate,
+            plain_lru=replay_radix(trace, block_size, budget, policy="lru").hit_rate,
             **_session_oracles(trace, block_size, budget, sessions)))
         if progress is not None:
             progress.update(1)

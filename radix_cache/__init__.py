@@ -4,12 +4,12 @@ See DESIGN.md section 3 for the reference, lock and copy-on-write rules.
 """
 
 from .config import CacheConfig, CreditParams, make_policy
-from .eviction import LRU, EvictionPolicy
 from .events import CacheEvent
 from .integrity import IntegrityError
 from .node import LockHandle, token_array
+from .policy import CreditPolicy, EvictionPolicy, LRUPolicy
 from .pool import BlockPool, BlockPoolError, OutOfBlocks
-from .stats import InsertResult, MatchResult, NamespaceStats, PrefixInfo, TreeStats
+from .stats import InsertResult, MatchResult, NamespaceStats, PrefixInfo, Probe, TreeStats
 from .tree import RadixTree
 
 # The namespace of published prefixes (``Engine.publish``), which tenants that opt in also
@@ -17,7 +17,8 @@ from .tree import RadixTree
 PUBLIC_NAMESPACE = "public"
 
 __all__ = [
-    "BlockPool", "BlockPoolError", "CacheConfig", "CacheEvent", "CreditParams", "EvictionPolicy", "InsertResult",
-    "IntegrityError", "LockHandle", "LRU", "MatchResult", "NamespaceStats", "OutOfBlocks",
-    "PrefixInfo", "PUBLIC_NAMESPACE", "RadixTree", "TreeStats", "make_policy", "token_array",
+    "BlockPool", "BlockPoolError", "CacheConfig", "CacheEvent", "CreditParams", "CreditPolicy",
+    "EvictionPolicy", "InsertResult", "IntegrityError", "LockHandle", "LRUPolicy", "MatchResult",
+    "NamespaceStats", "OutOfBlocks", "PrefixInfo", "Probe", "PUBLIC_NAMESPACE", "RadixTree",
+    "TreeStats", "make_policy", "token_array",
 ]

@@ -8,7 +8,6 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
-from . import pins
 from .node import TOKEN_BYTES, TreeNode, first_token
 
 if TYPE_CHECKING:
@@ -40,6 +39,8 @@ def expected_locks(tree: RadixTree) -> dict[TreeNode, int]:
 class _Recount:
     def __init__(self, tree: RadixTree):
         self.tree = tree
+        self.policy = tree.policy
+        self.now = tree.clock()
         self.B = tree.block_size
         self.locks = expected_locks(tree)
         self.node_refs = [0] * tree.pool.num_blocks
@@ -57,6 +58,7 @@ class _Recount:
                  f"{where}: holds {len(node.blocks)} blocks, covers {expected_blocks}")
         _require(len(set(node.blocks)) == len(node.blocks), f"{where}: holds a block twice")
         _require(node.own_blocks == node.count_own_blocks(), f"{where}: stale own-block count")
+        _require(node.policy_state is not None, f"{where}: unknown to the eviction policy")
         _require(parent.parent is None or node.hits <= parent.hits,
                  f"{where}: more hits than its parent (top prefixes rely on it: reports.py)")
         want = self.locks.get(node, 0)
@@ -72,9 +74,12 @@ class _Recount:
             self.evictable_blocks += node.own_blocks
             if not node.children:
                 watched = node.pin is not None and node.pin.watched
-                _require(node.in_heap or watched, f"{where}: evictable leaf missing from the LRU heap")
+                _require(self.policy.is_queued(node) or watched,
+                         f"{where}: evictable leaf missing from the eviction queue")
         if node.pin is not None:
             self.pinned.add(node)
+            _require(node.pin.watched or node.pin.expiry <= self.now,
+                     f"{where}: unexpired pin not watched (its expiry would go unseen)")
 
     def walk(self) -> None:
         for ns in self.tree.namespaces:
@@ -131,22 +136,24 @@ def _check_counters(tree: RadixTree, r: _Recount) -> None:
     }
     for name, (kept, counted) in pairs.items():
         _require(kept == counted, f"counter {name} is {kept}, recount gives {counted}")
-    _require(tree.pinned_nodes == r.pinned, "pinned-node registry disagrees with the nodes' pins")
+    _require(tree.pins.nodes == r.pinned, "pinned-node registry disagrees with the nodes' pins")
     held = {block: n for block, n in enumerate(r.node_refs) if n}
     _require(tree.block_holders == held, "block_holders disagrees with the nodes' block lists")
 
 
 def _check_pin_totals(tree: RadixTree) -> None:
-    """The running ``PinTotals`` equal a walk over every unexpired pin's path."""
-    totals = tree._settled_pin_totals()
+    """The running pin totals equal a walk over every unexpired pin's path."""
+    totals = tree.pins.totals(tree.clock())
     now = tree.clock()
     owners: dict[str, set] = {}
-    for node in tree.pinned_nodes:
+    nodes: set[TreeNode] = set()
+    for node in tree.pins.nodes:
         _require(node.pin.counted == (node.pin.expiry > now),
                  f"pin at {node.end} counted={node.pin.counted} but expires at {node.pin.expiry}")
         if node.pin.counted:
-            owners.setdefault(node.pin.owner, set()).update(pins.pinned_path_nodes_of(node))
-    nodes = pins.pinned_path_nodes(tree)
+            owners.setdefault(node.pin.owner, set()).update(node.path())
+            nodes.update(node.path())
+    _require(set(tree.pins.paths) == nodes, "pinned-path marks disagree with the pins' paths")
     blocks: dict[int, int] = {}
     by_ns: dict[str, int] = {}
     for node in nodes:

@@ -24,7 +24,6 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import TYPE_CHECKING
 
-from . import removal
 from .node import TreeNode
 
 if TYPE_CHECKING:
@@ -170,28 +169,7 @@ def enforce_cap(tree: RadixTree, tenant: str) -> int:
             break
         if ns.users or ns.locks:
             continue
-        freed += evict_namespace(tree, ns)
+        freed += tree.evict_unpinned(ns)
         if not ns.in_use:              # dropped (evicted to nothing)
             excess -= 1
-    if tree.queue.size() > 2 * tree.num_nodes + 1024:
-        tree.queue.compact()           # the heaps would keep the removed nodes alive
-    return freed
-
-
-def evict_namespace(tree: RadixTree, ns: Namespace) -> int:
-    """Remove every unlocked node of ``ns`` that is not on the path to an unexpired pin
-    (children first; an expired pin goes as a ``ttl`` eviction, the rest as ``lru``). The
-    namespace is dropped when that empties it and nothing else holds it. Returns blocks
-    freed."""
-    tree._settled_pin_totals()               # expired pins no longer mark their paths
-    freed = 0
-    stack: list[tuple[TreeNode, bool]] = [(ns.root, False)]
-    while stack:
-        node, children_done = stack.pop()
-        if not children_done:
-            stack.append((node, True))
-            stack.extend((child, False) for child in node.children.values())
-        elif (node.parent is not None and not node.children and node.lock_ref == 0
-              and not node.pin_paths):
-            freed += removal.remove_leaf(tree, node, "ttl" if node.pin is not None else "lru")
     return freed

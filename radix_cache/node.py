@@ -1,4 +1,4 @@
-"""Tree nodes, lock handles, pins, and the compact token encoding the tree compares on.
+"""Tree nodes, lock handles, and the compact token encoding the tree compares on.
 
 Tokens are stored as packed native int32 bytes (4 bytes a token): an edge matches a query
 slice with one bytes comparison (a memcmp), never a per-token Python loop. A query is packed
@@ -11,10 +11,8 @@ from __future__ import annotations
 import struct
 from array import array
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 TOKEN_BYTES = 4
-MAX_BRANCHES = 256            # distinct continuations counted per node (eviction credit)
 assert array("i").itemsize == TOKEN_BYTES, "radix_cache needs a 4-byte C int"
 _first_token = struct.Struct("i").unpack_from
 
@@ -65,35 +63,20 @@ def common_prefix_tokens(key: bytes, data: bytes, offset: int) -> int:
     return lo
 
 
-@dataclass(slots=True, eq=False)
-class Pin:
-    """A pin keeps its node (and so its whole path) from eviction until ``expiry``.
-
-    Every hit sets ``expiry = now + ttl_s``. ``watched`` is True while the pin has an entry
-    in the eviction queue's expiry heap; ``counted`` while it is in the pinned totals.
-    """
-
-    ttl_s: float
-    owner: str
-    expiry: float
-    watched: bool = False
-    counted: bool = False             # in the tree's ``PinTotals``
-    settle_at: float | None = None    # time of its newest ``PinTotals`` due entry
-
-
 class TreeNode:
     """An edge of the radix tree covering token positions ``[start, end)``.
 
     ``blocks`` holds the block ids for block indices ``start // B .. (end - 1) // B``; when
     ``start`` falls inside a block the parent holds that boundary block too (each holder has
     its own reference). ``own_blocks`` counts the blocks the parent does not hold.
-    ``lock_ref`` is the number of lock handles at or below this node.
+    ``lock_ref`` is the number of lock handles at or below this node; ``hits`` the matches
+    that reached it or a descendant; ``pin`` its pin (``pins.Pin``), if any.
+    ``policy_state`` belongs to the tree's eviction policy (``policy/``): nothing else reads
+    or writes it.
     """
 
     __slots__ = ("key", "start", "end", "blocks", "children", "parent", "ns", "lock_ref",
-                 "last_access", "hits", "pin", "in_heap", "alive", "own_blocks", "branches",
-                 "branch_tokens", "expected_access", "heap_key", "pin_paths", "in_partials",
-                 "probation", "child_reuses", "passes")
+                 "hits", "pin", "alive", "own_blocks", "policy_state")
 
     def __init__(self, key: bytes, start: int, end: int, blocks: list[int],
                  parent: TreeNode | None, ns):
@@ -105,39 +88,11 @@ class TreeNode:
         self.parent = parent
         self.ns = ns                # the Namespace this node belongs to
         self.lock_ref = 0
-        self.last_access = 0        # logical tick of the last match/insert touching it
-        self.hits = 0               # matches that reached this node or a descendant
-        self.pin: Pin | None = None
-        self.in_heap = False        # has an entry in the LRU heap
+        self.hits = 0
+        self.pin = None
         self.alive = True
         self.own_blocks = 0
-        self.branches = 0           # distinct continuations ever created below it
-        self.branch_tokens: set[int] | None = None   # their first tokens (up to MAX_BRANCHES)
-        self.expected_access = 0    # tick by which a continuation is expected (0: none)
-        self.heap_key = 0.0         # eviction key of its newest heap entry (if in_heap)
-        self.in_partials = False    # has an entry in the partial-tail heap
-        self.probation = False      # new content nobody has matched yet (admission.py)
-        self.child_reuses = 0       # continuations that came back (admission.py)
-        self.passes = 0             # matches that went through all of it
-        self.pin_paths: dict[str, int] | None = None   # owner -> counted pins at or below
-
-    def record_branch(self, token: int) -> None:
-        """A child starting with ``token`` was created below this node. Counts distinct
-        first tokens only, so a continuation that is evicted and cached again is not a new
-        branch; saturates at ``MAX_BRANCHES``."""
-        tokens = self.branch_tokens
-        if tokens is None:
-            tokens = self.branch_tokens = set()
-        if token not in tokens and len(tokens) < MAX_BRANCHES:
-            tokens.add(token)
-            self.branches = min(self.branches + 1, MAX_BRANCHES)
-
-    def branches_now_start_with(self, token: int) -> None:
-        """The node lost its tail (a trim), so every continuation created below its old end
-        now starts with ``token``: re-caching one of them is not a new branch. The count
-        is kept."""
-        if self.branch_tokens is not None:
-            self.branch_tokens = {token}
+        self.policy_state = None
 
     @property
     def num_tokens(self) -> int:
@@ -148,6 +103,16 @@ class TreeNode:
         parent_blocks = self.parent.blocks if self.parent is not None else ()
         shared = bool(parent_blocks) and parent_blocks[-1] == self.blocks[0]
         return len(self.blocks) - shared
+
+    def path(self) -> list[TreeNode]:
+        """This node and its ancestors down from the namespace root (root excluded)."""
+        path = []
+        node = self
+        while node.parent is not None:
+            path.append(node)
+            node = node.parent
+        path.reverse()
+        return path
 
     def path_tokens(self) -> tuple[int, ...]:
         """All token ids from the namespace root down to this node's end."""

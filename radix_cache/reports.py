@@ -29,7 +29,7 @@ MAX_VISITS_PER_PREFIX = 256
 
 
 def tree_stats(tree: RadixTree, per_namespace: bool = True) -> TreeStats:
-    pinned = tree._settled_pin_totals()
+    pinned = tree.pins.totals(tree.clock())
     pinned_by_ns = pinned.tokens_by_namespace
     namespaces = {
         ns.name: NamespaceStats(ns.nodes, ns.cached_tokens, ns.queries, ns.query_tokens,
@@ -42,7 +42,7 @@ def tree_stats(tree: RadixTree, per_namespace: bool = True) -> TreeStats:
         evictable_tokens=tree.evictable_tokens,
         locked_tokens=tree.locked_tokens,
         pinned_tokens=pinned.tokens,
-        num_pins=len(tree.pinned_nodes),
+        num_pins=len(tree.pins.nodes),
         cached_blocks=len(tree.block_holders),
         evictable_blocks=tree.evictable_blocks,
         pinned_blocks=len(pinned.block_holders),

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 def freeable_blocks(tree: RadixTree, path: Sequence[TreeNode] = (), length: int = 0) -> int:
     """Blocks eviction could free now, after a match of ``length`` tokens along ``path``
-    (``pins.walk``'s result; empty: no match) has locked what it covers."""
+    (the nodes a walk finds; empty: no match) has locked what it covers."""
     pinned = unlocked_pinned_path_nodes(tree)
     held = sum(node.own_blocks for node in pinned)
     for node in path:
@@ -47,7 +47,7 @@ def unlocked_pinned_path_nodes(tree: RadixTree) -> set[TreeNode]:
     """Unlocked nodes on the paths to unexpired pins (eviction never takes them)."""
     now = tree.clock()
     seen: set[TreeNode] = set()
-    for pinned in tree.pinned_nodes:
+    for pinned in tree.pins.nodes:
         if pinned.pin.expiry <= now:
             continue
         node = pinned

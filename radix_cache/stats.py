@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from .node import LockHandle
+
+if TYPE_CHECKING:
+    from .node import TreeNode
 
 EVICTION_REASONS = ("lru", "ttl", "flush")
 
@@ -23,6 +28,25 @@ class MatchResult:
     blocks: list[int]
     handle: LockHandle
     last_block_partial: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Probe:
+    """What ``RadixTree.probe`` found: ``length`` tokens of ``tokens`` are cached in
+    ``namespace``, ending in ``node`` (the tree's, read only; None: nothing cached).
+
+    Current while ``tree.version == version`` (nothing added, removed or trimmed since;
+    splits keep it valid): then ``match(namespace, tokens, probe=)`` and
+    ``freeable_blocks(probe)`` reuse it instead of walking the tree again. A stale probe
+    is never wrong there (``match`` walks again), only its ``length`` may be out of date.
+    """
+
+    namespace: str
+    tokens: Sequence[int]
+    num_tokens: int
+    length: int
+    node: TreeNode | None
+    version: int
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,10 @@ Reference, lock and copy-on-write rules are those of DESIGN.md section 3:
   ``insert`` adds references for the blocks new nodes take and never drops the caller's.
 A match that ends inside a node splits it there and locks only the matched head, so the
 unmatched tail stays evictable (and ``evictable_blocks`` counts exactly what eviction frees).
-Only the engine thread may call into a tree (it is not thread-safe).
+
+The tree owns its structure (match, insert, split, removal, locks); its eviction policy
+(``policy/``) only orders the leaves, its ``Pins`` (pins.py) keep pinned paths and their
+totals. Only the engine thread may call into a tree (it is not thread-safe).
 """
 
 from __future__ import annotations
@@ -18,42 +21,42 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable, Sequence
 
-from . import namespaces, pins, removal, reports
-from .admission import Sightings, admit_leaf
-from .eviction import EvictionPolicy, EvictionQueue
+from . import integrity, namespaces, reports, room
+from .config import CreditParams
 from .events import CacheEvent, EventSink
 from .namespaces import Namespace, NamespaceTable
-from .node import TOKEN_BYTES, LockHandle, TreeNode, common_prefix_tokens, first_token
+from .node import TOKEN_BYTES, LockHandle, TreeNode, common_prefix_tokens, first_token, match_edge
 from .packing import QueryPacker
-from .pin_totals import PinTotals
+from .pins import Pins
+from .policy import CreditPolicy, EvictionPolicy
 from .pool import BlockPool
-from .stats import EVICTION_REASONS, InsertResult, MatchResult, PrefixInfo, TreeStats
+from .stats import EVICTION_REASONS, InsertResult, MatchResult, PrefixInfo, Probe, TreeStats
 
 
 class RadixTree:
     """Per-namespace radix trees over one ``BlockPool``.
 
-    ``clock`` (seconds) drives pin expiry only; eviction order (``policy``: LRU plus
-    credits for expected continuations and for branching prefixes) uses a logical tick
-    bumped by every match and insert. ``on_event`` receives a ``CacheEvent`` for each node
-    stored or removed. Counters read by the engine: ``evictable_blocks`` (own blocks of unlocked
-    nodes, pinned ones included), ``handles`` (live lock handles), ``pinned_nodes``.
+    ``clock`` (seconds) drives pin expiry only; eviction order is ``policy``'s (one policy
+    object per tree; default: the credit policy with default parameters). ``on_event``
+    receives a ``CacheEvent`` for each node stored or removed. Counters read by the engine:
+    ``evictable_blocks`` (own blocks of unlocked nodes, pinned ones included), ``handles``
+    (live lock handles), ``pinned_nodes``. ``version`` changes whenever a node is added,
+    removed or trimmed (not at a split): a ``Probe`` is current while it is unchanged.
     """
 
     def __init__(self, pool: BlockPool, clock: Callable[[], float] = time.monotonic,
-                 on_event: EventSink | None = None,
-                 policy: EvictionPolicy = EvictionPolicy()):
+                 on_event: EventSink | None = None, policy: EvictionPolicy | None = None):
         self.pool = pool
         self.block_size = pool.block_size
         self.clock = clock
         self.on_event = on_event
         self.namespaces = NamespaceTable()
-        self.queue = EvictionQueue(policy, pool.block_size)
+        self.policy = policy if policy is not None else CreditPolicy(CreditParams())
+        self.policy.bind(pool.block_size)
+        self.pins = Pins()
         self.packer = QueryPacker()
         self.handles: set[LockHandle] = set()     # handles holding at least one lock
-        self.pinned_nodes: set[TreeNode] = set()
-        self.pin_totals = PinTotals()              # what unexpired pins hold, kept current
-        self.tick = 0                              # logical LRU clock
+        self.version = 0
         self.num_nodes = 0
         self.cached_tokens = 0
         self.evictable_tokens = 0                  # tokens of unlocked nodes
@@ -62,23 +65,43 @@ class RadixTree:
         self.block_holders: dict[int, int] = {}    # block -> number of nodes holding it
         self.evictions = dict.fromkeys(EVICTION_REASONS, 0)
         self.evicted_tokens = dict.fromkeys(EVICTION_REASONS, 0)
-        self.sightings = Sightings()               # contents inserted as new leaves
 
-    # ---- match / insert -------------------------------------------------------------
+    # ---- probe / match / insert -----------------------------------------------------
 
-    def match(self, namespace: str, tokens: Sequence[int]) -> MatchResult:
+    def probe(self, namespace: str, tokens: Sequence[int]) -> Probe:
+        """The cached prefix of ``tokens`` in ``namespace``, read only: no lock, reference,
+        hit or LRU touch. The result stays usable (``match(..., probe=)``,
+        ``freeable_blocks``) while ``version`` is unchanged; splits keep it valid."""
+        ns = self.namespaces.get(namespace)
+        if ns is None:
+            return Probe(namespace, tokens, len(tokens), 0, None, self.version)
+        path, length = self._walk(ns.root, tokens)
+        return Probe(namespace, tokens, len(tokens), length, path[-1] if path else None,
+                     self.version)
+
+    def peek_length(self, namespace: str, tokens: Sequence[int]) -> int:
+        """Cached prefix length of ``tokens``; read-only: no lock, reference, hit or LRU touch."""
+        return self.probe(namespace, tokens).length
+
+    def match(self, namespace: str, tokens: Sequence[int], probe: Probe | None = None) -> MatchResult:
         """Longest token-exact cached prefix of ``tokens`` in ``namespace``.
 
         Contract: the caller now holds one reference to each returned block (drop each with
         ``pool.decref`` when done) and the path is locked until ``unlock(result.handle)``.
         The blocks are safe to read only up to ``length``; if ``last_block_partial``, copy
-        the last block before writing. Every node touched counts a hit, moves to the back
-        of the LRU order and refreshes its pin's expiry. A match ending inside a node splits
-        it at ``length`` (as the caller's insert would) and locks only the head.
+        the last block before writing. Every node touched counts a hit, is reported to the
+        policy and refreshes its pin's expiry. A match ending inside a node splits it at
+        ``length`` (as the caller's insert would) and locks only the head. ``probe``: this
+        query's current ``probe`` result, reused instead of walking the tree again.
         """
         ns = self.namespaces.get_or_create(namespace)
-        self.tick += 1
-        node, length, blocks = self._descend_for_match(ns.root, tokens, self.packer.pack(tokens))
+        self.policy.next_tick()
+        if self._is_current(probe, namespace, tokens):
+            path, length = self._probe_path(probe), probe.length
+        else:
+            path, length = self._walk(ns.root, tokens, self.packer.pack(tokens))
+        blocks = self._touch_path(path, length)
+        node = path[-1] if path else ns.root
         if length < node.end:
             node = self._split(node, length)    # the unmatched tail stays evictable
         ns.queries += 1
@@ -89,36 +112,60 @@ class RadixTree:
         self.lock(handle)
         return MatchResult(length, blocks, handle, length % self.block_size != 0)
 
-    def _descend_for_match(self, node: TreeNode, tokens: Sequence[int], data: bytes):
-        B, tick, n = self.block_size, self.tick, len(tokens)
-        blocks: list[int] = []
-        pos = 0
-        now = None
+    def _walk(self, root: TreeNode, tokens: Sequence[int], data: bytes | None = None):
+        """Nodes on the cached path of ``tokens`` and the matched length (the last node may
+        be matched only partly: ``length < path[-1].end``). ``data``: ``tokens`` packed
+        (else each edge's slice is packed). Touches nothing."""
+        path, node, pos, n = [], root, 0, len(tokens)
         while pos < n:
             child = node.children.get(tokens[pos])
             if child is None:
                 break
-            if data.startswith(child.key, pos * TOKEN_BYTES):
+            path.append(child)
+            if data is None:
+                pos += match_edge(child.key, tokens, pos)
+            elif data.startswith(child.key, pos * TOKEN_BYTES):
                 pos = child.end
             else:
                 pos += common_prefix_tokens(child.key, data, pos * TOKEN_BYTES)
-            take = (pos - 1) // B - child.start // B + 1
-            del blocks[child.start // B:]
-            blocks.extend(child.blocks[:take])
-            child.last_access = tick
-            child.hits += 1
-            child.probation = False
-            if child.pin is not None:
-                now = self.clock() if now is None else now
-                pins.refresh(self, child, now)
-            parent, node = node, child
             if pos < child.end:
-                break                           # stopped inside: not its continuation
-            child.expected_access = 0           # the expected continuation (if any) came
-            child.passes += 1
-            if child.end - child.start >= B:
-                parent.child_reuses += 1        # a whole continuation came back
-        return node, pos, blocks
+                break
+            node = child
+        return path, pos
+
+    def _is_current(self, probe: Probe | None, namespace: str, tokens: Sequence[int]) -> bool:
+        return (probe is not None and probe.version == self.version
+                and probe.namespace == namespace and probe.tokens is tokens
+                and probe.num_tokens == len(tokens))
+
+    def _probe_path(self, probe: Probe) -> list[TreeNode]:
+        """The path a walk would find now for a current ``probe``: splits since moved its
+        end into a new parent (the lower half keeps the node's identity)."""
+        node = probe.node
+        if node is None:
+            return []
+        while node.start >= probe.length:
+            node = node.parent
+        return node.path()
+
+    def _touch_path(self, path: list[TreeNode], length: int) -> list[int]:
+        """A match of ``length`` along ``path``: hits, pins and the policy told; returns
+        the blocks covering ``[0, length)``."""
+        B, policy = self.block_size, self.policy
+        blocks: list[int] = []
+        now = None
+        parent = path[0].parent if path else None
+        for node in path:
+            end = min(node.end, length)
+            del blocks[node.start // B:]
+            blocks.extend(node.blocks[:(end - 1) // B - node.start // B + 1])
+            node.hits += 1
+            if node.pin is not None:
+                now = self.clock() if now is None else now
+                self.pins.refresh(node, now)
+            policy.on_hit(parent, node, end == node.end)
+            parent = node
+        return blocks
 
     def insert(self, namespace: str, tokens: Sequence[int], blocks: Sequence[int],
                lock: bool = False) -> InsertResult:
@@ -135,7 +182,7 @@ class RadixTree:
             raise ValueError(f"{n} tokens need {-(-n // B)} blocks, got {len(blocks)}")
         ns = self.namespaces.get_or_create(namespace)
         data = self.packer.pack(tokens)
-        self.tick += 1
+        self.policy.next_tick()
         node, pos = ns.root, 0
         cached_before = n
         while pos < n:
@@ -146,7 +193,7 @@ class RadixTree:
                     self._adopt_boundary_block(node, blocks[pos // B])
                 node = self._add_leaf(node, data, pos, n, blocks)
                 break
-            child.last_access = self.tick
+            self.policy.on_touch(child)
             if data.startswith(child.key, pos * TOKEN_BYTES):
                 node, pos = child, child.end
                 continue
@@ -162,13 +209,26 @@ class RadixTree:
             self.namespaces.drop_if_unused(ns)      # nothing inserted into a new namespace
         return InsertResult(cached_before, handle)
 
+    # ---- structure: nodes and their references ---------------------------------------
+
     def _hold_references(self, blocks: Sequence[int]) -> None:
-        """One more node holds each of ``blocks``: a pool reference and a holder count (the
-        twin of ``removal.drop_references``)."""
+        """One more node holds each of ``blocks``: a pool reference and a holder count."""
         self.pool.incref_many(blocks)
         holders = self.block_holders
         for block in blocks:
             holders[block] = holders.get(block, 0) + 1
+
+    def _drop_references(self, blocks: list[int]) -> int:
+        """One node fewer holds each of ``blocks`` (a block may have other holders: its
+        parent at a split inside a block, or a node of another namespace inserted with the
+        same blocks). Returns blocks freed."""
+        holders = self.block_holders
+        for block in blocks:
+            if holders[block] == 1:
+                del holders[block]
+            else:
+                holders[block] -= 1
+        return self.pool.decref_many(blocks)
 
     def _adopt_boundary_block(self, node: TreeNode, block: int) -> None:
         """``node`` ends inside its last block and is being extended by a request whose own
@@ -181,9 +241,9 @@ class RadixTree:
         if old == block or self.block_holders.get(old) != 1:
             return                  # shared with a parent, child or other namespace: keep
         node.blocks[-1] = block
-        self.pin_totals.swap_block(node, old, block)
+        self.pins.swap_block(node, old, block)
         self._hold_references([block])
-        removal.drop_references(self, [old])
+        self._drop_references([old])
         if self.on_event is not None:
             start = max(node.start, (node.end - 1) // self.block_size * self.block_size)
             self.on_event(CacheEvent("removed", node.ns.name, (old,), start, node.end,
@@ -198,14 +258,11 @@ class RadixTree:
         taken = list(blocks[start // B:(end - 1) // B + 1])
         self._hold_references(taken)
         leaf = TreeNode(key, start, end, taken, parent, parent.ns)
-        leaf.last_access = self.tick
         leaf.own_blocks = leaf.count_own_blocks()
-        if parent.parent is not None:
-            parent.record_branch(first_token(key))
-            admit_leaf(self.queue.policy, self.sightings, parent, leaf, data)
         parent.children[first_token(key)] = leaf
         self._count_node(leaf, +1)
-        self.queue.push(leaf)
+        self.version += 1
+        self.policy.on_insert(parent, leaf, data)
         if self.on_event is not None:
             self.on_event(CacheEvent("stored", parent.ns.name, tuple(taken), start, end))
         return leaf
@@ -222,24 +279,95 @@ class RadixTree:
         upper_blocks = node.blocks[:(at - 1) // B - first_index + 1]
         cut = (at - node.start) * TOKEN_BYTES
         upper = TreeNode(node.key[:cut], node.start, at, upper_blocks, node.parent, node.ns)
-        upper.lock_ref, upper.last_access, upper.hits = node.lock_ref, node.last_access, node.hits
-        upper.expected_access = node.expected_access
-        upper.child_reuses = node.passes        # its one continuation so far came back that often
+        upper.lock_ref, upper.hits = node.lock_ref, node.hits
         node.parent.children[first_token(node.key)] = upper
         node.key = node.key[cut:]
         node.blocks = node.blocks[at // B - first_index:]
         node.start, node.parent = at, upper
         upper.children[first_token(node.key)] = node
-        upper.record_branch(first_token(node.key))
-        self.pin_totals.adopt_split(upper, node)
-        self.pin_totals.rehold(node, old_blocks)
+        self.pins.split(upper, node, old_blocks)
         if at % B:
             self._hold_references([node.blocks[0]])
         upper.own_blocks = upper.count_own_blocks()
         node.own_blocks = node.count_own_blocks()
         self.num_nodes += 1
         node.ns.nodes += 1
+        self.policy.on_split(upper, node)
         return upper
+
+    def _remove_leaf(self, node: TreeNode, reason: str) -> int:
+        """Take an unlocked leaf out of the tree: drop its references (and pin), update every
+        counter, emit ``removed``, offer its parent for eviction, drop its namespace when this
+        was the last node and nothing else holds it (namespaces.py). Returns blocks freed."""
+        parent = node.parent
+        del parent.children[first_token(node.key)]
+        freed = self._drop_references(node.blocks)
+        self._count_node(node, -1)
+        node.alive = False
+        self.version += 1
+        if node.pin is not None:
+            self.pins.drop(node)
+        self.policy.on_remove(node)
+        if not node.ns.nodes:
+            self.namespaces.drop_if_unused(node.ns)     # its last node: drop it unless held
+        self.evictions[reason] += 1
+        self.evicted_tokens[reason] += node.num_tokens
+        if self.on_event is not None:
+            self.on_event(CacheEvent("removed", node.ns.name, tuple(node.blocks),
+                                     node.start, node.end, reason))
+        if parent.parent is not None and not parent.children and parent.lock_ref == 0:
+            self.policy.offer(parent)
+        return freed
+
+    def _trim_leaf(self, node: TreeNode, num_blocks: int, reason: str) -> int:
+        """Drop the last ``num_blocks`` (1 ..= ``len(blocks) - 1``) blocks of an unlocked,
+        unpinned leaf: its range shrinks to ``[start, end')`` with ``end'`` on a block
+        boundary, so the cached prefix it still serves stays exact. Emits ``removed`` for
+        the dropped range, counts one eviction, and offers the (shorter) leaf for eviction
+        again. Returns blocks freed."""
+        B = self.block_size
+        keep = len(node.blocks) - num_blocks
+        new_end = (node.start // B + keep) * B
+        dropped = node.blocks[keep:]
+        old_end = node.end
+        self._count_node(node, -1)
+        cut = (new_end - node.start) * TOKEN_BYTES
+        self.policy.on_trim(node, first_token(node.key[cut:]))
+        node.key = node.key[:cut]
+        node.blocks = node.blocks[:keep]
+        node.end = new_end
+        node.own_blocks = node.count_own_blocks()
+        self._count_node(node, +1)
+        self.version += 1
+        freed = self._drop_references(dropped)
+        self.evictions[reason] += 1
+        self.evicted_tokens[reason] += old_end - new_end
+        if self.on_event is not None:
+            self.on_event(CacheEvent("removed", node.ns.name, tuple(dropped), new_end, old_end,
+                                     reason))
+        self.policy.offer(node)
+        return freed
+
+    def _remove_below(self, root: TreeNode, keep: Callable[[TreeNode], bool] | None,
+                      reason: str | None) -> int:
+        """Remove every unlocked node below ``root`` (children first) that ``keep`` does
+        not keep. ``keep`` None (a flush): every pin there is dropped too, and ``reason``
+        names the evictions; else an expired pin goes as ``ttl``, the rest as ``lru``."""
+        freed = 0
+        stack = [(root, False)]
+        while stack:
+            node, children_done = stack.pop()
+            if not children_done:
+                stack.append((node, True))
+                stack.extend((child, False) for child in node.children.values())
+            elif node.parent is None or node.children or node.lock_ref:
+                if keep is None and node.pin is not None:
+                    self._drop_pin(node)
+            elif keep is None:
+                freed += self._remove_leaf(node, reason)
+            elif not keep(node):
+                freed += self._remove_leaf(node, "ttl" if node.pin is not None else "lru")
+        return freed
 
     def _count_node(self, node: TreeNode, sign: int) -> None:
         """Add (+1) or remove (-1) an unlocked node's tokens and blocks from the counters."""
@@ -280,7 +408,7 @@ class RadixTree:
             if node.lock_ref == 0:
                 self._move_lock_state(node, locked=False)
                 if not node.children:
-                    self.queue.push(node)
+                    self.policy.offer(node)
             node = node.parent
         handle.node.ns.locks -= 1
         if not handle.node.ns.locks:
@@ -296,51 +424,50 @@ class RadixTree:
 
     def expect_continuation(self, namespace: str, tokens: Sequence[int]) -> int:
         """A request extending ``tokens`` is expected soon (the response cached with them
-        ends in a tool call): every node on their cached path counts as accessed
-        ``policy.continuation_ticks`` ticks from now; a node where ``tokens`` diverge inside
-        is another request's and is left alone. Touches no hit or LRU counter and locks
-        nothing. Returns how many of ``tokens`` the marked path covers (0: nothing marked)."""
+        ends in a tool call): the policy is told about every node on their cached path (the
+        credit policy counts them as accessed ``continuation_ticks`` from now); a node where
+        ``tokens`` diverge inside is another request's and is left out. Touches no hit
+        counter and locks nothing. Returns how many of ``tokens`` the marked path covers
+        (0: nothing marked)."""
         ns = self.namespaces.get(namespace)
         if ns is None:
             return 0
-        path, length = pins.walk(ns.root, tokens)
+        path, length = self._walk(ns.root, tokens)
         if path and length < min(path[-1].end, len(tokens)):
             path.pop()              # diverges inside it: another request's tail, not ours
-        until = self.tick + self.queue.policy.continuation_ticks
-        for node in path:
-            node.expected_access = max(node.expected_access, until)
+        self.policy.expect(path)
         return min(length, path[-1].end) if path else 0
 
     def evict(self, num_blocks: int) -> int:
-        """Evict unlocked leaves, smallest ``policy.key`` first (least recently used, with
-        credits for expected continuations and branching prefixes; with
-        ``policy.partial_tails_first``, leaves first give back their partly filled last
-        blocks, in the same order), until ``num_blocks``
-        own blocks are freed or nothing evictable is left; returns the blocks that went back
-        to the pool. A leaf larger than what is still needed loses only its tail (whole blocks;
-        its prefix stays cached and matchable) instead of all of it, so eviction frees no
-        more than it must. Leaves with an unexpired pin are skipped; an evicted expired pin
-        counts as a ``ttl`` eviction, everything else as ``lru``.
+        """Evict unlocked leaves in the policy's order (partly filled last blocks first
+        when it says so) until ``num_blocks`` own blocks are freed or nothing evictable is
+        left; returns the blocks that went back to the pool. A leaf larger than what is
+        still needed loses only its tail (whole blocks; its prefix stays cached and
+        matchable) instead of all of it, so eviction frees no more than it must. Leaves with
+        an unexpired pin are skipped; an evicted expired pin counts as a ``ttl`` eviction,
+        everything else as ``lru``.
         """
         now = self.clock()
-        if self.queue.size() > 2 * self.num_nodes + 1024:
-            self.queue.compact()
-        self.queue.release_expired(now)
+        self._compact_if_large()
+        for node in self.pins.release_expired(now):
+            self.policy.offer(node)
+        protected = lambda node: self.pins.protects(node, now)  # noqa: E731
         freed = 0
         while freed < num_blocks:
-            partial = self.queue.pop_partial_tail(now)
+            partial = self.policy.pop_partial_tail()
             if partial is not None:
                 if self.block_holders.get(partial.blocks[-1]) == 1:
-                    freed += removal.trim_leaf(self, partial, 1, "lru")
+                    freed += self._trim_leaf(partial, 1, "lru")
                 continue
-            node = self.queue.pop(now)
+            node = self.policy.pop_victim(protected)
             if node is None:
                 break
             still_needed = num_blocks - freed
-            if removal.trimmable_blocks(node) >= still_needed:
-                freed += removal.trim_leaf(self, node, still_needed, "lru")
+            trimmable = 0 if node.pin is not None else len(node.blocks) - 1
+            if trimmable >= still_needed:
+                freed += self._trim_leaf(node, still_needed, "lru")
             else:
-                freed += removal.remove_leaf(self, node, "ttl" if node.pin is not None else "lru")
+                freed += self._remove_leaf(node, "ttl" if node.pin is not None else "lru")
         return freed
 
     def flush(self, namespace: str | None = None) -> int:
@@ -348,40 +475,108 @@ class RadixTree:
         ones included, and drop every pin there; returns the blocks freed."""
         freed = 0
         for ns in self.namespaces.select(namespace):
-            freed += removal.flush_below(self, ns.root)
-        self.queue.compact()
+            freed += self._remove_below(ns.root, None, "flush")
+        self.policy.compact()
+        self.pins.compact()
         return freed
 
-    # ---- pins, reports, integrity (see pins.py, reports.py, integrity.py) -------------
+    def evict_unpinned(self, ns: Namespace) -> int:
+        """Remove every unlocked node of ``ns`` that is not on the path to an unexpired pin
+        (an expired pin goes as a ``ttl`` eviction, the rest as ``lru``); the namespace is
+        dropped when that empties it and nothing else holds it. Returns blocks freed."""
+        pins = self.pins
+        pins.totals(self.clock())               # expired pins no longer mark their paths
+        freed = self._remove_below(ns.root, pins.on_path, None)
+        self._compact_if_large()
+        return freed
+
+    def _compact_if_large(self) -> None:
+        """Drop stale queue entries once they outnumber the nodes (and pins) well."""
+        if self.policy.size() > 2 * self.num_nodes + 1024:
+            self.policy.compact()
+        if len(self.pins.expiries) > 2 * len(self.pins.nodes) + 1024:
+            self.pins.compact()
+
+    def freeable_blocks(self, probe: Probe | None = None) -> int:
+        """Blocks eviction could free now (room.py), after a match of the current ``probe``
+        (None: no match) has locked what it covers."""
+        if probe is None or not probe.length:
+            return room.freeable_blocks(self)
+        return room.freeable_blocks(self, self._probe_path(probe), probe.length)
+
+    # ---- pins -----------------------------------------------------------------------
 
     def pin(self, namespace: str, tokens: Sequence[int], ttl_s: float, owner: str = "") -> int:
         """Pin the node at the longest cached prefix of ``tokens`` (split off if needed)
         for ``ttl_s`` seconds after each hit; returns the pinned length (0: nothing cached).
         Re-pinning the same node replaces its pin. Quotas are the caller's to enforce
         (see ``pinned_tokens(owner)``)."""
-        return pins.pin(self, namespace, tokens, ttl_s, owner)
+        if ttl_s < 0:
+            raise ValueError(f"ttl_s must be >= 0, got {ttl_s}")
+        ns = self.namespaces.get(namespace)
+        if ns is None:
+            return 0
+        path, length = self._walk(ns.root, tokens)
+        if length == 0:
+            return 0
+        node = path[-1]
+        if length < node.end:
+            node = self._split(node, length)
+        self.pins.set(node, ttl_s, owner, self.clock())
+        return length
 
     def unpin(self, namespace: str, tokens: Sequence[int]) -> bool:
         """Remove the deepest pin on the cached path of ``tokens``; False when there is none."""
-        return pins.unpin(self, namespace, tokens)
+        ns = self.namespaces.get(namespace)
+        if ns is None:
+            return False
+        path, length = self._walk(ns.root, tokens)
+        for node in reversed(path):
+            if node.end <= length and node.pin is not None:
+                self._drop_pin(node)
+                return True
+        return False
+
+    def _drop_pin(self, node: TreeNode) -> None:
+        """Remove ``node``'s pin; an unlocked leaf becomes an eviction candidate again."""
+        self.pins.drop(node)
+        if node.alive and not node.children and node.lock_ref == 0:
+            self.policy.offer(node)
+
+    @property
+    def pinned_nodes(self) -> set[TreeNode]:
+        """Nodes with a pin (expired ones included until evicted or re-armed)."""
+        return self.pins.nodes
 
     def pinned_tokens(self, owner: str | None = None) -> int:
         """Distinct tokens on paths to unexpired pins (of ``owner``, or of everyone).
         Kept current as pins come and go: no walk over the pins."""
-        totals = self._settled_pin_totals()
+        totals = self.pins.totals(self.clock())
         return totals.tokens if owner is None else totals.tokens_by_owner.get(owner, 0)
 
     def pinned_block_count(self) -> int:
         """Number of distinct blocks held by nodes on paths to unexpired pins."""
-        return len(self._settled_pin_totals().block_holders)
+        return len(self.pins.totals(self.clock()).block_holders)
 
     def pinned_blocks(self) -> set[int]:
         """Distinct blocks held by nodes on paths to unexpired pins (a copy)."""
-        return set(self._settled_pin_totals().block_holders)
+        return set(self.pins.totals(self.clock()).block_holders)
 
-    def _settled_pin_totals(self) -> PinTotals:
-        self.pin_totals.settle(self.clock())
-        return self.pin_totals
+    def pinned_prefix(self, namespace: str, tokens: Sequence[int], owner: str) -> int:
+        """How much of ``tokens`` ``owner`` has pinned already in ``namespace``: the end of
+        the deepest node on their cached path that lies on one of owner's pinned paths
+        (those are prefix-closed), capped at len(tokens)."""
+        self.pins.totals(self.clock())          # settles expired pins first
+        ns = self.namespaces.get(namespace)
+        if ns is None:
+            return 0
+        path, _ = self._walk(ns.root, tokens)
+        for node in reversed(path):
+            if self.pins.on_path(node, owner):
+                return min(node.end, len(tokens))
+        return 0
+
+    # ---- reports, integrity, namespaces (reports.py, integrity.py, namespaces.py) ----
 
     def held_blocks(self) -> set[int]:
         """Blocks referenced by at least one node."""
@@ -400,8 +595,6 @@ class RadixTree:
         """Each namespace owner's ``n`` most hit nodes, from its own namespaces only."""
         return reports.top_prefixes_by_tenant(self, n)
 
-    # ---- namespace lifetime (see namespaces.py) ---------------------------------------
-
     def open_namespace(self, namespace: str, tenant: str,
                        max_namespaces: int | None = None) -> Namespace:
         """A request of ``tenant`` will use ``namespace``: it stays alive until the matching
@@ -414,18 +607,11 @@ class RadixTree:
         unlock); an unused namespace is dropped."""
         namespaces.close_namespace(self, namespace)
 
+    def namespace(self, name: str) -> Namespace | None:
+        return self.namespaces.get(name)
+
     def check_integrity(self, extra_holders: Iterable[Sequence[int]] = ()) -> None:
         """Recount every holder, refcount, lock and counter; raise IntegrityError on a
         mismatch. ``extra_holders``: the block tables of everyone else holding references
         (running requests, blocks a caller got from ``match`` and still holds)."""
-        from .integrity import check_tree
-
-        check_tree(self, extra_holders)
-
-    def namespace(self, name: str) -> Namespace | None:
-        return self.namespaces.get(name)
-
-    def peek_length(self, namespace: str, tokens: Sequence[int]) -> int:
-        """Cached prefix length of ``tokens``; read-only: no lock, reference, hit or LRU touch."""
-        ns = self.namespaces.get(namespace)
-        return 0 if ns is None else pins.walk(ns.root, tokens)[1]
+        integrity.check_tree(self, extra_holders)

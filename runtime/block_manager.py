@@ -8,8 +8,11 @@ Implements DESIGN.md sections 2-3 for one sequence at a time (the scheduler deci
   last block into a private block (copy-on-write), allocate the rest (evicting unlocked cache
   when short, and only when that makes room). On failure or an exception everything taken
   is given back: the match's references and lock, the private copy.
-- ``may_fit``: the same count before matching, exact (``radix_cache.room``): free blocks
-  plus what eviction can free against the blocks admission would allocate.
+- ``may_fit``: the same count before matching, exact (``RadixTree.freeable_blocks``): free
+  blocks plus what eviction can free against the blocks admission would allocate.
+- ``probe``: one read-only walk per namespace searched (``RadixTree.probe``), kept for the
+  scheduling pass and reused by ``peek_length``, ``may_fit`` and ``match`` while the tree's
+  ``version`` is unchanged (``forget_probes`` at every step).
 - ``insert_prefilled``: the computed tokens go into the tree and the request's lock moves to
   the node ending at them (with ``page_rounded``, as a hash-block cache, whole blocks only).
 - ``release``: insert what was computed (``tokens[:num_computed]``, i.e. prompt +
@@ -19,17 +22,32 @@ Only the engine thread calls these.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-from radixgate.radix_cache import PUBLIC_NAMESPACE, BlockPool, RadixTree
-from radixgate.radix_cache.pins import walk
-from radixgate.radix_cache.room import freeable_blocks
+from radixgate.radix_cache import PUBLIC_NAMESPACE, BlockPool, Probe, RadixTree
 
 from .sequence import Sequence
 
 
 def _ceil_div(a: int, b: int) -> int:
     return -(-a // b)
+
+
+@dataclass(frozen=True, slots=True)
+class SeqProbe:
+    """A sequence's cached prefixes: in its own namespace and (when it opts in) ``public``."""
+
+    seq: Sequence
+    own: Probe
+    public: Probe | None
+
+    @property
+    def best(self) -> Probe:
+        """The longer of the two (own on a tie): the one ``match`` keeps."""
+        public = self.public
+        return public if public is not None and public.length > self.own.length else self.own
 
 
 class BlockManager:
@@ -41,6 +59,26 @@ class BlockManager:
         self.block_size = pool.block_size
         self.enable_prefix_cache = enable_prefix_cache
         self.page_rounded = page_rounded
+        self.probes: dict[int, SeqProbe] = {}     # id(seq) -> its probe (this step's)
+
+    # -- probing ------------------------------------------------------------------------
+    def probe(self, seq: Sequence) -> SeqProbe:
+        """seq's cached prefixes (reads only), walking the tree only when the kept probe is
+        missing or the tree changed since (prefix cache on only)."""
+        kept = self.probes.get(id(seq))
+        if (kept is not None and kept.seq is seq and kept.own.version == self.tree.version
+                and kept.own.num_tokens == len(seq.tokens)):
+            return kept
+        public = None
+        if seq.request.use_public and seq.namespace != PUBLIC_NAMESPACE:
+            public = self.tree.probe(PUBLIC_NAMESPACE, seq.tokens)
+        kept = self.probes[id(seq)] = SeqProbe(seq, self.tree.probe(seq.namespace, seq.tokens),
+                                               public)
+        return kept
+
+    def forget_probes(self) -> None:
+        """A new scheduling pass: probes are kept for one pass only."""
+        self.probes.clear()
 
     # -- matching -----------------------------------------------------------------------
     def match(self, seq: Sequence):
@@ -48,10 +86,11 @@ class BlockManager:
         or None when the prefix cache is off."""
         if not self.enable_prefix_cache:
             return None
-        found = self.tree.match(seq.namespace, seq.tokens)
-        if seq.request.use_public and seq.namespace != PUBLIC_NAMESPACE:
+        probe = self.probe(seq)
+        found = self.tree.match(seq.namespace, seq.tokens, probe=probe.own)
+        if probe.public is not None:
             try:
-                public = self.tree.match(PUBLIC_NAMESPACE, seq.tokens)
+                public = self.tree.match(PUBLIC_NAMESPACE, seq.tokens, probe=probe.public)
             except BaseException:
                 self.release_match(found)
                 raise
@@ -65,10 +104,7 @@ class BlockManager:
         (orders a tenant's queue longest-prefix-first)."""
         if not self.enable_prefix_cache:
             return 0
-        best = _peek(self.tree, seq.namespace, seq.tokens)
-        if seq.request.use_public and seq.namespace != PUBLIC_NAMESPACE:
-            best = max(best, _peek(self.tree, PUBLIC_NAMESPACE, seq.tokens))
-        return best
+        return self.probe(seq).best.length
 
     def may_fit(self, seq: Sequence, reuse: bool = True) -> bool:
         """Checked before matching (reads only): could ``admit`` find seq's blocks now, with
@@ -77,23 +113,13 @@ class BlockManager:
         blocks plus what eviction can free once the match has locked the matched path (only
         the matched head of a node the match ends inside) and leaving pinned paths alone."""
         n = len(seq.tokens)
-        matched, path = self._peek_path(seq) if reuse else (0, [])
+        best = self.probe(seq).best if reuse and self.enable_prefix_cache else None
+        matched = best.length if best is not None else 0
         need = self.blocks_to_allocate(self.reuse_length(matched, n), n)
         free = self.pool.num_free()
         if need <= free:
             return True
-        return self.enable_prefix_cache and need <= free + freeable_blocks(self.tree, path, matched)
-
-    def _peek_path(self, seq: Sequence) -> tuple[int, list]:
-        """(length, path) of the match ``match`` would return (reads only)."""
-        if not self.enable_prefix_cache:
-            return 0, []
-        found = _peek_walk(self.tree, seq.namespace, seq.tokens)
-        if seq.request.use_public and seq.namespace != PUBLIC_NAMESPACE:
-            public = _peek_walk(self.tree, PUBLIC_NAMESPACE, seq.tokens)
-            if public[0] > found[0]:
-                found = public
-        return found
+        return self.enable_prefix_cache and need <= free + self.tree.freeable_blocks(best)
 
     def blocks_to_allocate(self, reuse: int, num_tokens: int) -> int:
         """Fresh blocks a sequence of ``num_tokens`` reusing ``reuse`` tokens takes: all but
@@ -154,7 +180,7 @@ class BlockManager:
         free = self.pool.num_free()
         if num_blocks <= free:
             return True
-        if not self.enable_prefix_cache or num_blocks > free + freeable_blocks(self.tree):
+        if not self.enable_prefix_cache or num_blocks > free + self.tree.freeable_blocks():
             return False
         return self.make_room(num_blocks)
 
@@ -226,17 +252,3 @@ class BlockManager:
     def pin(self, seq: Sequence, offset: int, ttl_s: float) -> int:
         return self.tree.pin(seq.namespace, seq.tokens[:offset], ttl_s, owner=seq.tenant)
 
-
-def _peek(tree: RadixTree, namespace: str, tokens) -> int:
-    """The cached prefix length in ``namespace`` (reads only: no lock, hit or LRU touch)."""
-    space = tree.namespace(namespace)
-    return 0 if space is None else walk(space.root, tokens)[1]
-
-
-def _peek_walk(tree: RadixTree, namespace: str, tokens) -> tuple[int, list]:
-    """(cached prefix length, nodes on its path) in ``namespace``; reads only."""
-    space = tree.namespace(namespace)
-    if space is None:
-        return 0, []
-    path, length = walk(space.root, tokens)
-    return length, path

@@ -16,7 +16,6 @@ import logging
 from collections.abc import Mapping
 
 from radixgate.radix_cache import RadixTree
-from radixgate.radix_cache.pins import walk
 
 from .engine_config import EngineConfig
 
@@ -40,15 +39,7 @@ def pinned_prefix(tree: RadixTree, namespace: str, tokens, owner: str) -> int:
     """How much of ``tokens`` ``owner`` has pinned already in ``namespace``: the end of the
     deepest node on their cached path that lies on one of owner's pinned paths (those are
     prefix-closed), capped at len(tokens). A new pin of ``tokens`` adds the rest."""
-    tree.pinned_tokens(owner)   # settles expired pins first
-    space = tree.namespace(namespace)
-    if space is None:
-        return 0
-    path, _ = walk(space.root, tokens)
-    for node in reversed(path):
-        if node.pin_paths and node.pin_paths.get(owner):
-            return min(node.end, len(tokens))
-    return 0
+    return tree.pinned_prefix(namespace, tokens, owner)
 
 
 def log_pin_shares(config: EngineConfig, ceiling: int) -> None:

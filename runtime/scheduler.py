@@ -90,6 +90,7 @@ class Scheduler:
     # -- the plan -------------------------------------------------------------------------
     def schedule(self) -> StepPlan:
         plan = StepPlan()
+        self.blocks.forget_probes()     # the tree changed since the last pass
         budget = self.config.max_step_tokens
         budget = self._schedule_decodes(plan, budget)
         budget = self._schedule_prefills(plan, budget)

@@ -5,8 +5,6 @@ import random
 
 import pytest
 
-from radixgate.radix_cache import LRU
-
 from benchmarks.belady import BeladyCache, FutureOracle
 from benchmarks.memory_sweep import (compare_policies, goal_checks, markdown, plot, replay_belady,
                                      replay_radix, sweep_trace)
@@ -54,7 +52,7 @@ def test_simulator_in_lru_mode_reproduces_radix_tree_hits_under_pressure(seed):
     equals), so a few tokens may differ: at most 0.5% of the prompt tokens (0.17% seen)."""
     trace = random_trace(seed, n=60)
     for budget in (6, 15, 40):
-        real = replay_radix(trace, B, budget, policy=LRU)
+        real = replay_radix(trace, B, budget, policy="lru")
         sim = replay_belady(trace, B, budget, policy="lru", trim_tails=True)
         assert abs(sim.reused_tokens - real.reused_tokens) <= 0.005 * real.prompt_tokens
         assert sim.peak_blocks <= budget + max(-(-len(t) // B) for _, t in trace)
@@ -68,7 +66,7 @@ def test_simulator_rejects_unknown_policy():
 def test_belady_keeps_the_prefix_needed_next_where_lru_drops_it():
     a, b = list(range(100, 164)), list(range(200, 264))       # 4 blocks each
     trace = [("n", a + [1]), ("n", b + [2]), ("n", a + [3])]
-    lru = replay_radix(trace, B, budget_blocks=5, policy=LRU)
+    lru = replay_radix(trace, B, budget_blocks=5, policy="lru")
     belady = replay_belady(trace, B, budget_blocks=5)
     assert lru.reused_tokens == 0
     assert belady.reused_tokens == 64

@@ -9,21 +9,25 @@ from __future__ import annotations
 import pytest
 from hypothesis import HealthCheck, settings
 
-from radixgate.radix_cache import BlockPool, RadixTree
-from tests.test_radix_stateful import B, RadixMachine
+from radixgate.radix_cache import BlockPool, CreditParams, CreditPolicy, LRUPolicy, RadixTree
+from tests.test_radix_stateful import B, RadixMachine, machine_for
 
 TIGHT_BLOCKS = 10
+POLICIES = {"credit": lambda: CreditPolicy(CreditParams()), "lru": LRUPolicy}
 
 
 class TightPoolRadixMachine(RadixMachine):
     def __init__(self):
         super().__init__()
         self.pool = BlockPool(TIGHT_BLOCKS, B)
-        self.tree = RadixTree(self.pool, clock=self.clock)
+        self.tree = RadixTree(self.pool, clock=self.clock, policy=POLICIES[self.policy]())
 
 
+TIGHT = settings(max_examples=500, stateful_step_count=100, deadline=None, database=None,
+                 suppress_health_check=[HealthCheck.too_slow])
 TestTightPoolRadixMachine = pytest.mark.timeout(1800)(
-    pytest.mark.slow(TightPoolRadixMachine.TestCase))
-TestTightPoolRadixMachine.settings = settings(
-    max_examples=500, stateful_step_count=100, deadline=None, database=None,
-    suppress_health_check=[HealthCheck.too_slow])
+    pytest.mark.slow(machine_for("credit", TightPoolRadixMachine).TestCase))
+TestTightPoolRadixMachine.settings = TIGHT
+TestTightPoolRadixMachineLRU = pytest.mark.timeout(1800)(
+    pytest.mark.slow(machine_for("lru", TightPoolRadixMachine).TestCase))
+TestTightPoolRadixMachineLRU.settings = TIGHT

@@ -100,7 +100,7 @@ def test_evict_never_rescans_locked_leaves_forever():
     match = tree.match("ns", [1] * 4)
     for _ in range(3):
         assert tree.evict(1) == 0
-    assert len(tree.queue) == 0         # the locked leaf left the heap; unlock puts it back
+    assert len(tree.policy.heap) == 0         # the locked leaf left the heap; unlock puts it back
     tree.unlock(match.handle)
     pool.decref_many(match.blocks)
     assert tree.evict(1) == 1
@@ -172,7 +172,7 @@ def test_flush_leaves_no_stale_heap_entries():
         cache(pool, tree, [i] * 8)
     tree.pin("ns", [0] * 8, ttl_s=100)
     tree.flush()
-    assert tree.queue.size() == 0
+    assert tree.policy.size() == 0 and not tree.pins.expiries
     cache(pool, tree, [9] * 8)
     assert tree.evict(2) == 2
     tree.check_integrity()

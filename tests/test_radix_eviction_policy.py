@@ -4,7 +4,7 @@ outlive equally recent leaves; plain LRU (``LRU``) ignores both."""
 
 import pytest
 
-from radixgate.radix_cache import LRU, BlockPool, EvictionPolicy, RadixTree
+from radixgate.radix_cache import BlockPool, CreditParams, CreditPolicy, EvictionPolicy, LRUPolicy, RadixTree
 from tests.support.radix import cache, hit
 
 B = 4
@@ -21,7 +21,7 @@ def cached(pool, tree, tokens) -> bool:
 
 
 def test_expected_continuation_outlives_a_more_recent_leaf():
-    pool, tree = make_tree(EvictionPolicy(continuation_ticks=100, branch_ticks=0))
+    pool, tree = make_tree(CreditPolicy(CreditParams(continuation_ticks=100, branch_ticks=0)))
     agent, chat = [1] * 8, [2] * 8
     cache(pool, tree, agent)
     cache(pool, tree, chat)
@@ -32,7 +32,7 @@ def test_expected_continuation_outlives_a_more_recent_leaf():
 
 
 def test_the_next_match_consumes_the_continuation_credit():
-    pool, tree = make_tree(EvictionPolicy(continuation_ticks=100, branch_ticks=0))
+    pool, tree = make_tree(CreditPolicy(CreditParams(continuation_ticks=100, branch_ticks=0)))
     agent, later = [1] * 8, [3] * 8
     cache(pool, tree, agent)
     tree.expect_continuation("ns", agent)
@@ -47,7 +47,7 @@ def test_the_next_match_consumes_the_continuation_credit():
 def test_a_continuation_credit_runs_out_when_the_client_never_returns(credit, agent_survives):
     """Agent cached at tick 1 (credit: counts as accessed at 1 + credit), then four
     one-block leaves at ticks 2..5; three single-block evictions follow."""
-    pool, tree = make_tree(EvictionPolicy(continuation_ticks=credit, branch_ticks=0))
+    pool, tree = make_tree(CreditPolicy(CreditParams(continuation_ticks=credit, branch_ticks=0)))
     agent = [1] * 8
     cache(pool, tree, agent)
     tree.expect_continuation("ns", agent)
@@ -63,7 +63,7 @@ def test_a_continuation_credit_runs_out_when_the_client_never_returns(credit, ag
 
 
 def test_expect_continuation_of_an_uncached_prompt_marks_nothing():
-    pool, tree = make_tree(EvictionPolicy())
+    pool, tree = make_tree(CreditPolicy(CreditParams()))
     assert tree.expect_continuation("ns", [5, 6, 7]) == 0
     cache(pool, tree, [5, 6, 7, 8])
     assert tree.expect_continuation("ns", [5, 6, 9]) == 0      # diverges inside: not ours
@@ -75,7 +75,7 @@ def test_expect_continuation_of_an_uncached_prompt_marks_nothing():
 def test_a_match_that_only_enters_a_credited_leaf_keeps_its_credit():
     """Another prompt sharing part of a waiting agent's leaf is not its continuation: the
     credit survives it (and the split it causes), so the agent outlives newer leaves."""
-    pool, tree = make_tree(EvictionPolicy(continuation_ticks=100, branch_ticks=0))
+    pool, tree = make_tree(CreditPolicy(CreditParams(continuation_ticks=100, branch_ticks=0)))
     agent = list(range(1, 17))
     cache(pool, tree, agent)
     tree.expect_continuation("ns", agent)
@@ -105,21 +105,21 @@ def _document_then_unshared_prompt(policy: EvictionPolicy):
 
 def test_a_prefix_many_requests_branched_from_outlives_a_more_recent_unshared_one():
     pool, tree, document, unshared = _document_then_unshared_prompt(
-        EvictionPolicy(continuation_ticks=0, branch_ticks=8))
+        CreditPolicy(CreditParams(continuation_ticks=0, branch_ticks=8)))
     assert tree.evict(2) == 2
     assert cached(pool, tree, document) and not cached(pool, tree, unshared)
     tree.check_integrity()
 
 
 def test_plain_lru_evicts_the_older_document_first():
-    pool, tree, document, unshared = _document_then_unshared_prompt(LRU)
+    pool, tree, document, unshared = _document_then_unshared_prompt(LRUPolicy())
     assert tree.evict(2) == 2
     assert not cached(pool, tree, document) and cached(pool, tree, unshared)
 
 
 def test_a_chain_of_turns_earns_no_branch_credit():
     """Each turn extends the previous one (one branch per node): plain LRU order."""
-    pool, tree = make_tree(EvictionPolicy(continuation_ticks=0, branch_ticks=1000))
+    pool, tree = make_tree(CreditPolicy(CreditParams(continuation_ticks=0, branch_ticks=1000)))
     conversation = [1] * 4
     for turn in range(3):
         conversation = conversation + [10 + turn] * 4
@@ -134,7 +134,7 @@ def test_a_chain_of_turns_earns_no_branch_credit():
 def _document_with_two_questions(document_tokens: int):
     """A 16-block tree holding a document (tokens 100, 101, ...) and two one-block questions
     below it; returns the pool, the tree, the document and its node."""
-    pool, tree = make_tree(EvictionPolicy(), num_blocks=16)
+    pool, tree = make_tree(CreditPolicy(CreditParams()), num_blocks=16)
     document = list(range(100, 100 + document_tokens))
     cache(pool, tree, document + [1] * 4)
     cache(pool, tree, document + [2] * 4)
@@ -143,12 +143,12 @@ def _document_with_two_questions(document_tokens: int):
 
 def test_a_continuation_cached_again_after_eviction_is_not_a_new_branch():
     pool, tree, document, node = _document_with_two_questions(8)
-    assert node.branches == 2
+    assert node.policy_state.branches == 2
     for _ in range(3):                         # the same question evicted and asked again
         assert tree.evict(1) == 1
         cache(pool, tree, document + [2] * 4)
     cache(pool, tree, document + [3] * 4)      # a new question is a new branch
-    assert node.alive and node.branches == 3
+    assert node.alive and node.policy_state.branches == 3
     tree.check_integrity()
 
 
@@ -156,18 +156,18 @@ def test_a_trimmed_prefix_keeps_its_branch_count_without_inflating_it():
     pool, tree, document, node = _document_with_two_questions(12)
     assert tree.evict(2) == 2                   # both questions
     assert tree.evict(1) == 1                   # then the document's last block: [0,8)
-    assert (node.alive, node.end, node.branches) == (True, 8, 2)
+    assert (node.alive, node.end, node.policy_state.branches) == (True, 8, 2)
     cache(pool, tree, document + [2] * 4)       # the same question again, through the tail
-    assert node.branches == 2
+    assert node.policy_state.branches == 2
     cache(pool, tree, document[:8] + [7] * 4)   # a question on the shorter prefix is new
-    assert node.branches == 3
+    assert node.policy_state.branches == 3
     tree.check_integrity()
 
 
 # ---- partly filled last blocks go first ------------------------------------------------
 
 def test_a_partial_last_block_goes_before_an_older_whole_block():
-    pool, tree = make_tree(EvictionPolicy(), num_blocks=16)
+    pool, tree = make_tree(CreditPolicy(CreditParams()), num_blocks=16)
     old, recent = [1] * 8, [2] * 10                  # 2 whole blocks; 2 whole + 2 tokens
     cache(pool, tree, old)
     cache(pool, tree, recent)
@@ -178,7 +178,7 @@ def test_a_partial_last_block_goes_before_an_older_whole_block():
 
 
 def test_plain_lru_takes_the_oldest_leaf_even_when_another_ends_in_a_partial_block():
-    pool, tree = make_tree(LRU, num_blocks=16)
+    pool, tree = make_tree(LRUPolicy(), num_blocks=16)
     old, recent = [1] * 8, [2] * 10
     cache(pool, tree, old)
     cache(pool, tree, recent)
@@ -188,7 +188,7 @@ def test_plain_lru_takes_the_oldest_leaf_even_when_another_ends_in_a_partial_blo
 
 
 def test_partial_tails_go_in_lru_order_and_a_hit_moves_one_back():
-    pool, tree = make_tree(EvictionPolicy(), num_blocks=16)
+    pool, tree = make_tree(CreditPolicy(CreditParams()), num_blocks=16)
     first, second = [1] * 6, [2] * 6
     cache(pool, tree, first)
     cache(pool, tree, second)
@@ -199,7 +199,7 @@ def test_partial_tails_go_in_lru_order_and_a_hit_moves_one_back():
 
 
 def test_partial_tails_of_locked_pinned_or_one_block_leaves_stay():
-    pool, tree = make_tree(EvictionPolicy(), num_blocks=16)
+    pool, tree = make_tree(CreditPolicy(CreditParams()), num_blocks=16)
     locked, pinned, short, whole = [1] * 6, [2] * 6, [3] * 3, [4] * 8
     for tokens in (locked, pinned, short, whole):
         cache(pool, tree, tokens)
@@ -214,7 +214,7 @@ def test_partial_tails_of_locked_pinned_or_one_block_leaves_stay():
 
 
 def test_a_conversation_keeps_its_whole_blocks_when_its_partial_one_goes():
-    pool, tree = make_tree(EvictionPolicy(), num_blocks=16)
+    pool, tree = make_tree(CreditPolicy(CreditParams()), num_blocks=16)
     turn1 = [5] * 10
     cache(pool, tree, turn1)
     assert tree.evict(1) == 1

@@ -114,7 +114,7 @@ def test_dropped_namespaces_leave_no_nodes_behind_in_the_eviction_heaps():
     for salt in range(3000):
         request(pool, tree, f"salt-{salt}", [1, 2, 3] * 3, cap=2)
     assert tree.namespaces.count_of("t") == 2
-    assert tree.queue.size() <= 2 * tree.num_nodes + 1024 + 2
+    assert tree.policy.size() <= 2 * tree.num_nodes + 1024 + 2
     tree.check_integrity()
 
 

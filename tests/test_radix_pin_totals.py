@@ -101,7 +101,7 @@ def test_repinning_every_request_keeps_the_due_heap_small():
         clock.now += 0.01
         tree.pin("ns", [1] * 8, ttl_s=1000 - i * 0.1, owner="a")   # each ends sooner
         assert tree.pinned_tokens("a") == 8
-    assert len(tree.pin_totals) <= 2 + 1024
+    assert len(tree.pins.due) <= 2 + 1024
     tree.check_integrity()
 
 

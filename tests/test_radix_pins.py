@@ -138,7 +138,7 @@ def test_repinning_a_prefix_on_every_request_keeps_one_pin_and_a_small_queue():
         hit(pool, tree, prompt)
         assert tree.pin("ns", prompt, 300, owner="t" if i % 2 else "u") == 32
     assert len(tree.pinned_nodes) == 1
-    assert tree.queue.size() < 10          # no entry per re-pin (and no evict to clean up)
+    assert tree.policy.size() + len(tree.pins.expiries) < 10          # no entry per re-pin (and no evict to clean up)
     assert tree.pinned_tokens("t") == 32 and tree.pinned_tokens("u") == 0
     tree.check_integrity()
 

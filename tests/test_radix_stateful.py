@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from radixgate.radix_cache import BlockPool, EvictionPolicy, RadixTree
+from radixgate.radix_cache import BlockPool, CreditParams, CreditPolicy, LRUPolicy, RadixTree
 
 B = 4
 NUM_BLOCKS = 40
@@ -51,13 +51,19 @@ class Request:
         self.handle = None
 
 
+# every eviction policy runs the same machine (small credits, so continuation and branch
+# credits expire and reorder within a run)
+POLICIES = {"credit": lambda: CreditPolicy(CreditParams(6, 3)), "lru": LRUPolicy}
+
+
 class RadixMachine(RuleBasedStateMachine):
+    policy = "credit"
+
     def __init__(self):
         super().__init__()
         self.clock = FakeClock()
         self.pool = BlockPool(NUM_BLOCKS, B)
-        # small credits, so continuation and branch credits expire and reorder within a run
-        self.tree = RadixTree(self.pool, clock=self.clock, policy=EvictionPolicy(6, 3))
+        self.tree = RadixTree(self.pool, clock=self.clock, policy=POLICIES[self.policy]())
         self.slots: dict[int, list] = {}    # block -> token id written per slot
         self.running: list[Request] = []
         self.extra_locks = []
@@ -258,15 +264,20 @@ class RadixMachine(RuleBasedStateMachine):
 
 COMMON = dict(deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
 
-TestRadixStateMachine = RadixMachine.TestCase
-TestRadixStateMachine.settings = settings(
-    max_examples=int(os.environ.get("RADIX_STATEFUL_EXAMPLES", 60)),
-    stateful_step_count=int(os.environ.get("RADIX_STATEFUL_STEPS", 40)), **COMMON)
+DEFAULT = settings(max_examples=int(os.environ.get("RADIX_STATEFUL_EXAMPLES", 60)),
+                   stateful_step_count=int(os.environ.get("RADIX_STATEFUL_STEPS", 40)), **COMMON)
+LONG = settings(max_examples=1500, stateful_step_count=120, **COMMON)
 
 
-class LongRadixMachine(RadixMachine):
-    pass
+def machine_for(policy: str, base=RadixMachine) -> type[RadixMachine]:
+    return type(f"{base.__name__}_{policy}", (base,), {"policy": policy})
 
 
-TestRadixStateMachineLong = pytest.mark.slow(LongRadixMachine.TestCase)
-TestRadixStateMachineLong.settings = settings(max_examples=1500, stateful_step_count=120, **COMMON)
+TestRadixStateMachine = machine_for("credit").TestCase
+TestRadixStateMachine.settings = DEFAULT
+TestRadixStateMachineLRU = machine_for("lru").TestCase
+TestRadixStateMachineLRU.settings = DEFAULT
+TestRadixStateMachineLong = pytest.mark.slow(machine_for("credit").TestCase)
+TestRadixStateMachineLong.settings = LONG
+TestRadixStateMachineLongLRU = pytest.mark.slow(machine_for("lru").TestCase)
+TestRadixStateMachineLongLRU.settings = LONG

@@ -1,5 +1,5 @@
 """Probation for content seen for the first time below a prefix whose continuations do not
-come back (eviction policy, ``EvictionPolicy.probation_ticks``).
+come back (``CreditPolicy``, ``CreditParams.probation_ticks``).
 
 A document many different questions extended, or a system prompt under many one-shot user
 turns, has children that are each used once: the question. Every such child (and every
@@ -20,12 +20,8 @@ probation; a conversation's turns (each continuation comes back) never start one
 from __future__ import annotations
 
 from itertools import islice
-from typing import TYPE_CHECKING
 
-from .node import TOKEN_BYTES, TreeNode
-
-if TYPE_CHECKING:
-    from .eviction import EvictionPolicy
+from ..node import TOKEN_BYTES
 
 SIGHTING_ANCHOR = 64            # tokens: the hashed prefix ends on this grid, 1-2 steps past the branch
 MAX_SIGHTINGS = 1 << 16         # remembered contents; the oldest half goes when full
@@ -58,25 +54,3 @@ def sighting_key(namespace: str, data: bytes, branch_at: int) -> int:
     ``branch_at`` (or its end)."""
     anchor = (branch_at // SIGHTING_ANCHOR + 2) * SIGHTING_ANCHOR
     return hash((namespace, data[:anchor * TOKEN_BYTES]))
-
-
-def admit_leaf(policy: EvictionPolicy, sightings: Sightings, parent: TreeNode, leaf: TreeNode,
-               data: bytes) -> None:
-    """``leaf`` was just created below ``parent`` from the packed prompt ``data``: put it on
-    probation if it is new content below a parent with many continuations, or count the
-    parent's continuation as come back if this content was seen before."""
-    if not policy.probation_ticks or parent.branches < policy.probation_branches:
-        return
-    if sightings.record(sighting_key(leaf.ns.name, data, leaf.start)) > 1:
-        parent.child_reuses += 1
-    else:
-        leaf.probation = True
-
-
-def on_probation(policy: EvictionPolicy, node: TreeNode) -> bool:
-    """Whether ``node``'s eviction key takes the probation penalty now (its parent's
-    continuations still mostly do not come back)."""
-    parent = node.parent
-    return (node.probation and parent is not None
-            and parent.child_reuses < parent.branches
-            and parent.branches >= policy.probation_branches)

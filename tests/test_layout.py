@@ -1,0 +1,172 @@
+"""Layout rules the code keeps (static, with ``ast``; imports nothing it checks):
+
+- no module imports another module's underscore name (``from x import _name``) or reaches
+  into an imported module (``module._name``); in ``radix_cache/`` no code touches another
+  object's underscore attribute at all (``other._name``: only ``self``/``cls`` may);
+- the modules of ``radix_cache/`` import no cycle (module-level imports; those under
+  ``if TYPE_CHECKING:`` aside).
+
+``KNOWN`` lists the violations outside ``radix_cache/`` that other work will remove: a new
+one fails, a listed one that is gone only shrinks the list.
+"""
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+FOLDERS = ("radix_cache", "runtime", "gateway", "kernels")
+PACKAGE = "radixgate"
+
+KNOWN = {   # owned by the gateway and kernels work of issue 24
+    "gateway/convert_anthropic.py: imports _PromptFields from radixgate.gateway.schemas_anthropic",
+    "kernels/compile_check.py: triton_kv._store_kv_kernel of an imported module",
+    "kernels/compile_check.py: triton_kv._copy_blocks_kernel of an imported module",
+}
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def modules(folder: str) -> list[Path]:
+    return sorted((ROOT / folder).rglob("*.py"))
+
+
+def module_name(path: Path) -> str:
+    """``radixgate.<folder>.<sub>`` for a file under one of the top-level folders."""
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join([PACKAGE, *parts])
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def _resolve(path: Path, node: ast.ImportFrom) -> str:
+    """The absolute module a ``from ... import`` names."""
+    if not node.level:
+        return node.module or ""
+    package = module_name(path).split(".")
+    if path.name != "__init__.py":
+        package.pop()
+    base = package[:len(package) - node.level + 1]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def violations(path: Path, strict: bool) -> list[str]:
+    """Underscore names of other modules (and, when ``strict``, of other objects) used
+    in ``path``."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    where = str(path.relative_to(ROOT))
+    found = []
+    imported: set[str] = set()      # names bound to other modules' objects by imports
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            for alias in node.names:
+                if _private(alias.name):
+                    found.append(f"{where}: imports {alias.name} from {_resolve(path, node)}")
+                imported.add(alias.asname or alias.name)
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if any(_private(part) for part in alias.name.split(".")):
+                    found.append(f"{where}: imports {alias.name}")
+                imported.add(alias.asname or alias.name.split(".")[0])
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Attribute) or not _private(node.attr):
+            continue
+        owner = node.value
+        if isinstance(owner, ast.Name) and owner.id in imported:
+            found.append(f"{where}: {owner.id}.{node.attr} of an imported module")
+        elif strict and not (isinstance(owner, ast.Name) and owner.id in ("self", "cls")):
+            found.append(f"{where}: {ast.unparse(owner)}.{node.attr} of another object")
+    return found
+
+
+def module_imports(path: Path, known: set[str]) -> set[str]:
+    """Modules of ``known`` that ``path`` imports at module level (TYPE_CHECKING aside);
+    ``from package import module`` names the module, not the package."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    names: set[str] = set()
+    pending = list(tree.body)
+    while pending:
+        node = pending.pop()
+        if isinstance(node, ast.If) and not _is_type_checking(node):
+            pending.extend(node.body + node.orelse)
+        elif isinstance(node, ast.Try):
+            pending.extend(node.body + node.orelse + node.finalbody)
+        elif isinstance(node, ast.ImportFrom):
+            base = _resolve(path, node)
+            for alias in node.names:
+                names.add(f"{base}.{alias.name}" if f"{base}.{alias.name}" in known else base)
+        elif isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+    return names & known
+
+
+def import_graph(folder: str) -> dict[str, set[str]]:
+    paths = {module_name(path): path for path in modules(folder)}
+    return {name: module_imports(path, set(paths)) - {name} for name, path in paths.items()}
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle of ``graph`` (a list of modules, first == last), or None."""
+    state: dict[str, int] = {}          # 1: on the current path, 2: done
+    stack: list[str] = []
+
+    def visit(name: str) -> list[str] | None:
+        state[name] = 1
+        stack.append(name)
+        for other in sorted(graph[name]):
+            if state.get(other) == 1:
+                return stack[stack.index(other):] + [other]
+            if other not in state and (cycle := visit(other)):
+                return cycle
+        stack.pop()
+        state[name] = 2
+        return None
+
+    for name in sorted(graph):
+        if name not in state and (cycle := visit(name)):
+            return cycle
+    return None
+
+
+def test_radix_cache_uses_no_underscore_name_of_another_module_or_object():
+    found = [v for path in modules("radix_cache") for v in violations(path, strict=True)]
+    assert found == []
+
+
+@pytest.mark.parametrize("folder", [f for f in FOLDERS if f != "radix_cache"])
+def test_no_module_imports_or_reaches_into_another_modules_underscore_names(folder):
+    found = {v for path in modules(folder) for v in violations(path, strict=False)}
+    assert sorted(found - KNOWN) == []
+
+
+def test_radix_cache_modules_import_no_cycle():
+    graph = import_graph("radix_cache")
+    assert len(graph) > 10                  # the walk found the package's modules
+    assert find_cycle(graph) is None
+
+
+def test_the_cycle_check_finds_a_cycle():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_the_checks_see_private_imports_and_reaches(tmp_path, monkeypatch):
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    (tmp_path / "radix_cache").mkdir()
+    bad = tmp_path / "radix_cache" / "bad.py"
+    bad.write_text("from .tree import _split\nimport radixgate.radix_cache.pool as pool\n"
+                   "pool._free\ndef f(node):\n    return node._count\n")
+    found = violations(bad, strict=True)
+    assert len(found) == 3 and "_split" in found[0] and "pool._free" in found[1]
+    assert violations(bad, strict=False) == found[:2]
