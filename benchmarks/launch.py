@@ -30,7 +30,7 @@ VARIANTS = {
     "radixgate": (),
     "cache_off": ("--no-prefix-cache",),
     "page_rounded": ("--page-rounded-match",),
-    "plain_lru": ("--plain-lru",),          # eviction without credits (pressure runs)
+    "plain_lru": ("--policy", "lru"),       # eviction without credits (pressure runs)
 }
 DEFAULT_VARIANTS = ("radixgate", "cache_off", "page_rounded")
 
@@ -66,7 +66,8 @@ def wait_healthy(proc: subprocess.Popen, base_url: str, timeout_s: float,
 def config_toml(tenants: list[str], kv_cache_gb: float, max_model_len: int) -> str:
     lines = ["[server]", "max_queue = 1024", "request_timeout_s = 1800",
              "[model]", 'aliases = ["claude-*", "gpt-*"]', f"max_model_len = {max_model_len}",
-             f"kv_cache_gb = {kv_cache_gb}", "[admin]", f"api_keys = [{json.dumps(ADMIN_KEY)}]"]
+             "[cache]", f"kv_cache_gb = {kv_cache_gb}",
+             "[admin]", f"api_keys = [{json.dumps(ADMIN_KEY)}]"]
     for tenant in tenants:
         lines += [f"[tenants.{tenant}]", f"api_keys = [{json.dumps(tenant_key(tenant))}]",
                   "max_running = 64", "max_pinned_tokens = 200000", "requests_per_minute = 0"]

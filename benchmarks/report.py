@@ -10,7 +10,7 @@ from benchmarks.stats import summarize
 
 SYSTEM_LABELS = {"radixgate": "radixgate (cache on)", "cache_off": "radixgate --no-prefix-cache",
                  "page_rounded": "radixgate --page-rounded-match",
-                 "plain_lru": "radixgate --plain-lru",
+                 "plain_lru": "radixgate --policy lru",
                  "upper_bound": "offline upper bound", "transformers": "transformers generate",
                  "llama_cpp": "llama.cpp + RAM cache"}
 

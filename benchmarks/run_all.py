@@ -6,7 +6,7 @@
    real model, one variant after the other: cache on and ``--page-rounded-match`` on every
    request, ``--no-prefix-cache`` on a sample (``--sample`` requests of each workload,
    spread over its arrival order: a server without a cache pays the same for a request
-   whatever came before it); ``--variants plain_lru`` adds ``--plain-lru`` (eviction
+   whatever came before it); ``--variants plain_lru`` adds ``--policy lru`` (eviction
    without credits: compare it with a small ``--kv-cache-gb``);
 3. the offline upper bound: each workload's token trace replayed with unlimited memory,
    each prompt followed by the reply the cache-on server generated for it

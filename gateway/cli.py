@@ -1,15 +1,17 @@
 """The ``radixgate`` command: ``serve``, ``generate``, ``plan``, ``bench``.
 
     radixgate serve [--config radixgate.toml] [--host H] [--port P] [--model PATH] [--tiny]
-                    [--kv-cache-gb G] [--block-size B] [--max-model-len N] [--threads N]
-                    [--log-level L] [--no-prefix-cache] [--page-rounded-match]
-                    [--plain-lru]                                # baselines
+                    [--kv-cache-gb G] [--block-size B] [--policy lru|credit]
+                    [--max-model-len N] [--threads N] [--log-level L]
+                    [--no-prefix-cache] [--page-rounded-match]   # baselines
     radixgate generate "prompt" [--chat] [--system S] [--max-tokens N] [--temperature T]
                     [--repeat K] [--tiny] [--model PATH] [--threads N]
     radixgate plan [planner args...]       # runtime/planner.py's CLI
     radixgate bench [benchmark args...]    # benchmarks/run_all.py
 
-Flags override the config file. Without API keys ``serve`` refuses a non-loopback host.
+Flags override the config file (the cache flags its ``[cache]`` section; ``--plain-lru`` is
+a deprecated spelling of ``--policy lru``). Without API keys ``serve`` refuses a
+non-loopback host.
 CPU threads: ``--threads`` > env ``RADIXGATE_THREADS`` > ``[model] threads`` (0: torch's default).
 """
 from __future__ import annotations
@@ -21,9 +23,11 @@ import logging
 import os
 import signal
 import sys
+import warnings
 from pathlib import Path
 
 from radixgate.gateway.config import ConfigError, GatewayConfig, load_config
+from radixgate.radix_cache.config import POLICIES
 
 THREADS_ENV = "RADIXGATE_THREADS"
 THREADS_HELP = (
@@ -52,8 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--page-rounded-match", action="store_true", default=None,
                        help="reuse cached prefixes in whole blocks only (benchmark baseline)")
     serve.add_argument("--plain-lru", action="store_true", default=None,
-                       help="evict in plain LRU order: no continuation or branch credit, no "
-                            "probation, no partial blocks first (benchmark baseline)")
+                       help="deprecated: use --policy lru")
     gen = sub.add_parser("generate", help="run one prompt through the engine (no HTTP)")
     gen.add_argument("prompt")
     gen.add_argument("--chat", action="store_true", help="render the prompt as a user message")
@@ -73,8 +76,11 @@ def _model_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", help="GGUF file or HF directory (default: SmolLM2-135M-Instruct)")
     p.add_argument("--tiny", action="store_true", default=None,
                    help="small random weights with the default tokenizer (tests)")
-    p.add_argument("--kv-cache-gb", type=float)
-    p.add_argument("--block-size", type=int)
+    p.add_argument("--kv-cache-gb", type=float, help="KV cache budget ([cache] kv_cache_gb)")
+    p.add_argument("--block-size", type=int, help="tokens per KV block ([cache] block_size)")
+    p.add_argument("--policy", choices=list(POLICIES),
+                   help="eviction: lru (plain LRU order) or credit (LRU with credits for "
+                        "expected continuations, probation, partial blocks first; default)")
     p.add_argument("--max-model-len", type=int)
     p.add_argument("--threads", type=int, metavar="N", help=THREADS_HELP)
 
@@ -82,15 +88,22 @@ def _model_flags(p: argparse.ArgumentParser) -> None:
 def config_from_args(args: argparse.Namespace) -> GatewayConfig:
     overrides = {"model": args.model, "tiny": args.tiny, "kv_cache_gb": args.kv_cache_gb,
                  "block_size": args.block_size, "max_model_len": args.max_model_len,
-                 "threads": _threads_override(args.threads)}
+                 "policy": _policy_override(args), "threads": _threads_override(args.threads)}
     for name in ("host", "port", "log_level", "enable_prefix_cache", "page_rounded_match",
                  "body_timeout_s", "max_unsent_events", "stream_send_buffer_bytes"):
         overrides[name] = getattr(args, name, None)
-    if getattr(args, "plain_lru", None):
-        overrides["continuation_ticks"] = overrides["branch_ticks"] = 0
-        overrides["probation_ticks"] = 0
-        overrides["partial_tails_first"] = False
     return load_config(getattr(args, "config", None), overrides)
+
+
+def _policy_override(args: argparse.Namespace) -> str | None:
+    """``--policy``, or ``lru`` for the deprecated ``--plain-lru`` (with a FutureWarning)."""
+    if not getattr(args, "plain_lru", None):
+        return args.policy
+    warnings.warn("--plain-lru is deprecated and will be removed; use --policy lru",
+                  FutureWarning, stacklevel=2)
+    if args.policy not in (None, "lru"):
+        raise ConfigError(f"--plain-lru contradicts --policy {args.policy}")
+    return "lru"
 
 
 def _threads_override(flag: int | None) -> int | None:

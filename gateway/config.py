@@ -4,16 +4,23 @@ Frozen dataclasses inside; pydantic only at the HTTP edge. Loading a config neve
 model. ``load_config(path, overrides)`` is the one entry point::
 
     cfg = load_config("radixgate.toml", {"port": 9000, "tiny": True})
+
+The ``[cache]`` section (and its ``[cache.credit]`` table) is parsed once into
+``radix_cache.CacheConfig`` (``GatewayConfig.cache``), which the engine and the tree get as
+it is. The cache keys that used to sit under ``[model]`` (``MOVED_MODEL_KEYS``) are still
+read, onto ``[cache]``, with a ``FutureWarning`` (once per key and process).
 """
 from __future__ import annotations
 
 import dataclasses
 import tomllib
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from radixgate.radix_cache import PUBLIC_NAMESPACE
+from radixgate.radix_cache import PUBLIC_NAMESPACE, CacheConfig, CreditParams
+from radixgate.radix_cache.config import inactive_settings
 
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 MIN_QUEUE_SHARE = 8     # a tenant's default queue share never drops below this
@@ -43,16 +50,18 @@ class ModelSettings:
     name: str = "smollm2-135m-instruct"
     aliases: tuple[str, ...] = ("claude-*", "gpt-*")
     max_model_len: int = 8192
-    kv_cache_gb: float = 4.0
-    block_size: int = 16
     tiny: bool = False
-    enable_prefix_cache: bool = True     # False: every prompt is computed in full (baseline)
-    page_rounded_match: bool = False     # reuse rounded down to whole blocks (baseline)
-    continuation_ticks: int = 200        # eviction credit: tool-call answers (0: none)
-    branch_ticks: int = 64               # eviction credit per extra continuation of a prefix (0: none)
-    probation_ticks: int = 1000          # eviction penalty: new one-off content (0: none)
-    partial_tails_first: bool = True     # eviction: partly filled last blocks go first
     threads: int = 0                     # torch CPU threads; 0 = torch's default
+
+
+# [model] keys that moved to [cache]: old key -> its place now ("credit.x": [cache.credit] x)
+MOVED_MODEL_KEYS = {
+    "kv_cache_gb": "kv_cache_gb", "block_size": "block_size",
+    "enable_prefix_cache": "enable_prefix_cache", "page_rounded_match": "page_rounded_match",
+    "continuation_ticks": "credit.continuation_ticks", "branch_ticks": "credit.branch_ticks",
+    "probation_ticks": "credit.probation_ticks",
+    "partial_tails_first": "credit.partial_tails_first",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +81,7 @@ class TenantConfig:
 class GatewayConfig:
     server: ServerConfig = field(default_factory=ServerConfig)
     model: ModelSettings = field(default_factory=ModelSettings)
+    cache: CacheConfig = field(default_factory=CacheConfig)
     admin_keys: tuple[str, ...] = ()
     tenants: tuple[TenantConfig, ...] = ()
 
@@ -101,16 +111,13 @@ _FLAG_FIELDS = {
     "body_timeout_s": ("server", "body_timeout_s"),
     "max_unsent_events": ("server", "max_unsent_events"),
     "stream_send_buffer_bytes": ("server", "stream_send_buffer_bytes"),
-    "model": ("model", "path"), "tiny": ("model", "tiny"), "kv_cache_gb": ("model", "kv_cache_gb"),
-    "block_size": ("model", "block_size"), "max_model_len": ("model", "max_model_len"),
-    "model_name": ("model", "name"),
-    "enable_prefix_cache": ("model", "enable_prefix_cache"),
-    "page_rounded_match": ("model", "page_rounded_match"),
-    "continuation_ticks": ("model", "continuation_ticks"),
-    "branch_ticks": ("model", "branch_ticks"),
-    "partial_tails_first": ("model", "partial_tails_first"),
-    "probation_ticks": ("model", "probation_ticks"),
+    "model": ("model", "path"), "tiny": ("model", "tiny"),
+    "max_model_len": ("model", "max_model_len"), "model_name": ("model", "name"),
     "threads": ("model", "threads"),
+    "kv_cache_gb": ("cache", "kv_cache_gb"), "block_size": ("cache", "block_size"),
+    "policy": ("cache", "policy"),
+    "enable_prefix_cache": ("cache", "enable_prefix_cache"),
+    "page_rounded_match": ("cache", "page_rounded_match"),
 }
 
 
@@ -129,48 +136,92 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
 
 def config_from_dict(raw: dict[str, Any], overrides: dict[str, Any] | None = None
                      ) -> GatewayConfig:
-    server = _section(raw, "server", ServerConfig)
-    model = _section(raw, "model", ModelSettings)
+    sections = {"server": _section(raw, "server", ServerConfig),
+                "model": _section(raw, "model", ModelSettings, moved=MOVED_MODEL_KEYS),
+                "cache": _section(raw, "cache", CacheConfig)}
+    credit = _table(sections["cache"].pop("credit", {}), "cache.credit", CreditParams)
+    _move_deprecated_keys(sections["model"], sections["cache"], credit)
     for flag, value in (overrides or {}).items():
         if value is None:
             continue
         if flag not in _FLAG_FIELDS:
             raise ConfigError(f"unknown override {flag!r}")
         section, name = _FLAG_FIELDS[flag]
-        if section == "server":
-            server[name] = value
-        else:
-            model[name] = value
+        sections[section][name] = value
     admin = raw.get("admin", {})
     if set(admin) - {"api_keys"}:
         raise ConfigError(f"unknown keys in [admin]: {sorted(set(admin) - {'api_keys'})}")
-    unknown_sections = set(raw) - {"server", "model", "admin", "tenants"}
+    unknown_sections = set(raw) - {"server", "model", "cache", "admin", "tenants"}
     if unknown_sections:
         raise ConfigError(f"unknown config sections: {sorted(unknown_sections)}")
     tenants = tuple(_tenant(name, body) for name, body in raw.get("tenants", {}).items())
     cfg = GatewayConfig(
-        server=_build(ServerConfig, server), model=_build(ModelSettings, model),
+        server=_build(ServerConfig, sections["server"]),
+        model=_build(ModelSettings, sections["model"]),
+        cache=_cache_config(sections["cache"], credit),
         admin_keys=tuple(_str_list(admin.get("api_keys", []), "admin.api_keys")),
         tenants=tenants)
     _validate(cfg)
     return cfg
 
 
-def _section(raw: dict[str, Any], name: str, cls: type) -> dict[str, Any]:
-    body = dict(raw.get(name, {}))
-    known = {f.name for f in dataclasses.fields(cls)}
-    unknown = set(body) - known
+def _section(raw: dict[str, Any], name: str, cls: type, moved=()) -> dict[str, Any]:
+    return _table(raw.get(name, {}), name, cls, moved)
+
+
+def _table(body: Any, name: str, cls: type, moved=()) -> dict[str, Any]:
+    """The keys of the TOML table ``[name]``, each a field of ``cls`` (or in ``moved``)."""
+    if not isinstance(body, dict):
+        raise ConfigError(f"[{name}] must be a table")
+    unknown = set(body) - {f.name for f in dataclasses.fields(cls)} - set(moved)
     if unknown:
         raise ConfigError(f"unknown keys in [{name}]: {sorted(unknown)}")
-    return body
+    return dict(body)
 
 
-def _build(cls: type, values: dict[str, Any]):
+def _move_deprecated_keys(model: dict[str, Any], cache: dict[str, Any],
+                          credit: dict[str, Any]) -> None:
+    """Moves the cache keys still found under ``[model]`` onto ``[cache]`` /
+    ``[cache.credit]``, with a FutureWarning (shown once per key: the warning registry
+    keeps one per message)."""
+    for old, new in MOVED_MODEL_KEYS.items():
+        if old not in model:
+            continue
+        table, key = (credit, new.split(".", 1)[1]) if new.startswith("credit.") else (cache, new)
+        place = f"[cache.credit] {key}" if table is credit else f"[cache] {key}"
+        if key in table:
+            raise ConfigError(f"[model] {old} and {place} are both set: keep {place} only")
+        warnings.warn(f"config: [model] {old} is deprecated and will be removed; set {place} "
+                      "instead", FutureWarning, stacklevel=2)
+        table[key] = model.pop(old)
+
+
+def _cache_config(values: dict[str, Any], credit: dict[str, Any]) -> CacheConfig:
+    """``[cache]`` and ``[cache.credit]`` (flags applied) as the one ``CacheConfig``;
+    refuses what nothing implements yet and credit parameters that no policy would read."""
+    policy = values.get("policy", CacheConfig().policy)
+    if credit and policy != "credit":
+        raise ConfigError(f'[cache.credit] applies to policy = "credit" only (policy is '
+                          f'{policy!r}): remove the table or the policy')
+    config = _build(CacheConfig, values, credit=_build(CreditParams, credit))
+    inactive = inactive_settings(config)
+    if inactive:
+        raise ConfigError(f"[cache] {'; '.join(inactive)}: not implemented yet (reserved for "
+                          "a later release): leave it unset")
+    return config
+
+
+def _build(cls: type, values: dict[str, Any], **ready: Any):
+    """``cls`` from TOML values (type-checked), plus ``ready`` fields built already; the
+    dataclass's own checks become ConfigErrors."""
     types = {f.name: f.type for f in dataclasses.fields(cls)}
-    out = {}
+    out = dict(ready)
     for key, value in values.items():
         out[key] = _coerce(value, types[key], f"{cls.__name__}.{key}")
-    return cls(**out)
+    try:
+        return cls(**out)
+    except ValueError as e:
+        raise ConfigError(str(e)) from e
 
 
 def _coerce(value: Any, type_name: str, where: str) -> Any:
@@ -206,13 +257,10 @@ def _tenant(name: str, body: dict[str, Any]) -> TenantConfig:
 
 def _validate(cfg: GatewayConfig) -> None:
     m, s = cfg.model, cfg.server
-    if m.block_size < 1 or m.max_model_len < 2 or m.kv_cache_gb <= 0:
-        raise ConfigError("model.block_size >= 1, max_model_len >= 2 and kv_cache_gb > 0 required")
+    if m.max_model_len < 2:
+        raise ConfigError("model.max_model_len >= 2 required")
     if m.threads < 0:
         raise ConfigError("model.threads must be >= 0 (0 = torch's default)")
-    if min(m.continuation_ticks, m.branch_ticks, m.probation_ticks) < 0:
-        raise ConfigError("model.continuation_ticks, model.branch_ticks and "
-                          "model.probation_ticks must be >= 0 (0: none)")
     if not (0 <= s.port <= 65535) or s.max_queue < 1:
         raise ConfigError("server.port must be 0..65535 and max_queue >= 1")
     if s.body_timeout_s <= 0 or s.max_unsent_events < 1 or s.stream_send_buffer_bytes < 0:

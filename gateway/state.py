@@ -36,25 +36,16 @@ def default_engine_factory(config: GatewayConfig):
 
 
 def engine_config(config: GatewayConfig):
-    from radixgate.radix_cache import EvictionPolicy
     from radixgate.runtime.engine_config import EngineConfig, TenantQuota
     quotas = {t.name: TenantQuota(max_running=t.max_running, max_pinned_tokens=t.max_pinned_tokens,
                                   max_queued=config.queue_share(t),
                                   max_namespaces=t.max_namespaces)
               for t in config.tenants}
     quotas[ADMIN_TENANT] = TenantQuota()
-    return EngineConfig(kv_cache_bytes=int(config.model.kv_cache_gb * (1 << 30)),
-                        block_size=config.model.block_size,
+    return EngineConfig(cache=config.cache,
                         max_model_len=config.model.max_model_len,
                         max_queue=config.server.max_queue, tenant_quotas=quotas,
-                        max_unsent_events=config.server.max_unsent_events,
-                        enable_prefix_cache=config.model.enable_prefix_cache,
-                        page_rounded_match=config.model.page_rounded_match,
-                        eviction=EvictionPolicy(
-                            continuation_ticks=config.model.continuation_ticks,
-                            branch_ticks=config.model.branch_ticks,
-                            partial_tails_first=config.model.partial_tails_first,
-                            probation_ticks=config.model.probation_ticks))
+                        max_unsent_events=config.server.max_unsent_events)
 
 
 def _warm_up(tokenizer) -> None:

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .policy import CreditPolicy, EvictionPolicy, LRUPolicy
-
 POLICIES = ("lru", "credit")
 KV_DTYPES = ("auto", "float32", "bfloat16", "float16", "int8", "fp8")
 
@@ -16,7 +14,7 @@ KV_DTYPES = ("auto", "float32", "bfloat16", "float16", "int8", "fp8")
 @dataclass(frozen=True, slots=True)
 class CreditParams:
     """Parameters of the ``credit`` policy (LRU with credits and a penalty; see
-    ``radix_cache/policy/credit.py`` for what each one does)."""
+    ``radix_cache/eviction.py`` for what each one does)."""
 
     continuation_ticks: int = 200
     branch_ticks: int = 64
@@ -27,9 +25,10 @@ class CreditParams:
 
     def __post_init__(self) -> None:
         if min(self.continuation_ticks, self.branch_ticks, self.probation_ticks) < 0:
-            raise ValueError("eviction credits must be >= 0 (0: none)")
+            raise ValueError("cache.credit continuation_ticks, branch_ticks and probation_ticks "
+                             "must be >= 0 (0: none)")
         if self.branch_cap < 1 or self.probation_branches < 2:
-            raise ValueError("branch_cap must be >= 1 and probation_branches >= 2")
+            raise ValueError("cache.credit branch_cap must be >= 1 and probation_branches >= 2")
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,7 +37,8 @@ class CacheConfig:
 
     kv_cache_gb: the KV budget; block_size: tokens per KV block; policy: ``"lru"`` or
     ``"credit"`` (with ``credit``'s parameters); kv_dtype, disk_dir, disk_gb: the KV
-    element type and the disk tier (later issues; ``"auto"`` / no tier today);
+    element type and the disk tier, reserved for later issues: only ``"auto"`` and no tier
+    are accepted today (``inactive_settings``);
     enable_prefix_cache / page_rounded_match: the baselines of the benchmarks (no reuse;
     reuse rounded down to whole blocks).
     """
@@ -66,9 +66,25 @@ class CacheConfig:
         return int(self.kv_cache_gb * (1 << 30))
 
 
-def make_policy(config: CacheConfig) -> EvictionPolicy:
-    """A new eviction policy of the kind ``config`` names, for one
-    ``RadixTree(pool, policy=...)`` (a policy keeps one tree's state: make one per tree)."""
+def inactive_settings(config: CacheConfig) -> list[str]:
+    """The settings of ``config`` that nothing implements yet (the KV element type and the
+    disk tier come with later issues). Callers refuse a config that sets any of them: a
+    setting that is accepted and then ignored is a bug."""
+    inactive = []
+    if config.kv_dtype != "auto":
+        inactive.append(f"kv_dtype = {config.kv_dtype!r} (only \"auto\", the model's dtype)")
+    if config.disk_dir or config.disk_gb:
+        inactive.append("the disk tier (disk_dir, disk_gb)")
+    return inactive
+
+
+def make_policy(config: CacheConfig):
+    """The eviction policy ``config`` names, ready for ``RadixTree(pool, policy=...)``."""
+    from .eviction import LRU, EvictionPolicy
     if config.policy == "lru":
-        return LRUPolicy()
-    return CreditPolicy(config.credit)
+        return LRU
+    c = config.credit
+    return EvictionPolicy(continuation_ticks=c.continuation_ticks, branch_ticks=c.branch_ticks,
+                          partial_tails_first=c.partial_tails_first, branch_cap=c.branch_cap,
+                          probation_ticks=c.probation_ticks,
+                          probation_branches=c.probation_branches)

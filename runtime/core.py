@@ -19,7 +19,7 @@ import time
 
 import torch
 
-from radixgate.radix_cache import BlockPool, RadixTree
+from radixgate.radix_cache import BlockPool, RadixTree, make_policy
 
 from .api import ErrorKind, FinishReason, Request
 from .batch import build_forward_batch
@@ -53,11 +53,12 @@ class EngineCore:
         self.model = loaded.model
         self.tokenizer = loaded.tokenizer
         self.kv = _make_kv_cache(loaded, config)
-        self.pool = BlockPool(self.kv.num_blocks, config.block_size)
-        self.tree = RadixTree(self.pool, policy=config.eviction)
+        cache = config.cache
+        self.pool = BlockPool(self.kv.num_blocks, cache.block_size)
+        self.tree = RadixTree(self.pool, policy=make_policy(cache))
         self.blocks = BlockManager(self.tree, self.pool, self.kv,
-                                   enable_prefix_cache=config.enable_prefix_cache,
-                                   page_rounded=config.page_rounded_match)
+                                   enable_prefix_cache=cache.enable_prefix_cache,
+                                   page_rounded=cache.page_rounded_match)
         self.scheduler = Scheduler(config, self.blocks)
         self.max_model_len = min(config.max_model_len or loaded.max_model_len, loaded.max_model_len)
         self.eos_ids = set(loaded.tokenizer.eos_token_ids) | set(loaded.config.eos_token_ids)
@@ -223,7 +224,7 @@ class EngineCore:
         batch = build_forward_batch(
             [c.seq.tokens[c.seq.num_computed:c.seq.num_computed + c.num_tokens] for c in chunks],
             [c.seq.num_computed for c in chunks], [c.seq.block_table for c in chunks],
-            self.config.block_size, self.kv.device,
+            self.pool.block_size, self.kv.device,
             logits_rows=[[c.num_tokens - 1] if s else [] for c, s in zip(chunks, sampling)])
         forward_started = time.perf_counter()
         logits = self.model.forward(batch, self.kv)  # [num sampling chunks, V]
@@ -290,7 +291,7 @@ class EngineCore:
         bills creation for the pinned ones only (a skipped one is uncached input). A pin
         counts the tokens it adds to what the tenant has pinned on that path already."""
         pinned: list[tuple[int, float]] = []   # (pinned length, ttl_s)
-        if self.config.enable_prefix_cache:
+        if self.config.cache.enable_prefix_cache:
             share = pin_share(self.config, self.pin_ceiling, seq.tenant)
             for point in seq.prompt_breakpoints():
                 prefix = seq.tokens[:point.offset]
@@ -351,12 +352,12 @@ def unfit_message(core: EngineCore, seq: Sequence) -> str:
 
 
 def _make_kv_cache(loaded, config: EngineConfig) -> KVCache:
-    mc = loaded.config
+    mc, block_size = loaded.config, config.cache.block_size
     if config.num_blocks is not None:
-        kv = KVCache(mc.num_layers, config.num_blocks, config.block_size, mc.num_kv_heads,
+        kv = KVCache(mc.num_layers, config.num_blocks, block_size, mc.num_kv_heads,
                      mc.head_dim, loaded.dtype, loaded.device)
     else:
-        kv = KVCache.from_budget(mc, config.kv_cache_bytes, config.block_size, loaded.dtype,
+        kv = KVCache.from_budget(mc, config.cache.kv_cache_bytes, block_size, loaded.dtype,
                                  loaded.device)
     log.info("KV cache: %d bytes per token, %d blocks of %d = %d tokens fit", kv.bytes_per_token,
              kv.num_blocks, kv.block_size, kv.num_tokens)

@@ -43,7 +43,7 @@ class Engine:
         self.config = config
         self.core = EngineCore(loaded, config)
         self.tokenizer = loaded.tokenizer
-        self.block_size = config.block_size
+        self.block_size = self.core.pool.block_size
         self.num_blocks = self.core.pool.num_blocks
         self.max_model_len = self.core.max_model_len
         self._commands: queue.SimpleQueue = queue.SimpleQueue()

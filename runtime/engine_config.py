@@ -4,7 +4,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from radixgate.radix_cache import EvictionPolicy
+from radixgate.radix_cache.config import CacheConfig, inactive_settings
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,12 +33,13 @@ QuotaSource = Mapping[str, TenantQuota] | Callable[[str], TenantQuota] | None
 class EngineConfig:
     """How the engine sizes its KV cache and schedules steps.
 
-    KV size: ``num_blocks`` when given, else ``kv_cache_bytes`` divided by the bytes one
-    block takes (2 x layers x kv_heads x head_dim x dtype bytes x block_size).
+    ``cache``: the KV cache's one config (budget, block size, eviction policy, baselines;
+    ``radix_cache.CacheConfig``), handed down as it is to the pool, the tree and the block
+    manager. KV size: ``num_blocks`` when given (tests), else ``cache.kv_cache_bytes``
+    divided by the bytes one block takes (2 x layers x kv_heads x head_dim x dtype bytes x
+    block_size).
     ``max_step_tokens`` is the per-step token budget shared by decodes and prefill chunks;
     ``prefill_chunk`` caps one request's prefill tokens per step.
-    ``page_rounded_match`` rounds reuse down to whole blocks (a baseline for benchmarks).
-    ``eviction``: the radix tree's eviction order (``radix_cache.LRU``: plain LRU).
     ``debug_integrity`` runs the tree/pool integrity check whenever the engine goes idle.
     ``record_logits`` keeps each request's per-step logits and top-2 gaps for
     ``Engine.debug_trace`` (tests of the near-tie rule; costs memory).
@@ -50,17 +51,13 @@ class EngineConfig:
     (``None``: one block).
     """
 
-    kv_cache_bytes: int | None = None
+    cache: CacheConfig = field(default_factory=CacheConfig)
     num_blocks: int | None = None
-    block_size: int = 16
     max_model_len: int | None = None
     max_num_seqs: int = 64
     max_step_tokens: int = 512
     max_queue: int = 256
     prefill_chunk: int | None = None
-    enable_prefix_cache: bool = True
-    page_rounded_match: bool = False
-    eviction: EvictionPolicy = field(default_factory=EvictionPolicy)
     debug_integrity: bool = False
     record_logits: bool = False
     tenant_quotas: QuotaSource = None
@@ -72,10 +69,11 @@ class EngineConfig:
     top_prefixes: int = 10
 
     def __post_init__(self) -> None:
-        if self.num_blocks is None and self.kv_cache_bytes is None:
-            raise ValueError("EngineConfig needs num_blocks or kv_cache_bytes")
-        if self.block_size <= 0 or self.max_step_tokens <= 0 or self.max_num_seqs <= 0:
-            raise ValueError("block_size, max_step_tokens and max_num_seqs must be positive")
+        if self.max_step_tokens <= 0 or self.max_num_seqs <= 0:
+            raise ValueError("max_step_tokens and max_num_seqs must be positive")
+        inactive = inactive_settings(self.cache)
+        if inactive:
+            raise ValueError(f"not implemented yet: {', '.join(inactive)}")
         if not 0.0 <= self.pin_share <= 1.0:
             raise ValueError("pin_share must lie in [0, 1]")
 
@@ -93,4 +91,4 @@ class EngineConfig:
 
     @property
     def share_wait_tokens(self) -> int:
-        return self.share_wait_min_tokens or self.block_size
+        return self.share_wait_min_tokens or self.cache.block_size

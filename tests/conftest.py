@@ -52,16 +52,16 @@ def hf_reference_tokenizer(default_model_path):
 
 @pytest.fixture
 def make_engine():
-    """Build tiny-model engines (``make(**EngineConfig fields)``, 128 blocks unless given);
+    """Build tiny-model engines (``make(**fields)``: EngineConfig fields, and the cache's
+    own such as ``block_size`` or ``enable_prefix_cache``; 128 blocks unless given);
     every one is shut down after the test."""
     from radixgate.runtime.engine import Engine
-    from radixgate.runtime.engine_config import EngineConfig
+    from tests.support.engine import engine_config
     from tests.support.engine import tiny_model as shared_tiny_model
     engines = []
 
     def make(**fields):
-        fields.setdefault("num_blocks", 128)
-        engine = Engine(shared_tiny_model(), EngineConfig(**fields)).start()
+        engine = Engine(shared_tiny_model(), engine_config(**fields)).start()
         engines.append(engine)
         return engine
 

@@ -7,17 +7,22 @@ import re
 import pytest
 
 from radixgate.gateway.cli import build_parser, config_from_args, main
+from radixgate.gateway.config import ConfigError, config_from_dict
+from radixgate.radix_cache import CacheConfig, CreditParams
+from radixgate.radix_cache.config import inactive_settings
 
 
 def test_flags_override_the_config_file(tmp_path):
     path = tmp_path / "radixgate.toml"
-    path.write_text('[server]\nport = 9000\nhost = "127.0.0.1"\n[model]\nblock_size = 32\n'
-                    'kv_cache_gb = 2\n')
+    path.write_text('[server]\nport = 9000\nhost = "127.0.0.1"\n[cache]\nblock_size = 32\n'
+                    'kv_cache_gb = 2\npolicy = "lru"\n')
     args = build_parser().parse_args(["serve", "--config", str(path), "--port", "9100",
-                                      "--kv-cache-gb", "0.5", "--tiny", "--max-model-len", "1024"])
+                                      "--kv-cache-gb", "0.5", "--tiny", "--max-model-len", "1024",
+                                      "--policy", "credit"])
     cfg = config_from_args(args)
     assert (cfg.server.port, cfg.server.host) == (9100, "127.0.0.1")
-    assert cfg.model.block_size == 32 and cfg.model.kv_cache_gb == 0.5
+    assert cfg.cache.block_size == 32 and cfg.cache.kv_cache_gb == 0.5
+    assert cfg.cache.policy == "credit"
     assert cfg.model.tiny and cfg.model.max_model_len == 1024
 
 
@@ -117,21 +122,64 @@ def test_unknown_subcommand_exits_with_usage():
         main(["frobnicate"])
 
 
-def test_plain_lru_flag_turns_the_eviction_credits_and_partial_first_off():
+def test_policy_flag_and_its_deprecated_plain_lru_spelling_reach_the_engine():
     from radixgate.gateway.state import engine_config
-    from radixgate.radix_cache import LRU, EvictionPolicy
     default = config_from_args(build_parser().parse_args(["serve"]))
-    plain = config_from_args(build_parser().parse_args(["serve", "--plain-lru"]))
-    assert engine_config(default).eviction == EvictionPolicy()
-    assert engine_config(plain).eviction == LRU
+    lru = config_from_args(build_parser().parse_args(["serve", "--policy", "lru"]))
+    with pytest.warns(FutureWarning, match="--plain-lru is deprecated"):
+        plain = config_from_args(build_parser().parse_args(["serve", "--plain-lru"]))
+    assert engine_config(default).cache == CacheConfig()
+    assert engine_config(lru).cache.policy == engine_config(plain).cache.policy == "lru"
+    with pytest.raises(ConfigError, match="contradicts"), pytest.warns(FutureWarning):
+        config_from_args(build_parser().parse_args(["serve", "--plain-lru", "--policy", "credit"]))
 
 
-def test_eviction_settings_from_the_config_file_reach_the_engine(tmp_path):
+def test_cache_section_reaches_the_engine_as_one_frozen_config(tmp_path):
     from radixgate.gateway.state import engine_config
-    from radixgate.radix_cache import EvictionPolicy
     path = tmp_path / "radixgate.toml"
-    path.write_text("[model]\ncontinuation_ticks = 50\nbranch_ticks = 8\n"
+    path.write_text('[cache]\nkv_cache_gb = 0.5\nblock_size = 32\npolicy = "credit"\n'
+                    "[cache.credit]\ncontinuation_ticks = 50\nbranch_ticks = 8\n"
                     "probation_ticks = 0\npartial_tails_first = false\n")
     config = config_from_args(build_parser().parse_args(["serve", "--config", str(path)]))
-    assert engine_config(config).eviction == EvictionPolicy(
-        continuation_ticks=50, branch_ticks=8, probation_ticks=0, partial_tails_first=False)
+    assert engine_config(config).cache is config.cache
+    assert config.cache == CacheConfig(
+        kv_cache_gb=0.5, block_size=32, policy="credit", credit=CreditParams(
+            continuation_ticks=50, branch_ticks=8, probation_ticks=0, partial_tails_first=False))
+
+
+def test_old_model_cache_keys_still_work_with_a_deprecation_warning_per_key(tmp_path):
+    path = tmp_path / "radixgate.toml"
+    path.write_text("[model]\nkv_cache_gb = 0.5\nblock_size = 32\nbranch_ticks = 8\n"
+                    "partial_tails_first = false\nmax_model_len = 1024\n")
+    with pytest.warns(FutureWarning) as record:
+        config = config_from_args(build_parser().parse_args(["serve", "--config", str(path)]))
+    moved = sorted(re.search(r"\[model\] (\w+) is deprecated", str(w.message)).group(1)
+                   for w in record)
+    assert moved == ["block_size", "branch_ticks", "kv_cache_gb", "partial_tails_first"]
+    assert "[cache.credit] branch_ticks" in " ".join(str(w.message) for w in record)
+    assert config.cache == CacheConfig(kv_cache_gb=0.5, block_size=32, credit=CreditParams(
+        branch_ticks=8, partial_tails_first=False))
+    assert config.model.max_model_len == 1024
+
+
+def test_an_old_key_and_its_new_place_both_set_is_an_error():
+    with pytest.raises(ConfigError, match=r"\[model\] block_size and \[cache\] block_size"):
+        config_from_dict({"model": {"block_size": 32}, "cache": {"block_size": 16}})
+
+
+@pytest.mark.parametrize("cache, fragment", [
+    ({"kv_dtype": "int8"}, "kv_dtype = 'int8'.*not implemented yet"),
+    ({"disk_dir": "/tmp/kv"}, "disk tier.*not implemented yet"),
+    ({"disk_gb": 10.0}, "disk tier.*not implemented yet"),
+    ({"policy": "lru", "credit": {"branch_ticks": 8}}, "applies to policy"),
+])
+def test_reserved_or_unread_cache_settings_are_refused_not_ignored(cache, fragment):
+    with pytest.raises(ConfigError, match=fragment):
+        config_from_dict({"cache": cache})
+
+
+def test_the_engine_refuses_cache_settings_it_does_not_implement():
+    from radixgate.runtime.engine_config import EngineConfig
+    with pytest.raises(ValueError, match="not implemented yet"):
+        EngineConfig(cache=CacheConfig(kv_dtype="fp8"))
+    assert CacheConfig().kv_dtype == "auto" and not inactive_settings(CacheConfig())

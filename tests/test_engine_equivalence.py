@@ -7,6 +7,7 @@ the end. After every scenario: tree/pool integrity, free + held == total, nothin
 """
 import pytest
 
+from radixgate.radix_cache import CacheConfig
 from radixgate.runtime.api import FinishReason
 from radixgate.runtime.engine import Engine
 from radixgate.runtime.engine_config import EngineConfig
@@ -30,8 +31,8 @@ def model(real_model):
 
 @pytest.fixture(scope="module")
 def reference(model):
-    engine = Engine(model, EngineConfig(num_blocks=256, enable_prefix_cache=False,
-                                        record_logits=True)).start()
+    engine = Engine(model, EngineConfig(num_blocks=256, record_logits=True,
+                                        cache=CacheConfig(enable_prefix_cache=False))).start()
     yield engine
     engine.shutdown(grace_s=0)
 

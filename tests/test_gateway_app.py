@@ -14,7 +14,8 @@ from radixgate.gateway.state import engine_config
 
 RAW = {
     "server": {"max_queue": 1, "max_body_bytes": 4096},
-    "model": {"max_model_len": 512, "kv_cache_gb": 0.002, "tiny": True},
+    "model": {"max_model_len": 512, "tiny": True},
+    "cache": {"kv_cache_gb": 0.002},
     "admin": {"api_keys": ["sk-admin"]},
     "tenants": {"slow": {"api_keys": ["sk-slow"], "requests_per_minute": 2},
                 "solo": {"api_keys": ["sk-solo"], "max_running": 1}},

@@ -17,8 +17,10 @@ path = "default"
 name = "smollm2-135m-instruct"
 aliases = ["claude-*", "gpt-*"]
 max_model_len = 8192
+[cache]
 kv_cache_gb = 4
 block_size = 16
+policy = "credit"
 [admin]
 api_keys = ["sk-admin-1"]
 [tenants.acme]
@@ -38,7 +40,8 @@ def test_design_toml_loads_and_flags_override_file(tmp_path):
     path.write_text(DESIGN_TOML)
     cfg = load_config(path, {"port": 9001, "block_size": 32, "host": None, "tiny": True})
     assert cfg.server.port == 9001 and cfg.server.host == "127.0.0.1"
-    assert cfg.model.block_size == 32 and cfg.model.tiny and cfg.model.kv_cache_gb == 4.0
+    assert cfg.cache.block_size == 32 and cfg.model.tiny and cfg.cache.kv_cache_gb == 4.0
+    assert cfg.cache.policy == "credit"
     assert cfg.model.aliases == ("claude-*", "gpt-*")
     assert cfg.admin_keys == ("sk-admin-1",)
     acme = {t.name: t for t in cfg.tenants}["acme"]
@@ -48,14 +51,20 @@ def test_design_toml_loads_and_flags_override_file(tmp_path):
 
 @pytest.mark.parametrize("raw, fragment", [
     ({"server": {"prot": 1}}, "unknown keys"),
-    ({"model": {"block_size": "16"}}, "expected int"),
+    ({"cache": {"block_size": "16"}}, "expected int"),
     ({"tenants": {"a": {"api_keys": ["k"]}, "b": {"api_keys": ["k"]}}}, "also used"),
     ({"tenants": {"public": {"api_keys": ["k"]}}}, "reserved"),
-    ({"model": {"block_size": 0}}, "block_size"),
+    ({"cache": {"block_size": 0}}, "block_size"),
+    ({"cache": {"kv_cache_gb": 0}}, "kv_cache_gb"),
+    ({"cache": {"policy": "fifo"}}, "policy"),
+    ({"cache": {"kv_dtype": "int4"}}, "kv_dtype"),
+    ({"cache": {"credit": {"branch_ticks": -1}}}, "branch_ticks"),
+    ({"cache": {"credit": {"probation_tick": 5}}}, r"unknown keys in \[cache.credit\]"),
+    ({"cache": {"credit": 5}}, r"\[cache.credit\] must be a table"),
+    ({"cache": {"lru": True}}, r"unknown keys in \[cache\]"),
     ({"admin": {"keys": ["k"]}}, r"unknown keys in \[admin\]"),
     ({"sever": {}}, "unknown config sections"),
-    ({"model": {"branch_ticks": -1}}, "branch_ticks"),
-    ({"model": {"probation_ticks": -5}}, "probation_ticks"),
+    ({"model": {"kv_cache": 4}}, r"unknown keys in \[model\]"),
 ])
 def test_invalid_config_values_are_rejected_with_a_reason(raw, fragment):
     with pytest.raises(ConfigError, match=fragment):

@@ -5,9 +5,12 @@ import asyncio
 import contextlib
 import functools
 
+from radixgate.radix_cache import CacheConfig
 from radixgate.runtime.api import Finished, Request, SamplingParams, TextDelta
 from radixgate.runtime.engine import Engine
 from radixgate.runtime.engine_config import EngineConfig
+
+CACHE_FIELDS = frozenset(CacheConfig.__dataclass_fields__)
 
 
 @functools.lru_cache(maxsize=1)
@@ -17,11 +20,20 @@ def tiny_model():
     return load_model(tiny=True, max_model_len=1024)
 
 
+def engine_config(**fields) -> EngineConfig:
+    """``EngineConfig(**fields)``, where the cache's own fields (``block_size``,
+    ``enable_prefix_cache``, ``policy``, ...) may be given beside the engine's: they go
+    into ``cache=CacheConfig(...)``. 128 blocks unless ``num_blocks`` is given."""
+    cache = {name: fields.pop(name) for name in list(fields) if name in CACHE_FIELDS}
+    fields.setdefault("num_blocks", 128)
+    return EngineConfig(cache=CacheConfig(**cache), **fields)
+
+
 @contextlib.contextmanager
 def running_engine(**config):
-    """A started ``Engine`` over the tiny model; shut down (grace 0) on exit."""
-    config.setdefault("num_blocks", 128)
-    engine = Engine(tiny_model(), EngineConfig(**config)).start()
+    """A started ``Engine`` over the tiny model (``engine_config(**config)``); shut down
+    (grace 0) on exit."""
+    engine = Engine(tiny_model(), engine_config(**config)).start()
     try:
         yield engine
     finally:

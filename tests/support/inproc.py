@@ -23,7 +23,8 @@ async def in_process_gateway(tenants=("acme", "beta", "gamma", "delta"), kv_cach
                              max_model_len=512):
     """Yields (base_url, app) once the engine is ready; shuts it down on exit."""
     config = config_from_dict({
-        "model": {"tiny": True, "max_model_len": max_model_len, "kv_cache_gb": kv_cache_gb},
+        "model": {"tiny": True, "max_model_len": max_model_len},
+        "cache": {"kv_cache_gb": kv_cache_gb},
         "admin": {"api_keys": [ADMIN_KEY]},
         "tenants": {t: {"api_keys": [tenant_key(t)], "requests_per_minute": 0,
                         "max_running": 64} for t in tenants}})

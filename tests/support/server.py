@@ -60,6 +60,7 @@ def config_toml(spec: ServerSpec) -> str:
         "[model]",
         'aliases = ["claude-*", "gpt-*"]',
         f"max_model_len = {spec.max_model_len}",
+        "[cache]",
         f"kv_cache_gb = {spec.kv_cache_gb}",
         f"block_size = {spec.block_size}",
         "[admin]",
