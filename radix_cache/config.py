@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .policy import CreditPolicy, EvictionPolicy, LRUPolicy
+
 POLICIES = ("lru", "credit")
 KV_DTYPES = ("auto", "float32", "bfloat16", "float16", "int8", "fp8")
 
@@ -14,7 +16,7 @@ KV_DTYPES = ("auto", "float32", "bfloat16", "float16", "int8", "fp8")
 @dataclass(frozen=True, slots=True)
 class CreditParams:
     """Parameters of the ``credit`` policy (LRU with credits and a penalty; see
-    ``radix_cache/eviction.py`` for what each one does)."""
+    ``radix_cache/policy/credit.py`` for what each one does)."""
 
     continuation_ticks: int = 200
     branch_ticks: int = 64
@@ -78,13 +80,9 @@ def inactive_settings(config: CacheConfig) -> list[str]:
     return inactive
 
 
-def make_policy(config: CacheConfig):
-    """The eviction policy ``config`` names, ready for ``RadixTree(pool, policy=...)``."""
-    from .eviction import LRU, EvictionPolicy
+def make_policy(config: CacheConfig) -> EvictionPolicy:
+    """A new eviction policy of the kind ``config`` names, for one
+    ``RadixTree(pool, policy=...)`` (a policy keeps one tree's state: make one per tree)."""
     if config.policy == "lru":
-        return LRU
-    c = config.credit
-    return EvictionPolicy(continuation_ticks=c.continuation_ticks, branch_ticks=c.branch_ticks,
-                          partial_tails_first=c.partial_tails_first, branch_cap=c.branch_cap,
-                          probation_ticks=c.probation_ticks,
-                          probation_branches=c.probation_branches)
+        return LRUPolicy()
+    return CreditPolicy(config.credit)
