@@ -12,11 +12,11 @@ from radixgate.gateway.prompt_parts import (BreakpointRules, ConvertedPrompt,
 from radixgate.gateway.render import ChatMessage, Conversation, Piece
 from radixgate.gateway.schemas_anthropic import (CacheControl, InputMessage, TextBlock,
                                                  ToolResultBlock, ToolUseBlock,
-                                                 UnsupportedBlock, _PromptFields)
+                                                 UnsupportedBlock, PromptFields)
 from radixgate.gateway.tools import ToolSpec, forced_call_prefill, tool_call_text, tool_result_text
 
 
-def convert_messages_request(req: _PromptFields) -> ConvertedPrompt:
+def convert_messages_request(req: PromptFields) -> ConvertedPrompt:
     rules = BreakpointRules()
     tools = req.tools or []
     check_unique_tool_names([t.name for t in tools])
@@ -111,7 +111,7 @@ def _mark_last_block(messages: list[ChatMessage], cache_control: CacheControl,
     return [*messages[:-1], ChatMessage(last.role, tuple(pieces))]
 
 
-def _tool_choice(req: _PromptFields, names: list[str]) -> tuple[list[str], str]:
+def _tool_choice(req: PromptFields, names: list[str]) -> tuple[list[str], str]:
     """(tool names whose calls are parsed from the output, forced-call prefill text)."""
     choice = req.tool_choice
     if choice is None or choice.type == "auto":

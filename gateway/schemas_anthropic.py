@@ -77,7 +77,7 @@ class Metadata(_Model):
     user_id: str | None = None
 
 
-class _PromptFields(_Model):
+class PromptFields(_Model):
     model: str
     messages: list[InputMessage] = Field(min_length=1)
     system: str | list[TextBlock] | None = None
@@ -86,7 +86,7 @@ class _PromptFields(_Model):
     cache_control: CacheControl | None = None
 
 
-class MessagesRequest(_PromptFields):
+class MessagesRequest(PromptFields):
     """POST /v1/messages."""
 
     max_tokens: int = Field(ge=1)
@@ -99,5 +99,5 @@ class MessagesRequest(_PromptFields):
     cache_salt: str | None = None      # extension (as vLLM's): a separate cache namespace
 
 
-class CountTokensRequest(_PromptFields):
+class CountTokensRequest(PromptFields):
     """POST /v1/messages/count_tokens."""

@@ -105,7 +105,7 @@ def _store_plan(k, cache):
                 stride_kt=k.stride(0), stride_kh=k.stride(1), stride_vt=k.stride(0), stride_vh=k.stride(1),
                 stride_cb=cache.stride(0), stride_cs=cache.stride(1), stride_ch=cache.stride(2),
                 block_size=cache.shape[1], num_kv_heads=cache.shape[2], head_dim=cache.shape[3])
-    return triton_kv._store_kv_kernel, args, triton_kv.head_pads(cache)
+    return triton_kv.store_kv_kernel, args, triton_kv.head_pads(cache)
 
 
 def _copy_plan(cache):
@@ -113,7 +113,7 @@ def _copy_plan(cache):
                 num_slots_ptr=torch.empty(8, dtype=torch.int32, device="meta"),
                 stride_cb=cache.stride(0), stride_cs=cache.stride(1), stride_ch=cache.stride(2),
                 num_kv_heads=cache.shape[2], head_dim=cache.shape[3])
-    return triton_kv._copy_blocks_kernel, args, triton_kv.head_pads(cache)
+    return triton_kv.copy_blocks_kernel, args, triton_kv.head_pads(cache)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -13,7 +13,7 @@ from radixgate.kernels.checks import check_copy_inputs, check_store_inputs
 
 
 @triton.jit
-def _store_kv_kernel(
+def store_kv_kernel(
     k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_ptr,
     stride_kt, stride_kh, stride_vt, stride_vh,
     stride_cb, stride_cs, stride_ch,
@@ -37,7 +37,7 @@ def _store_kv_kernel(
 
 
 @triton.jit
-def _copy_blocks_kernel(
+def copy_blocks_kernel(
     k_cache_ptr, v_cache_ptr, pairs_ptr, num_slots_ptr,
     stride_cb, stride_cs, stride_ch,
     num_kv_heads, head_dim,
@@ -78,7 +78,7 @@ def triton_store_kv(k, v, k_cache, v_cache, slot_mapping) -> None:
     num_tokens = k.shape[0]
     if num_tokens == 0:
         return
-    _store_kv_kernel[(num_tokens,)](
+    store_kv_kernel[(num_tokens,)](
         k, v, k_cache, v_cache, slot_mapping,
         k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
@@ -94,7 +94,7 @@ def triton_copy_blocks(k_cache, v_cache, pairs, num_slots) -> None:
     if pairs.shape[0] == 0:
         return
     pairs = pairs.contiguous()
-    _copy_blocks_kernel[(pairs.shape[0], k_cache.shape[1])](
+    copy_blocks_kernel[(pairs.shape[0], k_cache.shape[1])](
         k_cache, v_cache, pairs, num_slots,
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         k_cache.shape[2], k_cache.shape[3],
