@@ -150,7 +150,9 @@ class EngineCore:
         return self.scheduler.has_work()
 
     def step(self) -> bool:
-        """Runs one step; False when nothing could be scheduled."""
+        """Runs one step. False when it did nothing at all (``StepPlan.stalled``: nothing
+        to compute, nothing finished, failed or was preempted), so that a next step does
+        nothing either until a command arrives or the clock passes ``next_wake()``."""
         started = time.perf_counter()
         chunks: list[Chunk] = []
         try:
@@ -163,13 +165,25 @@ class EngineCore:
                                                message=unfit_message(self, plan.unfit)))
             chunks = plan.chunks
             if not chunks:
-                return False
+                return not plan.stalled
             self._run(chunks)
         except Exception as exc:  # noqa: BLE001 - isolate the failure to this step's requests
             self._fail_step(chunks or list(self.scheduler.running), exc)
         self.counters.steps += 1
         self.counters.step_s += time.perf_counter() - started
         return True
+
+    def next_wake(self) -> float | None:
+        """The soonest ``time.monotonic()`` at which the clock alone changes what a step
+        can do: a request's deadline passes, or an unexpired pin expires (its path turns
+        evictable). None when only a command can (an abort, flush, unpin, new request).
+        Costs one pass over the live requests and the pins (both bounded by quotas)."""
+        deadlines = [seq.request.deadline for seq in self.sequences.values()
+                     if seq.request.deadline is not None]
+        now = self.tree.clock()
+        expiries = [node.pin.expiry for node in self.tree.pinned_nodes
+                    if node.pin is not None and node.pin.expiry > now]
+        return min(deadlines + expiries, default=None)
 
     def _fail_step(self, chunks_or_seqs, exc: Exception) -> None:
         """Scheduling or the forward pass raised: no one request can be blamed, so every

@@ -4,8 +4,10 @@ DESIGN.md section 6. Every call that changes engine state (submit, abort, flush,
 unpin, publish, check_integrity, a fresh snapshot, fault injection, shutdown) is a command
 applied between steps by the engine thread; only that thread touches the tree, the pool
 and the KV tensors. Commands return ``concurrent.futures.Future``. When nothing runs or
-waits, the thread blocks on the queue (no polling). ``snapshot()`` returns the latest
-immutable ``EngineSnapshot``, published between steps.
+waits, the thread blocks on the queue (no polling); when requests wait but none can start
+(no room, a quota), it blocks on the queue until a command arrives or the clock passes the
+next request deadline or pin expiry (``EngineCore.next_wake``), again without polling.
+``snapshot()`` returns the latest immutable ``EngineSnapshot``, published between steps.
 
 Usage::
 
@@ -199,10 +201,20 @@ class Engine:
                     self._on_idle()
                     continue
                 if not core.step():
-                    self._apply_commands(block=True, timeout=0.05)
+                    self._wait_for_change()
                 self._maybe_publish()
         finally:
             self._stop_thread()
+
+    def _wait_for_change(self) -> None:
+        """Waiting requests cannot start and nothing runs: only a command (abort, flush,
+        unpin, a new request...), a deadline, a pin's expiry or the drain deadline can
+        change that. Blocks on the command queue until the soonest of them."""
+        self.core.counters.stalls += 1
+        self._publish()
+        wakes = [t for t in (self.core.next_wake(), self._drain_deadline) if t is not None]
+        timeout = max(0.0, min(wakes) - time.monotonic()) if wakes else None
+        self._apply_commands(block=True, timeout=timeout)
 
     def _apply_commands(self, block: bool, timeout: float | None = None) -> None:
         try:

@@ -41,6 +41,14 @@ class StepPlan:
     preempted: list[Sequence] = field(default_factory=list)
     unfit: Sequence | None = None   # could not be admitted although nothing else runs
     failed: list[tuple[Sequence, Exception]] = field(default_factory=list)  # admission raised
+    retried: bool = False           # an admission raised and is tried again next step
+
+    @property
+    def stalled(self) -> bool:
+        """Nothing to compute and nothing changed: the next plan is the same one until a
+        command arrives or the clock passes a deadline or a pin's expiry."""
+        return (not (self.chunks or self.preempted or self.failed or self.retried)
+                and self.unfit is None)
 
     @property
     def num_tokens(self) -> int:
@@ -181,6 +189,8 @@ class Scheduler:
                     seq.admission_failures += 1
                     if seq.admission_failures >= MAX_ADMISSION_FAILURES:
                         plan.failed.append((seq, exc))
+                    else:
+                        plan.retried = True
                     held.add(id(seq))
                     continue
                 if outcome == "held":

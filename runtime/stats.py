@@ -91,6 +91,7 @@ class EngineCounters:
     prefill_rate: float = 0.0   # exponential moving average, tokens/s
     step_s: float = 0.0         # wall time inside steps
     forward_s: float = 0.0      # of which inside the model's forward
+    stalls: int = 0             # waits with requests queued and none able to start
 
     def record_prefill(self, tokens: int, seconds: float) -> None:
         if tokens <= 0 or seconds <= 0:
@@ -102,13 +103,11 @@ class EngineCounters:
 def take_snapshot(tree, pool, scheduler, counters: EngineCounters, *, top_n: int,
                   draining: bool) -> EngineSnapshot:
     """Reads tree, pool and scheduler (engine thread only) into an immutable snapshot.
-    Nothing here grows with the number of namespaces: tree counters are kept current, and
-    each tenant's hottest prefixes come from a bounded search of its own namespaces."""
-    in_use = {b for seq in scheduler.running for b in seq.block_table}
-    pinned = tree.pinned_blocks() - in_use
-    cached = tree.held_blocks() - in_use - pinned
-    blocks = BlockCounts(pool.num_blocks, pool.num_free(), len(cached), len(pinned), len(in_use))
+    Nothing here walks the tree or grows with the cache: tree counters are kept current
+    (``block_counts``), each tenant's hottest prefixes come from a bounded search of its own
+    namespaces, and the pins listed are bounded by the pin quotas."""
     stats = tree.stats(per_namespace=False)
+    blocks = block_counts(tree, pool, scheduler.running, stats)
     tree_counts = TreeCounts(stats.nodes, stats.cached_tokens, stats.evictable_tokens,
                              stats.pinned_tokens, stats.num_namespaces)
     by_tenant = _tenant_prefix_entries(tree, top_n)
@@ -124,6 +123,19 @@ def take_snapshot(tree, pool, scheduler, counters: EngineCounters, *, top_n: int
         preemptions=counters.preemptions,
         step_time_s=counters.step_s, forward_time_s=counters.forward_s,
         pins=tuple(_pin_entries(tree)))
+
+
+def block_counts(tree, pool, running, stats) -> BlockCounts:
+    """The disjoint block states from the tree's kept counters (``stats``), looking at the
+    running requests' blocks and the pinned ones (bounded by the pin quotas), never at
+    every cached block: pinned blocks are held by nodes, so cached = held - held in use -
+    pinned not in use."""
+    in_use = {block for seq in running for block in seq.block_table}
+    pinned = tree.pinned_blocks()
+    pinned_free = len(pinned) - sum(1 for block in in_use if block in pinned)
+    held_in_use = sum(1 for block in in_use if block in tree.block_holders)
+    cached = stats.cached_blocks - held_in_use - pinned_free
+    return BlockCounts(pool.num_blocks, pool.num_free(), cached, pinned_free, len(in_use))
 
 
 def _tenant_counts(tree, scheduler) -> dict[str, TenantCounts]:
