@@ -92,7 +92,8 @@ class EngineCore:
         self._arrivals += 1
         params = request.sampling
         return Sequence(request, sink, self._arrivals, make_generator(params),
-                        StopMatcher(params.stop), IncrementalDetokenizer(self._token_bytes))
+                        StopMatcher(params.stop, request.stop_automaton),
+                        IncrementalDetokenizer(self._token_bytes))
 
     def abort(self, request_id: str, finish: Finish | None = None) -> bool:
         seq = self.sequences.get(request_id)
