@@ -34,7 +34,7 @@ async def expected_nodes(client) -> int:
     stack, marked = list(ns.root.children.values()), 0
     while stack:
         node = stack.pop()
-        marked += node.expected_access > 0
+        marked += node.policy_state is not None and node.policy_state.expected_access > 0
         stack.extend(node.children.values())
     return marked
 
