@@ -68,3 +68,13 @@ def make_engine():
     yield make
     for engine in engines:
         engine.shutdown(grace_s=0)
+
+
+# --- HTTP ---
+
+@pytest.fixture
+async def http():
+    """An aiohttp client session for tests that talk to a server over loopback."""
+    import aiohttp
+    async with aiohttp.ClientSession() as session:
+        yield session

@@ -35,12 +35,6 @@ def server(pytestconfig):
     return shared_server(pytestconfig, ServerSpec())
 
 
-@pytest.fixture
-async def http():
-    async with aiohttp.ClientSession() as session:
-        yield session
-
-
 def long_text(n_words: int) -> str:
     return " ".join(f"w{i % 97}" for i in range(n_words))
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 
-import aiohttp
 import pytest
 
 from tests.support import client as c
@@ -78,12 +77,6 @@ ACCEPTED = [
 @pytest.fixture(scope="module")
 def server(pytestconfig):
     return shared_server(pytestconfig, SPEC)
-
-
-@pytest.fixture
-async def http():
-    async with aiohttp.ClientSession() as session:
-        yield session
 
 
 async def post_raw(http, server, path: str, data: str | bytes, content_type="application/json"):

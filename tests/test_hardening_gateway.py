@@ -14,7 +14,6 @@ import asyncio
 import json
 import re
 
-import aiohttp
 import pytest
 
 from tests.support import client as c
@@ -32,12 +31,6 @@ ATTACKER, VICTIM = tenant_key("attacker"), tenant_key("victim")
 @pytest.fixture(scope="module")
 def server(pytestconfig):
     return shared_server(pytestconfig, SPEC)
-
-
-@pytest.fixture
-async def http():
-    async with aiohttp.ClientSession() as session:
-        yield session
 
 
 async def renders_of(http, base: str, tenant: str) -> float:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import re
 import uuid
 
-import aiohttp
 import pytest
 
 from radixgate.runtime.api import Breakpoint
@@ -67,12 +66,6 @@ def test_extending_a_pinned_prefix_counts_only_the_added_tokens(make_engine):
 @pytest.fixture(scope="module")
 def server(pytestconfig):
     return shared_server(pytestconfig, SPEC)
-
-
-@pytest.fixture
-async def http():
-    async with aiohttp.ClientSession() as session:
-        yield session
 
 
 def system_text(tag: str, n_words: int = 55) -> list[dict]:

@@ -32,12 +32,6 @@ def server(pytestconfig):
     return shared_server(pytestconfig, ServerSpec())
 
 
-@pytest.fixture
-async def http():
-    async with aiohttp.ClientSession() as session:
-        yield session
-
-
 def attacker_body(path: str, temperature: float, stream: bool) -> dict:
     if path == COMPLETIONS_PATH:
         body = {"model": c.OPENAI_MODEL, "prompt": "edge temperature", "max_tokens": 8,

@@ -35,12 +35,6 @@ def server(pytestconfig):
     return shared_server(pytestconfig, SPEC)
 
 
-@pytest.fixture
-async def http():
-    async with aiohttp.ClientSession() as session:
-        yield session
-
-
 def host_port(base_url: str) -> tuple[str, int]:
     host, port = base_url.removeprefix("http://").split(":")
     return host, int(port)

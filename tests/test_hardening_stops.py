@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 
-import aiohttp
 import pytest
 
 from radixgate.runtime.stop import MAX_STOP_LENGTH, MAX_STOP_STRINGS
@@ -18,12 +17,6 @@ ACME = tenant_key("acme")
 @pytest.fixture(scope="module")
 def server(pytestconfig):
     return shared_server(pytestconfig, ServerSpec())
-
-
-@pytest.fixture
-async def http():
-    async with aiohttp.ClientSession() as session:
-        yield session
 
 
 def body_with_stops(path: str, stops: list[str], **extra) -> dict:

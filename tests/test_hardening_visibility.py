@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import uuid
 
-import aiohttp
 import pytest
 
 from tests.support import client as c
@@ -26,12 +25,6 @@ ATTACKER, VICTIM, SALTER = (tenant_key(t) for t in SPEC.tenants)
 @pytest.fixture(scope="module")
 def server(pytestconfig):
     return shared_server(pytestconfig, SPEC)
-
-
-@pytest.fixture
-async def http():
-    async with aiohttp.ClientSession() as session:
-        yield session
 
 
 async def chat(http, server, key, system: str, **extra) -> dict:

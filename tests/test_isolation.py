@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import uuid
 
-import aiohttp
 import pytest
 
 from radixgate.gateway.auth import namespace_for
@@ -25,12 +24,6 @@ ACME, BETA = tenant_key("acme"), tenant_key("beta")
 @pytest.fixture(scope="module")
 def server(pytestconfig):
     return shared_server(pytestconfig, SPEC)
-
-
-@pytest.fixture
-async def http():
-    async with aiohttp.ClientSession() as session:
-        yield session
 
 
 async def fresh(http, server, *tenants: str) -> None:

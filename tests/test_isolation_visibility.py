@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import uuid
 
-import aiohttp
 import pytest
 
 from tests.support import client as c
@@ -25,12 +24,6 @@ ACME, BETA, GAMMA = tenant_key("acme"), tenant_key("beta"), tenant_key("gamma")
 @pytest.fixture(scope="module")
 def server(pytestconfig):
     return shared_server(pytestconfig, SPEC)
-
-
-@pytest.fixture
-async def http():
-    async with aiohttp.ClientSession() as session:
-        yield session
 
 
 def pinned_system(text: str) -> list[dict]:
