@@ -4,15 +4,16 @@ Load time; prefill of N tokens (one sequence) in tokens/s; decode steps (1 and 1
 in tokens/s; with ``--vs-transformers`` the same prefill and single-sequence decode through
 transformers' model loaded from the same GGUF (fp32), measured in the same run.
 
-``--ab-packed N`` measures the prepacked oneDNN linear layers (runtime/linear.py) against plain
-``F.linear`` (``RADIXGATE_PACKED_LINEAR=0``): N rounds of one child process each, alternating,
-then the medians and their ratios (on a shared machine single runs are not to be trusted).
+``--dtypes float32,bfloat16,int8,int4`` measures each weights dtype (runtime/linear.py) side by
+side: ``--rounds`` rounds of one child process per dtype, interleaved, then the medians of load
+time, prefill, decode at 1 and 16 sequences, the matmul weights' bytes and peak RSS, and the
+ratios to the first dtype (on a shared machine single runs are not to be trusted).
 """
 from __future__ import annotations
 
 import argparse
 import json
-import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -36,9 +37,9 @@ def _best(fn, repeat: int) -> float:
     return min(times)
 
 
-def ours(prefill_len: int, decode_steps: int, repeat: int) -> dict:
+def ours(prefill_len: int, decode_steps: int, repeat: int, weights_dtype: str = "auto") -> dict:
     start = time.perf_counter()
-    loaded = load_model()
+    loaded = load_model(weights_dtype=weights_dtype)
     load_s = time.perf_counter() - start
     model, cfg = loaded.model, loaded.config
     ids = (loaded.tokenizer.encode("The quick brown fox jumps over the lazy dog. ") * 400)[:prefill_len]
@@ -60,7 +61,9 @@ def ours(prefill_len: int, decode_steps: int, repeat: int) -> dict:
     model.forward(build_forward_batch([ids[:short]] * 16, [0] * 16, tables16, BLOCK), kv)
     batch16 = decode(16, short, tables16)
     return {"load_s": load_s, "prefill_tok_s": prefill_len / prefill, "decode1_tok_s": single,
-            "decode16_tok_s": batch16}
+            "decode16_tok_s": batch16, "weights_mb": model.weight_bytes() / 1e6,
+            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            "weights_dtype": loaded.weights_dtype}
 
 
 def transformers_side(prefill_len: int, decode_steps: int, repeat: int) -> dict:
@@ -80,24 +83,25 @@ def transformers_side(prefill_len: int, decode_steps: int, repeat: int) -> dict:
     return {"prefill_tok_s": prefill_len / prefill, "decode1_tok_s": decode}
 
 
-def ab_packed(rounds: int, args) -> None:
-    """Alternate child runs with packing on and off; print medians and on/off ratios."""
-    runs: dict[str, list[dict]] = {"packed": [], "plain": []}
+def compare_dtypes(dtypes: list[str], rounds: int, args) -> None:
+    """Interleaved child runs, one per dtype per round; print medians and ratios to the first."""
+    runs: dict[str, list[dict]] = {d: [] for d in dtypes}
     for _ in range(rounds):
-        for name, flag in (("plain", "0"), ("packed", "1")):
+        for dtype in dtypes:
             cmd = [sys.executable, "-m", "benchmarks.forward_speed", "--json", "--prefill",
                    str(args.prefill), "--decode-steps", str(args.decode_steps), "--repeat",
-                   str(args.repeat)] + (["--threads", str(args.threads)] if args.threads else [])
-            env = dict(os.environ, RADIXGATE_PACKED_LINEAR=flag)
-            out = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True).stdout
-            runs[name].append(json.loads(out.strip().splitlines()[-1]))
-            print(name, runs[name][-1], flush=True)
-    keys = ("prefill_tok_s", "decode1_tok_s", "decode16_tok_s")
-    median = {n: {k: statistics.median(r[k] for r in rs) for k in keys} for n, rs in runs.items()}
-    print("| figure | plain F.linear | packed | packed / plain |\n|---|---|---|---|")
-    for key in keys:
-        plain, packed = median["plain"][key], median["packed"][key]
-        print(f"| {key} | {plain:.1f} | {packed:.1f} | {packed / plain:.2f}x |")
+                   str(args.repeat), "--weights-dtype", dtype] + \
+                (["--threads", str(args.threads)] if args.threads else [])
+            out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+            runs[dtype].append(json.loads(out.strip().splitlines()[-1]))
+            print(dtype, runs[dtype][-1], flush=True)
+    keys = ("load_s", "prefill_tok_s", "decode1_tok_s", "decode16_tok_s", "weights_mb", "peak_rss_mb")
+    median = {d: {k: statistics.median(r[k] for r in rs) for k in keys} for d, rs in runs.items()}
+    base = dtypes[0]
+    print("| weights | " + " | ".join(keys) + " |\n|---" * (len(keys) + 1) + "|")
+    for d in dtypes:
+        cells = [f"{median[d][k]:.1f} ({median[d][k] / median[base][k]:.2f}x)" for k in keys]
+        print(f"| {d} | " + " | ".join(cells) + " |")
 
 
 def main(argv=None) -> None:
@@ -107,19 +111,23 @@ def main(argv=None) -> None:
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--vs-transformers", action="store_true")
-    parser.add_argument("--ab-packed", type=int, default=0, metavar="ROUNDS")
+    parser.add_argument("--weights-dtype", default="auto",
+                        choices=["auto", "float32", "bfloat16", "int8", "int4"])
+    parser.add_argument("--dtypes", default=None, metavar="A,B,...",
+                        help="compare these weights dtypes side by side (child processes)")
+    parser.add_argument("--rounds", type=int, default=1, help="rounds for --dtypes")
     parser.add_argument("--json", action="store_true", help="print only a JSON line of ours")
     args = parser.parse_args(argv)
-    if args.ab_packed:
-        return ab_packed(args.ab_packed, args)
+    if args.dtypes:
+        return compare_dtypes(args.dtypes.split(","), args.rounds, args)
     if args.threads:
         torch.set_num_threads(args.threads)
-    result = ours(args.prefill, args.decode_steps, args.repeat)
+    result = ours(args.prefill, args.decode_steps, args.repeat, args.weights_dtype)
     if args.json:
         print(json.dumps(result))
         return
     print(f"torch threads: {torch.get_num_threads()}")
-    print("radixgate:", {k: round(v, 2) for k, v in result.items()})
+    print("radixgate:", {k: v if isinstance(v, str) else round(v, 2) for k, v in result.items()})
     if args.vs_transformers:
         ref = transformers_side(args.prefill, args.decode_steps, args.repeat)
         print("transformers:", {k: round(v, 2) for k, v in ref.items()})

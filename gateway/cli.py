@@ -83,12 +83,17 @@ def _model_flags(p: argparse.ArgumentParser) -> None:
                         "expected continuations, probation, partial blocks first; default)")
     p.add_argument("--max-model-len", type=int)
     p.add_argument("--threads", type=int, metavar="N", help=THREADS_HELP)
+    p.add_argument("--weights-dtype", choices=["auto", "float32", "bfloat16", "int8", "int4"],
+                   help="form the matmul weights are kept and computed in ([model] weights_dtype; "
+                        "auto: int4 for Q4 GGUFs where torch's int4 op exists, else bf16 with "
+                        "AVX512-BF16, else float32)")
 
 
 def config_from_args(args: argparse.Namespace) -> GatewayConfig:
     overrides = {"model": args.model, "tiny": args.tiny, "kv_cache_gb": args.kv_cache_gb,
                  "block_size": args.block_size, "max_model_len": args.max_model_len,
-                 "policy": _policy_override(args), "threads": _threads_override(args.threads)}
+                 "policy": _policy_override(args), "threads": _threads_override(args.threads),
+                 "weights_dtype": getattr(args, "weights_dtype", None)}
     for name in ("host", "port", "log_level", "enable_prefix_cache", "page_rounded_match",
                  "body_timeout_s", "max_unsent_events", "stream_send_buffer_bytes"):
         overrides[name] = getattr(args, name, None)

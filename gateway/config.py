@@ -52,6 +52,7 @@ class ModelSettings:
     max_model_len: int = 8192
     tiny: bool = False
     threads: int = 0                     # torch CPU threads; 0 = torch's default
+    weights_dtype: str = "auto"          # auto | float32 | bfloat16 | int8 | int4 (runtime/linear.py)
 
 
 # [model] keys that moved to [cache]: old key -> its place now ("credit.x": [cache.credit] x)
@@ -114,6 +115,7 @@ _FLAG_FIELDS = {
     "model": ("model", "path"), "tiny": ("model", "tiny"),
     "max_model_len": ("model", "max_model_len"), "model_name": ("model", "name"),
     "threads": ("model", "threads"),
+    "weights_dtype": ("model", "weights_dtype"),
     "kv_cache_gb": ("cache", "kv_cache_gb"), "block_size": ("cache", "block_size"),
     "policy": ("cache", "policy"),
     "enable_prefix_cache": ("cache", "enable_prefix_cache"),

@@ -31,7 +31,8 @@ def default_engine_factory(config: GatewayConfig):
     from radixgate.runtime.engine import Engine
     from radixgate.runtime.loader import load_model
     loaded = load_model(config.model.path, tiny=config.model.tiny,
-                        max_model_len=config.model.max_model_len)
+                        max_model_len=config.model.max_model_len,
+                        weights_dtype=config.model.weights_dtype)
     return Engine(loaded, engine_config(config)).start()
 
 

@@ -1,27 +1,85 @@
-"""``linear(x, w)``: ``F.linear`` that runs multi-row fp32 inputs on the CPU through oneDNN with a
-prepacked copy of the weight.
+"""The model's matmuls ``x [M, K] @ W^T -> [M, N]`` with the weight kept in one form only: float32
+or bfloat16 (oneDNN-packed on the CPU), int8 (per-output-row scale) or int4 (per-32-group scale
+and zero), and ``resolve_weights_dtype``, which picks the form for ``--weights-dtype auto``.
 
-On this project's AVX2 CPUs MKL's sgemm is slow for the skinny products of batched decode (16
-rows) and prefill; oneDNN's linear over a weight reordered once into its blocked layout runs them
-faster (measured in benchmarks/forward_speed.py). Single-row inputs (one decoding sequence) stay
-on ``F.linear``, whose GEMV is as fast. The packed copy costs the weight's size again in memory.
-Set ``RADIXGATE_PACKED_LINEAR=0`` to turn packing off (every call is then ``F.linear``); torch
-builds without the oneDNN ops fall back the same way.
+Measured on this project's CPU (AVX-512 + AVX512-BF16, torch 2.13, 1 thread, the 30 layers of
+SmolLM2-135M each a distinct weight so nothing stays in cache; ms for all 30 layers' q/k/v, o,
+gate_up and down together; the f32 and bf16-packed columns scaled up from gate_up + down, 75%
+of the weights):
+
+    rows   f32 F.linear  f32 packed  bf16 packed  int8 op  int4 op  int4 -> bf16 GEMM
+    1           25           13          6.8        6.7      3.9        -
+    16          56           23          13         23.3     20.6      185
+    64          -            -           39*        86.2     78.7      192
+    512        1107         440          221        674      614       354   (* plain bf16)
+
+lm_head [49152, 576], 1 / 16 rows: f32 packed 3.3 / 7.5 ms, bf16 packed 1.6 / 3.4, int8 op
+1.6 / 6.8. The int8 / int4 ops take bfloat16 activations (with float32 ones they fall back to
+scalar code, 20-100x slower); oneDNN's packed layout beats F.linear even at one row, so it is the
+only copy of a dense weight (a tied head shares the embedding's plain table instead).
+
+Per call: int4 runs the int4 op up to ``INT4_OP_MAX_ROWS`` rows and above that dequantizes the
+layer to bf16 (from the packed codes) for one bf16 GEMM; int8 runs its op up to
+``INT8_OP_MAX_ROWS`` and a bf16 GEMM over the converted codes above.
+
+``auto`` (no timing run at start; CPU flags from /proc/cpuinfo at run time):
+
+    model's linear weights            CPU                          weights
+    Q4_0 / Q4_1 (4-bit blocks)        int4 op present (AVX2/512)   int4 (head: bfloat16)
+    Q8_0, F16, BF16, F32, HF dirs     AVX512-BF16 or AMX-BF16      bfloat16
+    anything else, --tiny, non-CPU    -                            float32
+
+int4 wins single-stream decode (3.9 against 7.5 ms a token for the layers) and loses 16 rows
+(1.5x) and prefill (1.5x) to bf16; decode of few streams is what the default model serves.
+Q4_0 / Q4_1 codes go into int4 exactly (float32 scale and zero; the op rounds them to bf16);
+the tied Q8_0 head becomes bf16 (4-bit would be lossy, and bf16 is as fast as int8 at one row).
 """
 from __future__ import annotations
 
-import os
+import functools
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-PACKED_LINEAR_ENV = "RADIXGATE_PACKED_LINEAR"
+WEIGHTS_DTYPES = ("auto", "float32", "bfloat16", "int8", "int4")
+GROUP = 32                    # int4 group size: GGUF's block of 32 values
+INT4_OP_MAX_ROWS = 64         # above: dequantize the layer to bf16 and run one GEMM
+INT8_OP_MAX_ROWS = 16
 _PACK_ROWS_HINT = 16          # the row count oneDNN tunes the packed layout for
+_INT4_TILE = 64               # the CPU int4 pack interleaves rows in tiles of 64
 
 
+@functools.cache
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags (``/proc/cpuinfo``), empty where that file is missing."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return frozenset()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return frozenset(line.split(":", 1)[1].split())
+    return frozenset()
+
+
+def has_bf16_gemm() -> bool:
+    return bool({"avx512_bf16", "amx_bf16"} & cpu_flags())
+
+
+def has_int4_op() -> bool:
+    return hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu") and \
+        torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
+
+
+def has_int8_op() -> bool:
+    return hasattr(torch.ops.aten, "_weight_int8pack_mm")
+
+
+@functools.cache
 def _packing_works() -> bool:
-    """oneDNN ops present and agreeing with F.linear on a small product."""
-    if os.environ.get(PACKED_LINEAR_ENV, "1") == "0" or not torch.backends.mkldnn.is_available():
+    """oneDNN's packed linear present and agreeing with F.linear on a small product."""
+    if not torch.backends.mkldnn.is_available():
         return False
     try:
         gen = torch.Generator().manual_seed(0)
@@ -33,25 +91,139 @@ def _packing_works() -> bool:
         return False
 
 
-class Linear:
-    """``Linear(weight [N, K], bias [N] | None)``; calling it on x [M, K] returns [M, N]."""
+def resolve_weights_dtype(requested: str, source_kind: str, device: torch.device,
+                          dtype: torch.dtype = torch.float32, tiny: bool = False) -> str:
+    """The weights dtype to build: ``requested`` itself, or for ``auto`` the table in this
+    module's docstring (``--tiny`` and non-CPU devices: the activations' ``dtype``).
+    ``source_kind``: ``"4bit"``, ``"8bit"`` or ``"float"`` (the model's matmul weights as
+    stored). Raises ValueError for an unknown or unavailable dtype."""
+    if requested not in WEIGHTS_DTYPES:
+        raise ValueError(f"weights dtype {requested!r}: one of {', '.join(WEIGHTS_DTYPES)}")
+    cpu = device.type == "cpu"
+    if requested in ("int4", "int8"):
+        available = has_int4_op() if requested == "int4" else has_int8_op()
+        if not (cpu and available):
+            raise ValueError(f"weights dtype {requested} needs torch's CPU {requested} matmul "
+                             f"(device {device}, CPU capability "
+                             f"{torch.backends.cpu.get_cpu_capability()})")
+        return requested
+    if requested != "auto":
+        return requested
+    if tiny or not cpu:
+        return str(dtype).removeprefix("torch.")
+    if source_kind == "4bit" and has_int4_op():
+        return "int4"
+    return "bfloat16" if has_bf16_gemm() else "float32"
 
-    _enabled: bool | None = None    # decided once per process
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
-        self.weight, self.bias = weight, bias
-        self.packed = None
-        if weight.device.type == "cpu" and weight.dtype == torch.float32 and self._can_pack():
+class DenseLinear:
+    """A float32 or bfloat16 weight [N, K]: on the CPU only oneDNN's packed copy is kept
+    (``pack=False`` keeps the plain tensor, e.g. a head tied to the embedding table)."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, pack: bool = True):
+        self.shape, self.dtype, self.bias = tuple(weight.shape), weight.dtype, bias
+        self.weight, self.packed = weight, None
+        if pack and weight.device.type == "cpu" and _packing_works() and \
+                weight.dtype in (torch.float32, torch.bfloat16):
             self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, _PACK_ROWS_HINT)
-
-    @classmethod
-    def _can_pack(cls) -> bool:
-        if cls._enabled is None:
-            cls._enabled = _packing_works()
-        return cls._enabled
+            self.weight = None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.packed is None or x.dim() != 2 or x.shape[0] == 1:
-            return F.linear(x, self.weight, self.bias)
-        return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.packed, self.bias,
-                                                  "none", [], "")
+        xw = x.to(self.dtype)
+        if self.packed is None:
+            out = F.linear(xw, self.weight, None if self.bias is None else self.bias.to(self.dtype))
+            return out.to(x.dtype)
+        out = torch.ops.mkldnn._linear_pointwise(xw.contiguous(), self.packed, None, "none", [], "")
+        out = out.to(x.dtype)
+        return out if self.bias is None else out + self.bias
+
+    @property
+    def nbytes(self) -> int:
+        n, k = self.shape
+        return n * k * self.dtype.itemsize
+
+
+class Int8Linear:
+    """int8 codes [N, K] with one scale per output row: ``W = codes * scale[:, None]``."""
+
+    def __init__(self, codes: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None):
+        assert codes.dtype == torch.int8 and scale.shape == (codes.shape[0],)
+        self.codes, self.bias = codes.contiguous(), bias
+        self.scale = scale.to(torch.bfloat16)             # [N] the op takes x's dtype
+        self.shape, self.dtype = tuple(codes.shape), torch.int8
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        xb = x.to(torch.bfloat16).contiguous()             # [M, K]
+        if x.shape[0] <= INT8_OP_MAX_ROWS:
+            out = torch.ops.aten._weight_int8pack_mm(xb, self.codes, self.scale)
+        else:
+            out = F.linear(xb, self.codes.to(torch.bfloat16)) * self.scale
+        out = out.to(x.dtype)
+        return out if self.bias is None else out + self.bias
+
+    @property
+    def nbytes(self) -> int:
+        return self.codes.numel() + 2 * self.scale.numel()
+
+
+def quantize_int8_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric per-row int8: (codes int8 [N, K], scale float32 [N])."""
+    scale = (weight.abs().amax(dim=1) / 127).clamp(min=1e-12)         # [N]
+    codes = torch.round(weight / scale[:, None]).clamp(-127, 127).to(torch.int8)
+    return codes, scale
+
+
+class Int4Linear:
+    """4-bit codes [N, K] (0..15) in groups of 32 along K with a scale and a zero each:
+    ``W[n, k] = (codes[n, k] - 8) * scale[n, k // 32] + zero[n, k // 32]``; only torch's
+    packed form of the codes is kept."""
+
+    def __init__(self, codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor,
+                 bias: torch.Tensor | None = None):
+        n, k = codes.shape
+        assert k % GROUP == 0 and scale.shape == zero.shape == (n, k // GROUP)
+        self.shape, self.dtype, self.bias = (n, k), torch.quint4x2, bias
+        self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(
+            codes.to(torch.int32).contiguous(), 8)                     # uint8 [N, K/2]
+        self.scales_and_zeros = torch.stack([scale, zero], -1).transpose(0, 1) \
+            .contiguous().to(torch.bfloat16)                           # [K/32, N, 2]
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        xb = x.to(torch.bfloat16).contiguous()                          # [M, K]
+        if x.shape[0] <= INT4_OP_MAX_ROWS or self.shape[0] % _INT4_TILE:
+            out = torch.ops.aten._weight_int4pack_mm_for_cpu(xb, self.packed, GROUP,
+                                                             self.scales_and_zeros)
+        else:
+            out = xb @ self.dequantized_t()                              # [M, N]
+        out = out.to(x.dtype)
+        return out if self.bias is None else out + self.bias
+
+    def dequantized_t(self) -> torch.Tensor:
+        """W^T [K, N] in bf16 from the packed codes. The CPU pack stores tile t (rows 64t..64t+63)
+        as [K, 32] bytes: low nibble row 64t + j, high nibble row 64t + 32 + j (test-checked)."""
+        n, k = self.shape
+        tiles = self.packed.view(n // _INT4_TILE, k, _INT4_TILE // 2)   # [N/64, K, 32]
+        codes = torch.cat([tiles & 15, tiles >> 4], -1).to(torch.bfloat16)   # [N/64, K, 64]
+        codes = codes.view(n // _INT4_TILE, k // GROUP, GROUP, _INT4_TILE)
+        sz = self.scales_and_zeros.view(k // GROUP, n // _INT4_TILE, 1, _INT4_TILE, 2) \
+            .transpose(0, 1)                                            # [N/64, K/32, 1, 64, 2]
+        scale, zero = sz[..., 0].contiguous(), (sz[..., 1] - 8 * sz[..., 0]).contiguous()
+        w = torch.addcmul(zero, codes, scale).view(n // _INT4_TILE, k, _INT4_TILE)
+        return w.transpose(0, 1).reshape(k, n)                           # [K, N]
+
+    @property
+    def nbytes(self) -> int:
+        return self.packed.numel() + 2 * self.scales_and_zeros.numel()
+
+
+def quantize_int4_groups(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Asymmetric int4 in groups of 32 (min/max): codes uint8 [N, K], scale and zero [N, K/32]."""
+    n, k = weight.shape
+    groups = weight.float().view(n, k // GROUP, GROUP)
+    low, high = groups.amin(-1), groups.amax(-1)                        # [N, K/32]
+    scale = ((high - low) / 15).clamp(min=1e-12)
+    codes = torch.round((groups - low[..., None]) / scale[..., None]).clamp(0, 15)
+    return codes.to(torch.uint8).view(n, k), scale, low + 8 * scale
+
+
+Linear = DenseLinear | Int8Linear | Int4Linear

@@ -13,8 +13,10 @@ from pathlib import Path
 import torch
 
 from radixgate.runtime.config import ModelConfig
+from radixgate.runtime.linear import resolve_weights_dtype
 from radixgate.runtime.model import LlamaModel
 from radixgate.runtime.tokenizer import Tokenizer
+from radixgate.runtime.weights import source_kind
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +33,7 @@ class LoadedModel:
     path: str
     max_model_len: int       # min(requested, config.max_position_embeddings)
     load_s: float = 0.0
+    weights_dtype: str = "float32"   # as built: float32 | bfloat16 | int8 | int4
 
     @property
     def device(self) -> torch.device:
@@ -114,11 +117,14 @@ def _read(path: Path, tiny: bool, seed: int):
 
 
 def load_model(path: str = "default", *, tiny: bool = False, device: str | None = None,
-               dtype=None, max_model_len: int | None = None, seed: int = 0) -> LoadedModel:
+               dtype=None, max_model_len: int | None = None, seed: int = 0,
+               weights_dtype: str = "auto") -> LoadedModel:
     """Load weights once and build the model on ``device`` (default: cuda+bf16 or cpu+fp32).
 
     ``tiny=True`` ignores the weights at ``path`` and builds a seeded random Llama that uses
     ``path``'s (default: SmolLM2's) tokenizer. ``max_model_len`` caps the context window.
+    ``weights_dtype``: ``auto | float32 | bfloat16 | int8 | int4``, the form the matmul weights
+    are kept and computed in (``auto``: runtime/linear.py's table); activations stay ``dtype``.
     """
     start = time.perf_counter()
     p = resolve_path(path)
@@ -126,11 +132,14 @@ def load_model(path: str = "default", *, tiny: bool = False, device: str | None 
     config, weights, tokenizer = _read(p, tiny, seed)
     eos = tuple(sorted(set(config.eos_token_ids) | tokenizer.eos_token_ids))
     config = dataclasses.replace(config, eos_token_ids=eos)
-    model = LlamaModel(config, weights, device=dev, dtype=dt)
+    kind = source_kind(w for name, w in weights.items() if name.endswith("proj.weight"))
+    weights_dtype = resolve_weights_dtype(weights_dtype, kind, dev, dt, tiny)
+    model = LlamaModel(config, weights, device=dev, dtype=dt, weights_dtype=weights_dtype)
     del weights
     limit = min(max_model_len or config.max_position_embeddings, config.max_position_embeddings)
     name = "tiny-random-llama" if tiny else (DEFAULT_MODEL_NAME if str(path) == "default" else p.stem)
     elapsed = time.perf_counter() - start
-    log.info("loaded %s (%s, %.1fM params) on %s/%s in %.2f s", name, config.arch,
-             model.num_parameters() / 1e6, dev, dt, elapsed)
-    return LoadedModel(model, tokenizer, config, name, str(p), limit, elapsed)
+    log.info("loaded %s (%s, %.1fM params, %s weights, %.0f MB) on %s/%s in %.2f s", name,
+             config.arch, model.num_parameters() / 1e6, weights_dtype,
+             model.weight_bytes() / 1e6, dev, dt, elapsed)
+    return LoadedModel(model, tokenizer, config, name, str(p), limit, elapsed, weights_dtype)

@@ -1,15 +1,16 @@
-"""Load a Llama-family GGUF file: config from ``{arch}.*`` metadata, weights dequantized to
-float32 with HF names, Q/K rows un-permuted (llama.cpp interleaves RoPE pairs for ``llama``)."""
+"""Load a Llama-family GGUF file: config from ``{arch}.*`` metadata and the weights with HF
+names, left in the memory-mapped file (``GGUFWeight``): each is read when the model is built, as
+integer codes (Q8_0 / Q4_0 / Q4_1 kept quantized) or dequantized, never the whole model at
+once. Q/K rows are un-permuted on read (llama.cpp interleaves RoPE pairs for ``llama``)."""
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 import numpy as np
-import torch
-
 from radixgate.runtime.config import ModelConfig
-from radixgate.runtime.gguf_file import GGUFFile
-from radixgate.runtime.gguf_quants import dequantize
+from radixgate.runtime.gguf_file import GGUFFile, TensorInfo
+from radixgate.runtime.gguf_quants import BLOCK_LAYOUT, GroupCodes, dequantize, group_codes
 from radixgate.runtime.tokenizer import Tokenizer
 from radixgate.runtime.tokenizer_gguf import tokenizer_from_gguf
 
@@ -81,35 +82,71 @@ def _hf_name(name: str) -> str | None:
     return None
 
 
+@dataclass(frozen=True)
+class GGUFWeight:
+    """One tensor of a GGUF file, still in the file (memory-mapped), in HF row order:
+    ``rope_heads > 0`` un-permutes the rows of a Q/K projection of that many heads on read."""
+    info: TensorInfo
+    rope_heads: int = 0
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.info.shape
+
+    @property
+    def qtype(self):
+        return self.info.qtype
+
+    def _rows_in_hf_order(self, w: np.ndarray) -> np.ndarray:
+        return unpermute_rope_rows(w, self.rope_heads) if self.rope_heads else w
+
+    def dense(self) -> np.ndarray:
+        """float32 in HF layout."""
+        w = np.ascontiguousarray(self._rows_in_hf_order(
+            dequantize(self.info.data, self.info.qtype, self.info.shape)))
+        return w if w.flags.writeable else w.copy()     # F32 tensors come back as file views
+
+    def group_codes(self) -> GroupCodes:
+        """Integer codes and group scales (Q8_0 / Q4_0 / Q4_1 only), rows in HF order."""
+        codes = group_codes(self.info.data, self.info.qtype, self.info.shape)
+        return GroupCodes(*(None if a is None else self._rows_in_hf_order(a) for a in codes))
+
+    def rows(self, ids: np.ndarray) -> np.ndarray:
+        """float32 [len(ids), K]: only those rows dequantized (an embedding lookup)."""
+        block_elems, type_size = BLOCK_LAYOUT[self.info.qtype]
+        rows, cols = self.info.shape
+        raw = self.info.data.reshape(rows, cols // block_elems * type_size)[ids]
+        return dequantize(raw, self.info.qtype, (len(ids), cols))
+
+
+def _weight(gguf: GGUFFile, name: str, config: ModelConfig) -> GGUFWeight:
+    heads = 0
+    if config.arch in _PERMUTED_ARCHS and ".attn_q." in name:
+        heads = config.num_heads
+    elif config.arch in _PERMUTED_ARCHS and ".attn_k." in name:
+        heads = config.num_kv_heads
+    return GGUFWeight(gguf.tensors[name], heads)
+
+
 def dequantize_tensor(gguf: GGUFFile, name: str, config: ModelConfig) -> np.ndarray:
     """One tensor as float32 in HF layout (Q/K rows un-permuted for llama-style archs)."""
-    info = gguf.tensors[name]
-    w = dequantize(info.data, info.qtype, info.shape)
-    if config.arch in _PERMUTED_ARCHS and ".attn_q." in name:
-        w = unpermute_rope_rows(w, config.num_heads)
-    elif config.arch in _PERMUTED_ARCHS and ".attn_k." in name:
-        w = unpermute_rope_rows(w, config.num_kv_heads)
-    return w
+    return _weight(gguf, name, config).dense()
 
 
-def weights_from_gguf(gguf: GGUFFile, config: ModelConfig) -> dict[str, torch.Tensor]:
-    """Dequantized float32 tensors keyed by HF name."""
-    weights = {}
-    for name in gguf.tensors:
-        hf = _hf_name(name)
-        if hf is not None:
-            weights[hf] = torch.from_numpy(np.ascontiguousarray(dequantize_tensor(gguf, name, config)))
-    return weights
+def weights_from_gguf(gguf: GGUFFile, config: ModelConfig) -> dict[str, GGUFWeight]:
+    """Every tensor the model uses, keyed by HF name, still in the (memory-mapped) file."""
+    return {hf: _weight(gguf, name, config) for name in gguf.tensors
+            if (hf := _hf_name(name)) is not None}
 
 
-def read_gguf_weights(path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
-    """Config and dequantized weights (the tokenizer comes from ``tokenizer_from_gguf``)."""
+def read_gguf_weights(path) -> tuple[ModelConfig, dict[str, GGUFWeight]]:
+    """Config and the weights left in the file (the tokenizer comes from ``tokenizer_from_gguf``)."""
     gguf = GGUFFile(path)
     config = config_from_gguf(gguf.metadata, gguf.tensors.keys())
     return config, weights_from_gguf(gguf, config)
 
 
-def load_gguf(path) -> tuple[ModelConfig, dict[str, torch.Tensor], Tokenizer]:
+def load_gguf(path) -> tuple[ModelConfig, dict[str, GGUFWeight], Tokenizer]:
     gguf = GGUFFile(path)
     config = config_from_gguf(gguf.metadata, gguf.tensors.keys())
     return config, weights_from_gguf(gguf, config), tokenizer_from_gguf(gguf.metadata)

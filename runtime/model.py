@@ -7,7 +7,7 @@ for ``batch.logits_indices``.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -18,6 +18,7 @@ from radixgate.runtime.config import ModelConfig
 from radixgate.runtime.kv_cache import KVCache
 from radixgate.runtime.linear import Linear
 from radixgate.runtime.rope import apply_rope, rope_cos_sin, rope_inv_freq
+from radixgate.runtime.weights import build_embedding_and_head, build_linear, dense
 
 __all__ = ["LlamaModel", "ForwardBatch", "build_forward_batch", "rms_norm"]
 
@@ -32,60 +33,66 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 @dataclass
 class DecoderLayer:
     attn_norm: torch.Tensor       # [H]
-    qkv: torch.Tensor             # [(Hq + 2 Hkv) * D, H]  q, k, v projections stacked
-    qkv_bias: torch.Tensor | None
-    o_proj: torch.Tensor          # [H, Hq * D]
+    qkv: Linear                   # [(Hq + 2 Hkv) * D, H]  q, k, v projections stacked
+    o_proj: Linear                # [H, Hq * D]
     mlp_norm: torch.Tensor        # [H]
-    gate_up: torch.Tensor         # [2 I, H]  gate and up projections stacked
-    down: torch.Tensor            # [H, I]
-    proj: dict[str, Linear] = field(default_factory=dict, repr=False)  # the matmuls, prepacked
-
-    def __post_init__(self):
-        self.proj = {"qkv": Linear(self.qkv, self.qkv_bias), "o": Linear(self.o_proj),
-                     "gate_up": Linear(self.gate_up), "down": Linear(self.down)}
+    gate_up: Linear               # [2 I, H]  gate and up projections stacked
+    down: Linear                  # [H, I]
 
 
 class LlamaModel:
     """``LlamaModel(config, weights)``: ``weights`` uses HF names (``model.layers.0.self_attn.
-    q_proj.weight`` ...) with HF's rotate_half Q/K layout; ``rope_freqs`` is optional."""
+    q_proj.weight`` ...) with HF's rotate_half Q/K layout; ``rope_freqs`` is optional. Values
+    are tensors or ``GGUFWeight``s (runtime/weights.py); matmul weights are built in
+    ``weights_dtype`` (float32 | bfloat16 | int8 | int4, see runtime/linear.py), activations
+    stay in ``dtype``."""
 
-    def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor],
-                 device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32):
+    def __init__(self, config: ModelConfig, weights: dict, device: str | torch.device = "cpu",
+                 dtype: torch.dtype = torch.float32, weights_dtype: str = "float32"):
         self.config, self.device, self.dtype = config, torch.device(device), dtype
-        take = lambda name: weights[name].to(device=self.device, dtype=dtype).contiguous()  # noqa: E731
-        self.embed = take("model.embed_tokens.weight")                  # [V, H]
-        self.norm = take("model.norm.weight")                           # [H]
+        self.weights_dtype = weights_dtype
+        self.norm = self._vector(weights["model.norm.weight"])           # [H]
         tied = config.tie_word_embeddings or "lm_head.weight" not in weights
-        self.lm_head = self.embed if tied else take("lm_head.weight")   # [V, H]
-        self.logits_proj = Linear(self.lm_head)
-        self.layers = [self._layer(weights, i, take) for i in range(config.num_layers)]
+        self.tied = tied
+        self.embed, self.logits_proj = build_embedding_and_head(
+            weights["model.embed_tokens.weight"], None if tied else weights["lm_head.weight"],
+            weights_dtype, self.device, dtype)                           # [V, H] each
+        self.layers = [self._layer(weights, i) for i in range(config.num_layers)]
         freq_factors = weights.get("rope_freqs")
+        if freq_factors is not None:
+            freq_factors = dense(freq_factors)
         self.inv_freq = rope_inv_freq(config, freq_factors).to(self.device)   # [D/2] fp32
         self.scale = config.head_dim ** -0.5
         self.q_size = config.num_heads * config.head_dim
         self.kv_size = config.num_kv_heads * config.head_dim
 
-    def _layer(self, weights, i: int, take) -> DecoderLayer:
+    def _vector(self, source) -> torch.Tensor:
+        return dense(source).to(device=self.device, dtype=self.dtype).contiguous()
+
+    def _linear(self, parts, bias=None) -> Linear:
+        return build_linear(parts, self.weights_dtype, self.device, bias)
+
+    def _layer(self, weights, i: int) -> DecoderLayer:
         p = f"model.layers.{i}."
         attn = [p + f"self_attn.{n}_proj" for n in "qkv"]
         bias = None
         if self.config.attention_bias or (attn[0] + ".bias") in weights:
-            bias = torch.cat([take(a + ".bias") for a in attn])
+            bias = torch.cat([self._vector(weights[a + ".bias"]) for a in attn])
         return DecoderLayer(
-            attn_norm=take(p + "input_layernorm.weight"),
-            qkv=torch.cat([take(a + ".weight") for a in attn]),
-            qkv_bias=bias,
-            o_proj=take(p + "self_attn.o_proj.weight"),
-            mlp_norm=take(p + "post_attention_layernorm.weight"),
-            gate_up=torch.cat([take(p + "mlp.gate_proj.weight"), take(p + "mlp.up_proj.weight")]),
-            down=take(p + "mlp.down_proj.weight"))
+            attn_norm=self._vector(weights[p + "input_layernorm.weight"]),
+            qkv=self._linear([weights[a + ".weight"] for a in attn], bias),
+            o_proj=self._linear([weights[p + "self_attn.o_proj.weight"]]),
+            mlp_norm=self._vector(weights[p + "post_attention_layernorm.weight"]),
+            gate_up=self._linear([weights[p + "mlp.gate_proj.weight"],
+                                  weights[p + "mlp.up_proj.weight"]]),
+            down=self._linear([weights[p + "mlp.down_proj.weight"]]))
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, kv: KVCache) -> torch.Tensor:
         """Run the new tokens of every sequence; returns float32 logits
         ``[len(batch.logits_indices), vocab]``. Writes their K/V into ``kv`` at
         ``batch.slot_mapping``."""
-        x = self.embed[batch.input_ids]                                  # [T, H]
+        x = self.embed(batch.input_ids)                                  # [T, H]
         cos, sin = rope_cos_sin(batch.positions, self.inv_freq, self.dtype)  # [T, 1, D]
         eps = self.config.rms_norm_eps
         plan = attention_plan(batch.block_tables, batch.cu_q_lens, batch.seq_lens, kv.block_size,
@@ -104,7 +111,7 @@ class LlamaModel:
                    k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
         cfg = self.config
         tokens = h.shape[0]
-        qkv = layer.proj["qkv"](h)                                       # [T, (Hq + 2Hkv) D]
+        qkv = layer.qkv(h)                                       # [T, (Hq + 2Hkv) D]
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = apply_rope(q.view(tokens, cfg.num_heads, cfg.head_dim), cos, sin)      # [T, Hq, D]
         k = apply_rope(k.view(tokens, cfg.num_kv_heads, cfg.head_dim), cos, sin)   # [T, Hkv, D]
@@ -112,14 +119,22 @@ class LlamaModel:
         store_kv(k, v, k_cache, v_cache, batch.slot_mapping)
         out = paged_attention(q, k_cache, v_cache, batch.block_tables, batch.cu_q_lens,
                               batch.seq_lens, self.scale, plan=plan)     # [T, Hq, D]
-        return layer.proj["o"](out.reshape(tokens, self.q_size))        # [T, H]
+        return layer.o_proj(out.reshape(tokens, self.q_size))        # [T, H]
 
     def _mlp(self, layer: DecoderLayer, h: torch.Tensor) -> torch.Tensor:
-        gate, up = layer.proj["gate_up"](h).chunk(2, dim=-1)             # [T, I] each
-        return layer.proj["down"](F.silu(gate) * up)                     # [T, H]
+        gate, up = layer.gate_up(h).chunk(2, dim=-1)             # [T, I] each
+        return layer.down(F.silu(gate) * up)                     # [T, H]
 
     def num_parameters(self) -> int:
-        tensors = [self.embed, self.norm] + ([] if self.lm_head is self.embed else [self.lm_head])
-        for layer in self.layers:
-            tensors += [t for t in vars(layer).values() if isinstance(t, torch.Tensor)]
-        return sum(t.numel() for t in tensors)
+        matmuls = [self.logits_proj] + [m for layer in self.layers
+                                        for m in (layer.qkv, layer.o_proj, layer.gate_up, layer.down)]
+        count = sum(m.shape[0] * m.shape[1] for m in matmuls) + self.norm.numel()
+        if not self.tied:
+            count += self.embed.shape[0] * self.embed.shape[1]
+        return count + sum(layer.attn_norm.numel() + layer.mlp_norm.numel() for layer in self.layers)
+
+    def weight_bytes(self) -> int:
+        """Bytes of the matmul weights as held in memory (a file-backed embedding excluded)."""
+        matmuls = [self.logits_proj] + [m for layer in self.layers
+                                        for m in (layer.qkv, layer.o_proj, layer.gate_up, layer.down)]
+        return sum(m.nbytes for m in matmuls)

@@ -18,9 +18,11 @@ def default_model_path() -> Path:
 
 @pytest.fixture(scope="session")
 def real_model(default_model_path):
-    """The default model as our LoadedModel (fp32, CPU), loaded once per session."""
+    """The default model as our LoadedModel (fp32 weights and activations, CPU), loaded once
+    per session."""
     from radixgate.runtime.loader import load_model
-    return load_model(str(default_model_path), device="cpu", dtype="float32")
+    return load_model(str(default_model_path), device="cpu", dtype="float32",
+                      weights_dtype="float32")
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,101 @@
+"""Build the model's matmuls and its embedding lookup from loaded weights, in the weights dtype
+that ``linear.resolve_weights_dtype`` chose, keeping one copy of each weight.
+
+A weight source is a torch tensor (HF directories, ``--tiny``) or a ``GGUFWeight`` left in the
+memory-mapped file (duck-typed here: ``shape``, ``qtype``, ``dense()``, ``group_codes()``,
+``rows(ids)``). Q4_0 / Q4_1 sources become int4 from their own codes; every other source or
+dtype is read dense (float32), one tensor at a time, and converted.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from radixgate.runtime.gguf_quants import EIGHT_BIT_TYPES, FOUR_BIT_TYPES
+from radixgate.runtime.linear import (DenseLinear, Int4Linear, Int8Linear, Linear,
+                                      has_bf16_gemm, quantize_int4_groups, quantize_int8_rows)
+
+
+def source_kind(sources) -> str:
+    """``"4bit"``, ``"8bit"`` or ``"float"``: how the model's matmul weights are stored."""
+    qtypes = {getattr(s, "qtype", None) for s in sources}
+    if qtypes & FOUR_BIT_TYPES:
+        return "4bit"
+    return "8bit" if qtypes & EIGHT_BIT_TYPES else "float"
+
+
+def dense(source) -> torch.Tensor:
+    """float32 [N, K] (a tensor source as it is, cast)."""
+    if isinstance(source, torch.Tensor):
+        return source.float()
+    return torch.from_numpy(source.dense())
+
+
+def _int4_parts(parts) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Codes, scale, zero of each part, exact from Q4_0/Q4_1 blocks, else quantized."""
+    codes, scales, zeros = [], [], []
+    for part in parts:
+        if getattr(part, "qtype", None) in FOUR_BIT_TYPES:
+            c, s, z = (torch.from_numpy(np.ascontiguousarray(a)) for a in part.group_codes())
+        else:
+            c, s, z = quantize_int4_groups(dense(part))
+        codes.append(c), scales.append(s), zeros.append(z)
+    return torch.cat(codes), torch.cat(scales), torch.cat(zeros)
+
+
+def build_linear(parts, weights_dtype: str, device: torch.device,
+                 bias: torch.Tensor | None = None) -> Linear:
+    """One matmul over ``parts`` stacked along the output rows (q/k/v, gate/up)."""
+    if weights_dtype == "int4":
+        return Int4Linear(*_int4_parts(parts), bias)
+    weight = torch.cat([dense(p) for p in parts])                        # [N, K] fp32
+    if weights_dtype == "int8":
+        return Int8Linear(*quantize_int8_rows(weight), bias)
+    return DenseLinear(weight.to(device=device, dtype=getattr(torch, weights_dtype)), bias)
+
+
+def head_dtype(weights_dtype: str) -> str:
+    """The output head's dtype: int4 heads lose too much of the logits, so an int4 model keeps
+    its head in bf16 (as fast as int8 at one row, measured) or float32 without AVX512-BF16."""
+    if weights_dtype != "int4":
+        return weights_dtype
+    return "bfloat16" if has_bf16_gemm() else "float32"
+
+
+class TableEmbedding:
+    """Rows of a dense table [V, H]; the table may double as a tied head's weight."""
+
+    def __init__(self, table: torch.Tensor, dtype: torch.dtype):
+        self.table, self.dtype, self.shape = table, dtype, tuple(table.shape)
+
+    def __call__(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.table[ids].to(self.dtype)                            # [T, H]
+
+
+class FileEmbedding:
+    """Rows read from the memory-mapped GGUF and dequantized per lookup: the file is the
+    table's only copy, and only rows in use are paged in."""
+
+    def __init__(self, source, device: torch.device, dtype: torch.dtype):
+        self.source, self.device, self.dtype = source, device, dtype
+        self.shape = tuple(source.shape)
+
+    def __call__(self, ids: torch.Tensor) -> torch.Tensor:
+        rows = self.source.rows(ids.cpu().numpy())                       # [T, H] fp32
+        return torch.from_numpy(rows).to(device=self.device, dtype=self.dtype)
+
+
+def build_embedding_and_head(embed, head, weights_dtype: str, device: torch.device,
+                             dtype: torch.dtype):
+    """(embedding, head): ``head`` None means tied to ``embed``. A GGUF table on the CPU stays
+    in the file; a dense table shared with a tied head is kept once, unpacked."""
+    out_dtype = head_dtype(weights_dtype)
+    if not isinstance(embed, torch.Tensor) and device.type == "cpu":
+        embedding = FileEmbedding(embed, device, dtype)
+        return embedding, build_linear([head if head is not None else embed], out_dtype, device)
+    table_dtype = getattr(torch, out_dtype) if out_dtype in ("float32", "bfloat16") else dtype
+    table = dense(embed).to(device=device, dtype=table_dtype).contiguous()
+    embedding = TableEmbedding(table, dtype)
+    if head is None:
+        return embedding, DenseLinear(table, pack=False)
+    return embedding, build_linear([head], out_dtype, device)
