@@ -7,7 +7,9 @@ counts describe every tenant's traffic, so a tenant gets them as zeros (``total`
 the capacity, is configuration and stays); the prefill rate it gets is rounded. Extra keys beyond the design: ``tenant`` (the
 scope, null for admin), ``prefill_tokens_per_s``, the 5m/1h split of ``cache_creation``
 in every ``tokens``, ``requests.preemptions`` (server-wide, admin only), ``tree.namespaces``
-(live cache namespaces, admin only) and a per-second ``history`` in each ``tenants.<name>`` entry.
+(live cache namespaces, admin only), a per-second ``history`` in each ``tenants.<name>`` entry,
+``kv_dtype`` and ``capacity`` (blocks, tokens, bytes per token and bytes of the KV cache in
+that dtype: configuration, so a tenant sees it too).
 """
 from __future__ import annotations
 
@@ -30,6 +32,8 @@ def build_stats(snapshot, book: UsageBook, *, model: str, tenant: str | None,
         "model": model,
         "tenant": tenant,
         "block_size": snapshot.block_size,
+        "kv_dtype": snapshot.kv_dtype,
+        "capacity": _capacity(snapshot),
         "uptime_s": round(book.uptime_s(), 3),
         "blocks": _blocks(snapshot, admin),
         "tree": _tree(snapshot, tenant),
@@ -69,6 +73,14 @@ def _queue_counts(snapshot, tenant: str | None) -> tuple[int, int]:
         return snapshot.running, snapshot.waiting
     counts = snapshot.tenants.get(tenant)
     return (counts.running, counts.waiting) if counts else (0, 0)
+
+
+def _capacity(snapshot) -> dict:
+    """How much the KV cache holds in its dtype (bytes per token include 8-bit scales)."""
+    tokens = snapshot.blocks.total * snapshot.block_size
+    return {"blocks": snapshot.blocks.total, "tokens": tokens,
+            "bytes_per_token": snapshot.kv_bytes_per_token,
+            "bytes": tokens * snapshot.kv_bytes_per_token}
 
 
 def _blocks(snapshot, admin: bool) -> dict:

@@ -117,7 +117,7 @@ _FLAG_FIELDS = {
     "threads": ("model", "threads"),
     "weights_dtype": ("model", "weights_dtype"),
     "kv_cache_gb": ("cache", "kv_cache_gb"), "block_size": ("cache", "block_size"),
-    "policy": ("cache", "policy"),
+    "policy": ("cache", "policy"), "kv_dtype": ("cache", "kv_dtype"),
     "enable_prefix_cache": ("cache", "enable_prefix_cache"),
     "page_rounded_match": ("cache", "page_rounded_match"),
 }

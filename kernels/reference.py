@@ -7,6 +7,12 @@ Layout (DESIGN.md section 5): per layer ``k_cache``/``v_cache`` are
 ``scaled_dot_product_attention``; each multi-token (prefill / prefix-extend) sequence goes through
 one SDPA call on its gathered, contiguous K/V (a loop over sequences, never over tokens). GQA is
 handled without materialising repeated K/V.
+
+KV dtypes: a float cache (float32 / bfloat16 / float16) stores k, v rounded to its dtype; an
+8-bit cache (int8, or float8_e4m3fn) stores codes plus one float16 scale per (token, kv head)
+in ``k_scale`` / ``v_scale`` ``[num_blocks, block_size, Hkv]``: ``store_kv`` quantizes with
+``scale = absmax / QMAX`` (``quantize_kv``), ``paged_attention`` reads ``code * scale``.
+Attention always computes in q's dtype: what it reads is cast (dequantized) to it.
 """
 from __future__ import annotations
 
@@ -15,16 +21,49 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from radixgate.kernels.checks import check_attention_inputs, check_copy_inputs, check_store_inputs
+from radixgate.kernels.checks import (
+    SCALE_DTYPE,
+    check_attention_inputs,
+    check_copy_inputs,
+    check_store_inputs,
+)
+
+QMAX = {torch.int8: 127.0, torch.float8_e4m3fn: 448.0}   # largest code of each 8-bit dtype
+SCALE_MIN, SCALE_MAX = 2.0 ** -24, 65504.0               # float16's smallest and largest
+
+
+def quantize_kv(x: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [T, Hkv, D] float -> (codes [T, Hkv, D] in ``dtype``, scales float16 [T, Hkv]).
+
+    One scale per (token, head): ``absmax / QMAX`` rounded to float16 (an all-zero head gets
+    the smallest float16, so codes stay finite); codes are ``x / scale`` rounded to nearest
+    (int8) or cast to e4m3 (fp8), within ``[-QMAX, QMAX]``.
+    """
+    qmax = QMAX[dtype]
+    x32 = x.float()
+    scale = (x32.abs().amax(-1) / qmax).clamp(SCALE_MIN, SCALE_MAX).to(SCALE_DTYPE)  # [T, Hkv]
+    scaled = (x32 / scale.float()[..., None]).clamp(-qmax, qmax)                     # [T, Hkv, D]
+    codes = scaled.round().to(dtype) if dtype == torch.int8 else scaled.to(dtype)
+    return codes, scale
+
+
+def dequantize_kv(codes: torch.Tensor, scale: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
+    """codes [..., D] with scales [...] (None: a float cache) -> values [..., D] in ``dtype``."""
+    if scale is None:
+        return codes.to(dtype)
+    return (codes.float() * scale.float()[..., None]).to(dtype)
 
 
 def reference_store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
-                       v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
-    """Write k[t], v[t] ([T, Hkv, D]) into slot ``slot_mapping[t]`` of the caches, in place.
+                       v_cache: torch.Tensor, slot_mapping: torch.Tensor,
+                       k_scale: torch.Tensor | None = None,
+                       v_scale: torch.Tensor | None = None) -> None:
+    """Write k[t], v[t] ([T, Hkv, D]) into slot ``slot_mapping[t]`` of the caches, in place
+    (rounded to the cache's dtype, or quantized with their scales for an 8-bit cache).
 
     Tokens whose slot is -1 are skipped (padding). Slots must be distinct.
     """
-    check_store_inputs(k, v, k_cache, v_cache, slot_mapping)
+    check_store_inputs(k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale)
     num_blocks, block_size = k_cache.shape[:2]
     valid = slot_mapping >= 0                                  # [T] bool
     if not bool(valid.all()):
@@ -34,20 +73,28 @@ def reference_store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
     if not k_cache.is_cuda and int(slot_mapping.max()) >= num_blocks * block_size:
         raise ValueError(f"slot {int(slot_mapping.max())} is beyond the cache ({num_blocks} x {block_size} slots)")
     blocks, slots = slot_mapping // block_size, slot_mapping % block_size
-    k_cache[blocks, slots] = k                                 # [T', Hkv, D]
-    v_cache[blocks, slots] = v
+    if k_scale is None:
+        k_cache[blocks, slots] = k.to(k_cache.dtype)           # [T', Hkv, D]
+        v_cache[blocks, slots] = v.to(v_cache.dtype)
+        return
+    for x, cache, scales in ((k, k_cache, k_scale), (v, v_cache, v_scale)):
+        codes, scale = quantize_kv(x, cache.dtype)             # [T', Hkv, D], [T', Hkv]
+        cache[blocks, slots] = codes
+        scales[blocks, slots] = scale
 
 
 def reference_copy_blocks(k_cache: torch.Tensor, v_cache: torch.Tensor, pairs: torch.Tensor,
-                          num_slots: torch.Tensor) -> None:
-    """Copy slots ``[0, num_slots[i])`` of block ``pairs[i, 0]`` into block ``pairs[i, 1]``.
+                          num_slots: torch.Tensor, k_scale: torch.Tensor | None = None,
+                          v_scale: torch.Tensor | None = None) -> None:
+    """Copy slots ``[0, num_slots[i])`` of block ``pairs[i, 0]`` into block ``pairs[i, 1]``
+    (with their scales, for an 8-bit cache).
 
     Takes ONE layer's caches: callers loop over layers. Used for copy-on-write when a request's
     reused prefix ends inside a block it does not own. All reads happen before any write, but a
     destination must not also be a source in the same call (the Triton kernel copies pairs in
     parallel), and destinations must be distinct.
     """
-    check_copy_inputs(k_cache, v_cache, pairs, num_slots)
+    check_copy_inputs(k_cache, v_cache, pairs, num_slots, k_scale, v_scale)
     if pairs.shape[0] == 0:
         return
     block_size = k_cache.shape[1]
@@ -56,14 +103,17 @@ def reference_copy_blocks(k_cache: torch.Tensor, v_cache: torch.Tensor, pairs: t
     src = pairs[:, 0:1].expand(-1, block_size)[keep]                     # [m]
     dst = pairs[:, 1:2].expand(-1, block_size)[keep]                     # [m]
     slots = slot_ids[None, :].expand(pairs.shape[0], -1)[keep]           # [m]
-    for cache in (k_cache, v_cache):
-        cache[dst, slots] = cache[src, slots]                            # [m, Hkv, D]
+    for cache in (k_cache, v_cache, k_scale, v_scale):
+        if cache is not None:
+            cache[dst, slots] = cache[src, slots]                        # [m, Hkv(, D)]
 
 
 def reference_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                               block_tables: torch.Tensor, cu_q_lens: torch.Tensor,
                               seq_lens: torch.Tensor, scale: float,
-                              plan: AttentionPlan | None = None) -> torch.Tensor:
+                              plan: AttentionPlan | None = None,
+                              k_scale: torch.Tensor | None = None,
+                              v_scale: torch.Tensor | None = None) -> torch.Tensor:
     """Causal attention of ragged queries over paged K/V. Returns [T, Hq, D].
 
     q: [T, Hq, D], the new tokens of every sequence concatenated (sequence b owns rows
@@ -72,22 +122,24 @@ def reference_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: t
     from the cache (store_kv runs first). Query head h reads kv head ``h // (Hq // Hkv)``.
 
     ``plan`` (from ``plan_attention`` on the same tables and lengths) carries the per-step index
-    work, so a model computes it once per forward instead of once per layer.
+    work, so a model computes it once per forward instead of once per layer. K/V are read in
+    q's dtype (``k_scale`` / ``v_scale``: the scales of an 8-bit cache).
     """
-    check_attention_inputs(q, k_cache, v_cache, block_tables, cu_q_lens, seq_lens)
+    check_attention_inputs(q, k_cache, v_cache, block_tables, cu_q_lens, seq_lens, k_scale, v_scale)
     if plan is None:
         plan = plan_attention(block_tables, cu_q_lens, seq_lens, k_cache.shape[1], q.shape[0])
     elif plan.num_tokens != q.shape[0] or plan.block_size != k_cache.shape[1]:
         raise ValueError(f"plan is for {plan.num_tokens} tokens and block size {plan.block_size}, "
                          f"got {q.shape[0]} and {k_cache.shape[1]}")
+    caches = (k_cache, v_cache, k_scale, v_scale)
     if plan.decode_rows is None:  # pure decode batch: no scatter needed
-        return _decode_attention(q, k_cache, v_cache, plan, scale)
+        return _decode_attention(q, caches, plan, scale)
     out = torch.empty_like(q)
     if plan.decode_rows.numel():
-        out[plan.decode_rows] = _decode_attention(q[plan.decode_rows], k_cache, v_cache, plan, scale)
+        out[plan.decode_rows] = _decode_attention(q[plan.decode_rows], caches, plan, scale)
     for begin, q_len, total, blocks in plan.extends:
-        out[begin:begin + q_len] = _extend_attention(q[begin:begin + q_len], k_cache, v_cache,
-                                                     blocks, total, scale)
+        out[begin:begin + q_len] = _extend_attention(q[begin:begin + q_len], caches, blocks,
+                                                     total, scale)
     return out
 
 
@@ -157,31 +209,43 @@ def _validated_lengths(num_tokens: int, block_size: int, block_tables, cu_q_lens
     return q_lens, lens
 
 
-def _decode_attention(q, k_cache, v_cache, plan: AttentionPlan, scale: float) -> torch.Tensor:
-    """One query per decode row. q: [n, Hq, D] -> [n, Hq, D]."""
+def _gather(cache: torch.Tensor, scales: torch.Tensor | None, blocks: torch.Tensor,
+            dtype: torch.dtype) -> torch.Tensor:
+    """Blocks ``blocks`` of one cache read as ``dtype``: [len(blocks), bs, Hkv, D]."""
+    picked = cache.index_select(0, blocks)
+    return dequantize_kv(picked, None if scales is None else scales.index_select(0, blocks), dtype)
+
+
+def _decode_attention(q, caches, plan: AttentionPlan, scale: float) -> torch.Tensor:
+    """One query per decode row. q: [n, Hq, D] -> [n, Hq, D]; caches: (k, v, k_scale, v_scale)."""
+    k_cache, v_cache, k_scale, v_scale = caches
     n, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
     length = plan.decode_mask.shape[-1]
-    k = k_cache.index_select(0, plan.decode_blocks).view(n, length, num_kv_heads, head_dim)
-    v = v_cache.index_select(0, plan.decode_blocks).view(n, length, num_kv_heads, head_dim)
+    k = _gather(k_cache, k_scale, plan.decode_blocks, q.dtype).view(n, length, num_kv_heads, head_dim)
+    v = _gather(v_cache, v_scale, plan.decode_blocks, q.dtype).view(n, length, num_kv_heads, head_dim)
     grouped = q.reshape(n, num_kv_heads, num_heads // num_kv_heads, head_dim)  # [n, Hkv, G, D]
     out = F.scaled_dot_product_attention(grouped, k.transpose(1, 2), v.transpose(1, 2),
                                          attn_mask=plan.decode_mask, scale=scale)
     return out.reshape(n, num_heads, head_dim)
 
 
-def _read_blocks(cache: torch.Tensor, blocks: slice | torch.Tensor, total: int) -> torch.Tensor:
-    """The first ``total`` positions of a sequence: [total, Hkv, D] (a view for a slice)."""
-    picked = cache[blocks] if isinstance(blocks, slice) else cache.index_select(0, blocks)
-    return picked.flatten(0, 1)[:total]
+def _read_blocks(cache: torch.Tensor, scales: torch.Tensor | None, blocks: slice | torch.Tensor,
+                 total: int, dtype: torch.dtype) -> torch.Tensor:
+    """The first ``total`` positions of a sequence read as ``dtype``: [total, Hkv, D] (a view
+    for a slice of a cache already in ``dtype``)."""
+    def pick(t):
+        return (t[blocks] if isinstance(blocks, slice) else t.index_select(0, blocks)).flatten(0, 1)[:total]
+    return dequantize_kv(pick(cache), None if scales is None else pick(scales), dtype)
 
 
-def _extend_attention(q, k_cache, v_cache, blocks, total: int, scale: float) -> torch.Tensor:
+def _extend_attention(q, caches, blocks, total: int, scale: float) -> torch.Tensor:
     """One sequence's q_len > 1 queries at positions [total - q_len, total). -> [q_len, Hq, D]."""
+    k_cache, v_cache, k_scale, v_scale = caches
     q_len, num_heads, _ = q.shape
     num_kv_heads = k_cache.shape[2]
-    k = _read_blocks(k_cache, blocks, total)                              # [L, Hkv, D]
-    v = _read_blocks(v_cache, blocks, total)
+    k = _read_blocks(k_cache, k_scale, blocks, total, q.dtype)            # [L, Hkv, D]
+    v = _read_blocks(v_cache, v_scale, blocks, total, q.dtype)
     q4 = q.transpose(0, 1)[None]                                          # [1, Hq, Lq, D]
     k4, v4 = k.transpose(0, 1)[None], v.transpose(0, 1)[None]              # [1, Hkv, L, D]
     gqa = num_heads != num_kv_heads

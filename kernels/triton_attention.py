@@ -38,6 +38,7 @@ def _attend_tile(q, acc, m_i, l_i, k_cache_ptr, v_cache_ptr, table_row_ptr, toke
     kv_mask = tok_valid[:, None] & dim_mask[None, :]                          # [N, D]
     k = tl.load(k_cache_ptr + kv_off[:, None] + dims[None, :], mask=kv_mask, other=0.0)
     v = tl.load(v_cache_ptr + kv_off[:, None] + dims[None, :], mask=kv_mask, other=0.0)
+    k, v = k.to(q.dtype), v.to(q.dtype)      # a cache in another float dtype is read as q's
     if DOT_FP32:
         q, k, v = q.to(tl.float32), k.to(tl.float32), v.to(tl.float32)
     s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale_log2           # [M, N]

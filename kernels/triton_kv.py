@@ -20,7 +20,9 @@ def store_kv_kernel(
     block_size, num_kv_heads, head_dim,
     HEADS_PAD: tl.constexpr, DIM_PAD: tl.constexpr,
 ):
-    """One program per token: copy its [Hkv, D] key and value into its slot (-1: skip)."""
+    """One program per token: copy its [Hkv, D] key and value into its slot (-1: skip); the
+    store casts them to the cache's float dtype (round to nearest on a GPU; the interpreter
+    truncates float32 -> bfloat16)."""
     token = tl.program_id(0)
     slot = tl.load(slot_ptr + token)
     if slot < 0:

@@ -38,9 +38,10 @@ class CacheConfig:
     """Everything that shapes the KV cache.
 
     kv_cache_gb: the KV budget; block_size: tokens per KV block; policy: ``"lru"`` or
-    ``"credit"`` (with ``credit``'s parameters); kv_dtype, disk_dir, disk_gb: the KV
-    element type and the disk tier, reserved for later issues: only ``"auto"`` and no tier
-    are accepted today (``inactive_settings``);
+    ``"credit"`` (with ``credit``'s parameters); kv_dtype: the KV element type (``"auto"``:
+    the model's dtype; ``int8`` / ``fp8`` keep
+    a float16 scale per token and kv head: runtime/kv_cache.py); disk_dir, disk_gb: the disk
+    tier, reserved for a later issue: no tier is accepted today (``inactive_settings``);
     enable_prefix_cache / page_rounded_match: the baselines of the benchmarks (no reuse;
     reuse rounded down to whole blocks).
     """
@@ -69,12 +70,10 @@ class CacheConfig:
 
 
 def inactive_settings(config: CacheConfig) -> list[str]:
-    """The settings of ``config`` that nothing implements yet (the KV element type and the
-    disk tier come with later issues). Callers refuse a config that sets any of them: a
-    setting that is accepted and then ignored is a bug."""
+    """The settings of ``config`` that nothing implements yet (the disk tier comes with a
+    later issue). Callers refuse a config that sets any of them: a setting that is accepted
+    and then ignored is a bug."""
     inactive = []
-    if config.kv_dtype != "auto":
-        inactive.append(f"kv_dtype = {config.kv_dtype!r} (only \"auto\", the model's dtype)")
     if config.disk_dir or config.disk_gb:
         inactive.append("the disk tier (disk_dir, disk_gb)")
     return inactive

@@ -26,7 +26,7 @@ from .batch import build_forward_batch
 from .block_manager import BlockManager
 from .detokenize import IncrementalDetokenizer, token_bytes_function
 from .engine_config import EngineConfig
-from .kv_cache import KVCache
+from .kv_cache import KVCache, resolve_kv_dtype
 from .output import (Finish, account_admission, account_pins, append_token, finished_event,
                      flush_text)
 from .pin_shares import log_pin_shares, pin_ceiling, pin_share, pinned_prefix
@@ -337,7 +337,8 @@ class EngineCore:
     # -- reports --------------------------------------------------------------------------
     def snapshot(self):
         return take_snapshot(self.tree, self.pool, self.scheduler, self.counters,
-                             top_n=self.config.top_prefixes, draining=self.draining)
+                             top_n=self.config.top_prefixes, draining=self.draining,
+                             kv_dtype=self.kv.kv_dtype, kv_bytes_per_token=self.kv.bytes_per_token)
 
     def check_integrity(self) -> dict:
         """Recounts tree and pool (raises IntegrityError); free + held == total; when idle,
@@ -368,12 +369,13 @@ def unfit_message(core: EngineCore, seq: Sequence) -> str:
 
 def _make_kv_cache(loaded, config: EngineConfig) -> KVCache:
     mc, block_size = loaded.config, config.cache.block_size
+    kv_dtype = resolve_kv_dtype(config.cache.kv_dtype, loaded.dtype, loaded.device)
     if config.num_blocks is not None:
         kv = KVCache(mc.num_layers, config.num_blocks, block_size, mc.num_kv_heads,
-                     mc.head_dim, loaded.dtype, loaded.device)
+                     mc.head_dim, kv_dtype, loaded.device)
     else:
-        kv = KVCache.from_budget(mc, config.cache.kv_cache_bytes, block_size, loaded.dtype,
+        kv = KVCache.from_budget(mc, config.cache.kv_cache_bytes, block_size, kv_dtype,
                                  loaded.device)
-    log.info("KV cache: %d bytes per token, %d blocks of %d = %d tokens fit", kv.bytes_per_token,
-             kv.num_blocks, kv.block_size, kv.num_tokens)
+    log.info("KV cache (%s): %d bytes per token, %d blocks of %d = %d tokens fit", kv.kv_dtype,
+             kv.bytes_per_token, kv.num_blocks, kv.block_size, kv.num_tokens)
     return kv

@@ -53,7 +53,8 @@ class Engine:
         self._stopped = False
         self._thread: threading.Thread | None = None
         self._drain_deadline: float | None = None
-        self._snapshot = empty_snapshot(self.num_blocks, self.block_size)
+        self._snapshot = empty_snapshot(self.num_blocks, self.block_size, self.core.kv.kv_dtype,
+                                        self.core.kv.bytes_per_token)
         self._last_publish = 0.0
 
     # -- lifecycle ------------------------------------------------------------------------

@@ -96,10 +96,11 @@ class LlamaModel:
         cos, sin = rope_cos_sin(batch.positions, self.inv_freq, self.dtype)  # [T, 1, D]
         eps = self.config.rms_norm_eps
         plan = attention_plan(batch.block_tables, batch.cu_q_lens, batch.seq_lens, kv.block_size,
-                              batch.num_tokens)                          # shared by every layer
+                              batch.num_tokens, quantized=kv.quantized)  # shared by every layer
         for i, layer in enumerate(self.layers):
             h = rms_norm(x, layer.attn_norm, eps)
-            x = x + self._attention(layer, h, cos, sin, batch, plan, kv.k[i], kv.v[i])
+            x = x + self._attention(layer, h, cos, sin, batch, plan, kv.k[i], kv.v[i],
+                                    kv.layer_scales(i))
             h = rms_norm(x, layer.mlp_norm, eps)
             x = x + self._mlp(layer, h)
         x = x[batch.logits_indices]                                      # [n, H]
@@ -108,7 +109,8 @@ class LlamaModel:
     __call__ = forward
 
     def _attention(self, layer: DecoderLayer, h, cos, sin, batch: ForwardBatch, plan,
-                   k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
+                   k_cache: torch.Tensor, v_cache: torch.Tensor, scales: dict) -> torch.Tensor:
+        """``scales``: the layer's k_scale / v_scale (None for a float KV cache)."""
         cfg = self.config
         tokens = h.shape[0]
         qkv = layer.qkv(h)                                       # [T, (Hq + 2Hkv) D]
@@ -116,9 +118,9 @@ class LlamaModel:
         q = apply_rope(q.view(tokens, cfg.num_heads, cfg.head_dim), cos, sin)      # [T, Hq, D]
         k = apply_rope(k.view(tokens, cfg.num_kv_heads, cfg.head_dim), cos, sin)   # [T, Hkv, D]
         v = v.view(tokens, cfg.num_kv_heads, cfg.head_dim)                         # [T, Hkv, D]
-        store_kv(k, v, k_cache, v_cache, batch.slot_mapping)
+        store_kv(k, v, k_cache, v_cache, batch.slot_mapping, **scales)
         out = paged_attention(q, k_cache, v_cache, batch.block_tables, batch.cu_q_lens,
-                              batch.seq_lens, self.scale, plan=plan)     # [T, Hq, D]
+                              batch.seq_lens, self.scale, plan=plan, **scales)  # [T, Hq, D]
         return layer.o_proj(out.reshape(tokens, self.q_size))        # [T, H]
 
     def _mlp(self, layer: DecoderLayer, h: torch.Tensor) -> torch.Tensor:

@@ -3,6 +3,8 @@ memory budget, for a model config (loaded or read from a file) or a named preset
 
     bytes per token = 2 (K and V) x layers x kv_heads x head_dim x bytes per number
 
+and, for the 8-bit KV dtypes (``int8``, ``fp8`` e4m3), plus one float16 scale per (token,
+kv head) for K and for V: 2 x layers x kv_heads x (head_dim + 2) bytes (``--kv-dtype``).
 Units are binary (KiB = 1024 B, GiB = 2**30 B), so Llama 2 7B at fp16 is 512 KiB/token and
 8,192 tokens take 4 GiB. No torch import: the CLI can plan without loading a model.
 """
@@ -13,8 +15,9 @@ import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-GiB, KiB = 2**30, 2**10
+from radixgate.runtime.kv_dtypes import KV_DTYPE_BYTES, kv_bytes_per_token
 
+GiB, KiB = 2**30, 2**10
 
 @dataclass(frozen=True)
 class KVShape:
@@ -26,6 +29,9 @@ class KVShape:
 
     def kv_bytes_per_token(self, dtype_bytes: int = 2) -> int:
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * dtype_bytes
+
+    def kv_bytes_per_token_as(self, kv_dtype: str) -> int:
+        return kv_bytes_per_token(self.num_layers, self.num_kv_heads, self.head_dim, kv_dtype)
 
 
 PRESETS: dict[str, KVShape] = {s.name: s for s in [
@@ -49,6 +55,7 @@ class Plan:
     max_tokens: int                  # tokens of KV that fit in memory_bytes
     bytes_per_conversation: int      # context_tokens x bytes_per_token
     max_conversations: int           # whole conversations of context_tokens that fit
+    kv_dtype: str = ""               # set when planned for a named KV dtype (scales included)
 
     def memory_for(self, conversations: int, tokens: int | None = None) -> int:
         """Bytes needed to hold ``conversations`` x ``tokens`` (default: context_tokens)."""
@@ -83,14 +90,20 @@ def shape_of_path(path: Path) -> KVShape:
                      f"a GGUF file or an HF directory")
 
 
-def plan(config_or_name, memory_gb: float, context_tokens: int, dtype_bytes: int = 2) -> Plan:
-    """How much KV fits in ``memory_gb`` GiB for conversations of ``context_tokens``."""
+def plan(config_or_name, memory_gb: float, context_tokens: int, dtype_bytes: int = 2,
+         kv_dtype: str | None = None) -> Plan:
+    """How much KV fits in ``memory_gb`` GiB for conversations of ``context_tokens``;
+    ``kv_dtype`` (float32 | bfloat16 | float16 | int8 | fp8) replaces ``dtype_bytes``."""
     shape = shape_of(config_or_name)
-    per_token = shape.kv_bytes_per_token(dtype_bytes)
+    if kv_dtype:
+        per_token, dtype_bytes = shape.kv_bytes_per_token_as(kv_dtype), KV_DTYPE_BYTES[kv_dtype]
+    else:
+        per_token = shape.kv_bytes_per_token(dtype_bytes)
     memory = int(memory_gb * GiB)
     max_tokens = memory // per_token
     return Plan(shape.name, dtype_bytes, per_token, memory, context_tokens, max_tokens,
-                per_token * context_tokens, max_tokens // context_tokens if context_tokens else 0)
+                per_token * context_tokens, max_tokens // context_tokens if context_tokens else 0,
+                kv_dtype or "")
 
 
 def _size(num_bytes: float) -> str:
@@ -108,7 +121,7 @@ def format_plan_table(plans: list[Plan], conversations: int | None = None) -> st
         header.append(f"{conversations} conv need")
     rows = [header]
     for p in plans:
-        row = [p.name, _size(p.bytes_per_token), _size(p.bytes_per_conversation),
+        row = [f"{p.name} ({p.kv_dtype})" if p.kv_dtype else p.name, _size(p.bytes_per_token), _size(p.bytes_per_conversation),
                _size(p.memory_bytes), f"{p.max_tokens:,}", f"{p.max_conversations:,}"]
         if conversations:
             row.append(_size(p.memory_for(conversations)))
@@ -130,6 +143,9 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     parser.add_argument("--conversations", type=int, default=None,
                         help="also show the memory this many conversations need")
     parser.add_argument("--dtype-bytes", type=int, default=2, help="bytes per number (2 = fp16/bf16)")
+    parser.add_argument("--kv-dtype", choices=[*KV_DTYPE_BYTES, "all"], default=None,
+                        help="plan for this [cache] kv_dtype (8-bit ones with their scales; "
+                             "'all': one row per dtype); replaces --dtype-bytes")
     return parser
 
 
@@ -137,8 +153,10 @@ def planner_main(argv: list[str] | None = None) -> int:
     """``radixgate plan`` entry point; prints the table, returns the exit code."""
     args = build_parser().parse_args(argv)
     names = args.models or list(PRESETS)
+    dtypes = list(KV_DTYPE_BYTES) if args.kv_dtype == "all" else [args.kv_dtype]
     try:
-        plans = [plan(n, args.memory_gb, args.context, args.dtype_bytes) for n in names]
+        plans = [plan(n, args.memory_gb, args.context, args.dtype_bytes, d)
+                 for n in names for d in dtypes]
     except ValueError as exc:
         print(f"radixgate plan: {exc}", file=sys.stderr)
         return 2

@@ -72,12 +72,16 @@ class EngineSnapshot:
     # the server-wide list, for the admin)
     tenant_prefixes: Mapping[str, tuple[PrefixEntry, ...]] = field(
         default_factory=lambda: MappingProxyType({}))
+    kv_dtype: str = ""               # the KV cache's element type (runtime/kv_cache.py)
+    kv_bytes_per_token: int = 0      # its bytes per token, every layer, K and V, scales included
 
 
-def empty_snapshot(total_blocks: int, block_size: int) -> EngineSnapshot:
+def empty_snapshot(total_blocks: int, block_size: int, kv_dtype: str = "",
+                   kv_bytes_per_token: int = 0) -> EngineSnapshot:
     return EngineSnapshot(time.monotonic(), block_size, BlockCounts(total_blocks, total_blocks, 0, 0, 0),
                           TreeCounts(0, 0, 0, 0), 0, 0, MappingProxyType({}),
-                          MappingProxyType({}), (), 0.0)
+                          MappingProxyType({}), (), 0.0, kv_dtype=kv_dtype,
+                          kv_bytes_per_token=kv_bytes_per_token)
 
 
 @dataclass(slots=True)
@@ -101,7 +105,7 @@ class EngineCounters:
 
 
 def take_snapshot(tree, pool, scheduler, counters: EngineCounters, *, top_n: int,
-                  draining: bool) -> EngineSnapshot:
+                  draining: bool, kv_dtype: str = "", kv_bytes_per_token: int = 0) -> EngineSnapshot:
     """Reads tree, pool and scheduler (engine thread only) into an immutable snapshot.
     Nothing here walks the tree or grows with the cache: tree counters are kept current
     (``block_counts``), each tenant's hottest prefixes come from a bounded search of its own
@@ -122,7 +126,7 @@ def take_snapshot(tree, pool, scheduler, counters: EngineCounters, *, top_n: int
         finished=counters.finished, errors=counters.errors, draining=draining,
         preemptions=counters.preemptions,
         step_time_s=counters.step_s, forward_time_s=counters.forward_s,
-        pins=tuple(_pin_entries(tree)))
+        pins=tuple(_pin_entries(tree)), kv_dtype=kv_dtype, kv_bytes_per_token=kv_bytes_per_token)
 
 
 def block_counts(tree, pool, running, stats) -> BlockCounts:

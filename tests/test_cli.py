@@ -168,7 +168,6 @@ def test_an_old_key_and_its_new_place_both_set_is_an_error():
 
 
 @pytest.mark.parametrize("cache, fragment", [
-    ({"kv_dtype": "int8"}, "kv_dtype = 'int8'.*not implemented yet"),
     ({"disk_dir": "/tmp/kv"}, "disk tier.*not implemented yet"),
     ({"disk_gb": 10.0}, "disk tier.*not implemented yet"),
     ({"policy": "lru", "credit": {"branch_ticks": 8}}, "applies to policy"),
@@ -181,5 +180,16 @@ def test_reserved_or_unread_cache_settings_are_refused_not_ignored(cache, fragme
 def test_the_engine_refuses_cache_settings_it_does_not_implement():
     from radixgate.runtime.engine_config import EngineConfig
     with pytest.raises(ValueError, match="not implemented yet"):
-        EngineConfig(cache=CacheConfig(kv_dtype="fp8"))
+        EngineConfig(cache=CacheConfig(disk_gb=1.0))
     assert CacheConfig().kv_dtype == "auto" and not inactive_settings(CacheConfig())
+    assert EngineConfig(cache=CacheConfig(kv_dtype="fp8")).cache.kv_dtype == "fp8"
+
+
+@pytest.mark.parametrize("kv_dtype", ["float32", "bfloat16", "float16", "int8", "fp8"])
+def test_kv_dtype_flag_and_cache_key_reach_the_cache_config(tmp_path, kv_dtype):
+    flag = config_from_args(build_parser().parse_args(["serve", "--kv-dtype", kv_dtype]))
+    assert flag.cache.kv_dtype == kv_dtype
+    path = tmp_path / "radixgate.toml"
+    path.write_text(f'[cache]\nkv_dtype = "{kv_dtype}"\n')
+    assert config_from_args(build_parser().parse_args(["serve", "--config", str(path)])
+                            ).cache.kv_dtype == kv_dtype

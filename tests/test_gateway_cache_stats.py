@@ -29,7 +29,7 @@ def snapshot(prefill_rate: float = 5432.1) -> EngineSnapshot:
         tenants=MappingProxyType({"acme": TenantCounts(running=1, pinned_tokens=100),
                                   "globex": TenantCounts()}),
         evictions=MappingProxyType({"lru": 3}), top_prefixes=(),
-        prefill_tokens_per_s=prefill_rate)
+        prefill_tokens_per_s=prefill_rate, kv_dtype="int8", kv_bytes_per_token=11880)
 
 
 def usage(prompt: int, read: int, w5m: int = 0, w1h: int = 0, ttft_s: float | None = 0.05
@@ -110,3 +110,11 @@ def test_a_tenants_top_prefixes_come_from_its_own_list_not_the_server_wide_one(b
     admin = build_stats(snap, book, model="m", tenant=None, decode=lambda ids: "text")
     assert [p["tenant"] for p in admin["top_prefixes"]] == ["globex"] * 10
     assert admin["tree"]["namespaces"] == 7
+
+
+def test_kv_dtype_and_capacity_are_shown_to_admin_and_tenants(book):
+    for scope in (None, "acme"):
+        got = stats(book, scope)
+        assert got["kv_dtype"] == "int8"
+        assert got["capacity"] == {"blocks": 100, "tokens": 1600, "bytes_per_token": 11880,
+                                   "bytes": 1600 * 11880}

@@ -101,7 +101,7 @@ def test_copy_blocks_with_zero_slots_changes_nothing():
     (lambda c: c.update(seq_lens=c["seq_lens"] - 30), r"q_len \(\d+\) <= seq_len"),
     (lambda c: c.update(cu_q_lens=c["cu_q_lens"] - 1), "cu_q_lens must run from 0"),
     (lambda c: c.update(q=c["q"][:, :5]), "not a multiple of num kv heads"),
-    (lambda c: c.update(q=c["q"].half()), "q dtype"),
+    (lambda c: c.update(q=c["q"].to(torch.int32)), "q must be a float"),
     (lambda c: c.update(seq_lens=c["seq_lens"] + 64), "exceeds block table capacity"),
 ])
 def test_reference_attention_rejects_bad_inputs(mutate, message):

@@ -164,11 +164,31 @@ def test_copy_blocks_kernel_matches_reference_for_partial_blocks():
     assert torch.equal(k_cache.cpu(), expected_k) and torch.equal(v_cache.cpu(), expected_v)
 
 
-def test_launchers_reject_mismatched_cache_and_query_dtypes():
+def test_float32_queries_over_a_bfloat16_cache_match_the_reference():
+    """A KV cache in another float dtype (``--kv-dtype bfloat16``) is read as q's dtype; the
+    store rounds float32 keys to the cache's dtype like the reference does."""
+    case = _case([1, 9, 1], [17, 30, 5], 3, 64, 16, torch.float32, seed=4)
+    k_cache, v_cache = (c.to(torch.bfloat16) for c in case.finite_caches())
+    out = paged_attention(case.q, k_cache, v_cache, case.block_tables, case.cu_q_lens,
+                          case.seq_lens, 0.125, backend="triton")
+    expected = reference_paged_attention(case.q, k_cache, v_cache, case.block_tables,
+                                         case.cu_q_lens, case.seq_lens, 0.125)
+    _assert_close(out, expected, torch.float32)
+    k, v = case.new_kv()
+    stored_k, stored_v = torch.zeros_like(k_cache), torch.zeros_like(v_cache)
+    store_kv(k, v, stored_k, stored_v, case.slot_mapping, backend="triton")
+    reference_store_kv(k, v, k_cache, v_cache, case.slot_mapping)
+    slots = case.slot_mapping      # within one bf16 step: the interpreter truncates, GPUs round
+    for stored, expected in ((stored_k, k_cache), (stored_v, v_cache)):
+        torch.testing.assert_close(stored.flatten(0, 1)[slots].float(),
+                                   expected.flatten(0, 1)[slots].float(), atol=1e-6, rtol=2 ** -7)
+
+
+def test_launchers_reject_bad_dtypes_and_indices():
     """Inputs and tile sizes are checked before launching."""
     case = _case([2], [5], 1, 64, 16, torch.float32, seed=1)
-    with pytest.raises(ValueError, match="q dtype"):
-        triton_paged_attention(case.q.half(), case.k_cache, case.v_cache, case.block_tables,
+    with pytest.raises(ValueError, match="q must be a float"):
+        triton_paged_attention(case.q.int(), case.k_cache, case.v_cache, case.block_tables,
                                case.cu_q_lens, case.seq_lens, 0.125)
     with pytest.raises(ValueError, match="slot_mapping must be torch.int64"):
         store_kv(case.q[:, :2], case.q[:, :2], case.k_cache, case.v_cache,

@@ -53,3 +53,13 @@ def test_table_lists_each_model_with_its_figures(capsys):
     assert planner_main(["llama-2-7b", "--memory-gb", "4", "--context", "8192"]) == 0
     out = capsys.readouterr().out
     assert "4 GiB" in out and "8,192" in out
+
+
+def test_kv_dtype_rows_count_the_8_bit_scales(capsys):
+    assert plan("smollm2-135m", 1, 1, kv_dtype="bfloat16").bytes_per_token == 2 * 30 * 3 * 64 * 2
+    eight_bit = plan("smollm2-135m", 4, 8192, kv_dtype="fp8")
+    assert eight_bit.bytes_per_token == 2 * 30 * 3 * (64 + 2) and eight_bit.kv_dtype == "fp8"
+    assert eight_bit.max_tokens >= 3.5 * plan("smollm2-135m", 4, 8192, kv_dtype="float32").max_tokens
+    assert planner_main(["smollm2-135m", "--memory-gb", "4", "--kv-dtype", "all"]) == 0
+    rows = capsys.readouterr().out.splitlines()[2:]
+    assert [r.split()[1] for r in rows] == ["(float32)", "(bfloat16)", "(float16)", "(int8)", "(fp8)"]
