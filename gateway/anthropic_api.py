@@ -43,9 +43,7 @@ async def messages(request: web.Request) -> web.StreamResponse:
     async with admitted_body(request, MessagesRequest) as (state, principal, body):
         state.require_engine()
         converted = convert_messages_request(body)
-        sampling = sampling_params(max_tokens=body.max_tokens, temperature=body.temperature,
-                                   top_p=body.top_p, top_k=body.top_k, seed=None,
-                                   stop=body.stop_sequences)
+        sampling = sampling_params(body, max_tokens=body.max_tokens, stop=body.stop_sequences)
         rendered = await render_request(state, principal, converted, reserved=body.max_tokens)
         engine_req = await engine_request(state, principal, request_id_of(request),
                                           rendered.tokens, rendered.breakpoints, sampling,

@@ -60,9 +60,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         asked = body.max_completion_tokens or body.max_tokens
         rendered = await render_request(state, principal, converted, reserved=asked or 1)
         max_tokens = asked or default_max_tokens(state, len(rendered.tokens))
-        sampling = sampling_params(max_tokens=max_tokens, temperature=body.temperature,
-                                   top_p=body.top_p, top_k=body.top_k, seed=body.seed,
-                                   stop=body.stop)
+        sampling = sampling_params(body, max_tokens=max_tokens, stop=body.stop)
         engine_req = await engine_request(state, principal, request_id_of(request),
                                           rendered.tokens, rendered.breakpoints, sampling,
                                           body.cache_salt)
@@ -206,9 +204,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
         max_tokens = body.max_tokens or 16
         room = room_for_prompt(engine.max_model_len, max_tokens)
         tokens = await asyncio.to_thread(_prompt_tokens, state, body, room, max_tokens)
-        sampling = sampling_params(max_tokens=max_tokens, temperature=body.temperature,
-                                   top_p=body.top_p, top_k=body.top_k, seed=body.seed,
-                                   stop=body.stop)
+        sampling = sampling_params(body, max_tokens=max_tokens, stop=body.stop)
         engine_req = await engine_request(state, principal, request_id_of(request), tokens, (),
                                           sampling, body.cache_salt)
     generation = Generation(state, request, principal, "openai", engine_req)

@@ -94,6 +94,12 @@ class MessagesRequest(PromptFields):
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     top_k: int | None = Field(default=None, ge=0)
     stop_sequences: list[str] | None = None
+    # vLLM's extra sampling fields, served here too (extensions: Anthropic's API has none
+    # of them, so no Anthropic client sends them by accident; each reaches the sampler)
+    min_p: float | None = Field(default=None, ge=0.0, le=1.0)
+    repetition_penalty: float | None = Field(default=None, gt=0.0)
+    min_tokens: int | None = Field(default=None, ge=0)
+    ignore_eos: bool = False
     stream: bool = False
     metadata: Metadata | None = None
     cache_salt: str | None = None      # extension (as vLLM's): a separate cache namespace

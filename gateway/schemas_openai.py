@@ -1,8 +1,11 @@
 """Pydantic models of the OpenAI Chat Completions and Completions requests (HTTP edge).
 
-Fields the gateway accepts but does not act on (``user``, ``metadata``, zero penalties) are
-ignored; ones it cannot honour (``n > 1``, ``logprobs``, ``echo``, image parts) are
-rejected by the converter with a 400 naming the parameter.
+Every sampling field here reaches the sampler (``service.sampling_params``): OpenAI's
+``temperature``, ``top_p``, ``seed``, ``presence_penalty``, ``frequency_penalty``,
+``logit_bias`` and vLLM's extras ``top_k``, ``min_p``, ``repetition_penalty``,
+``min_tokens``, ``ignore_eos``. Fields that do not change the answer (``user``,
+``metadata``) are ignored; ones it cannot honour (``n > 1``, ``logprobs``, ``echo``, image
+parts) are rejected with a 400 naming the parameter.
 """
 from __future__ import annotations
 
@@ -91,6 +94,12 @@ class _SamplingFields(_Model):
     logprobs: bool | int | None = None
     presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    logit_bias: dict[str, Annotated[float, Field(ge=-100.0, le=100.0)]] | None = None
+    # vLLM's extra sampling fields (``extra_body`` in the openai SDK)
+    repetition_penalty: float | None = Field(default=None, gt=0.0)
+    min_p: float | None = Field(default=None, ge=0.0, le=1.0)
+    min_tokens: int | None = Field(default=None, ge=0)
+    ignore_eos: bool = False
 
 
 class ChatCompletionRequest(_SamplingFields):

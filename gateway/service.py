@@ -7,6 +7,7 @@ finished request is recorded once in the usage book, the metrics and the access 
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 
 from aiohttp import web
@@ -26,18 +27,45 @@ _background: set[asyncio.Task] = set()
 _SEED_MODULUS = 1 << 63
 
 
-def sampling_params(*, max_tokens: int, temperature: float | None, top_p: float | None,
-                    top_k: int | None, seed: int | None, stop: list[str] | str | None
-                    ) -> SamplingParams:
+def sampling_params(body, *, max_tokens: int, stop: list[str] | str | None) -> SamplingParams:
+    """The engine's sampling values from a parsed request ``body`` (either API's model: a
+    field the model lacks counts as omitted). Every field read here reaches the sampler."""
     if isinstance(stop, str):
         stop = [stop]
+    field = functools.partial(getattr, body)
+    top_k, seed = field("top_k", None), field("seed", None)
     return SamplingParams(
         max_tokens=max_tokens,
-        temperature=1.0 if temperature is None else float(temperature),
-        top_p=1.0 if top_p is None else float(top_p),
+        temperature=_given(field("temperature", None), 1.0),
+        top_p=_given(field("top_p", None), 1.0),
         top_k=0 if top_k is None or top_k < 0 else int(top_k),
+        min_p=_given(field("min_p", None), 0.0),
         seed=None if seed is None else seed % _SEED_MODULUS,
-        stop=tuple(s for s in (stop or []) if s))
+        stop=tuple(s for s in (stop or []) if s),
+        ignore_eos=bool(field("ignore_eos", False)),
+        min_tokens=int(field("min_tokens", None) or 0),
+        presence_penalty=_given(field("presence_penalty", None), 0.0),
+        frequency_penalty=_given(field("frequency_penalty", None), 0.0),
+        repetition_penalty=_given(field("repetition_penalty", None), 1.0),
+        logit_bias=logit_bias_pairs(field("logit_bias", None)))
+
+
+def _given(value: float | None, default: float) -> float:
+    return default if value is None else float(value)
+
+
+def logit_bias_pairs(logit_bias: dict[str, float] | None) -> tuple[tuple[int, float], ...]:
+    """OpenAI's ``{"token id": bias}`` as (id, bias) pairs; a key that is not an integer is a
+    400 (ids outside the vocabulary are refused by the engine's checks, also a 400)."""
+    pairs = []
+    for key, bias in (logit_bias or {}).items():
+        try:
+            token = int(key)
+        except ValueError:
+            raise ApiError(Kind.BAD_REQUEST, f"logit_bias keys must be token ids, got {key!r}",
+                           param="logit_bias") from None
+        pairs.append((token, float(bias)))
+    return tuple(pairs)
 
 
 def default_max_tokens(state: GatewayState, prompt_len: int) -> int:

@@ -46,16 +46,28 @@ class FinishReason(str, enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
-    """temperature 0 means greedy. top_k 0 and top_p 1.0 mean off."""
+    """temperature below 1e-5 means greedy; every default below is off (runtime/sampling.py
+    applies them, in its documented order). Penalties: ``presence_penalty`` and
+    ``frequency_penalty`` in [-2, 2] count output tokens; ``repetition_penalty`` > 0 (1 is
+    off) counts prompt and output tokens. ``logit_bias``: (token id, bias in [-100, 100])
+    pairs. ``min_tokens``: EOS, stop tokens and stop strings do not end the answer before
+    that many output tokens. ``min_p`` in [0, 1]: drop tokens below min_p x the top
+    probability."""
 
     max_tokens: int = 256
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
+    min_p: float = 0.0
     seed: int | None = None
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+    min_tokens: int = 0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,7 +30,7 @@ from .kv_cache import KVCache, resolve_kv_dtype
 from .output import (Finish, account_admission, account_pins, append_token, finished_event,
                      flush_text)
 from .pin_shares import log_pin_shares, pin_ceiling, pin_share, pinned_prefix
-from .sampling import make_generator, sample_tokens, top2_gaps
+from .sampling import TokenCounts, make_generator, sample_tokens, top2_gaps
 from .scheduler import Chunk, Scheduler
 from .sequence import Sequence, SeqStatus
 from .stats import EngineCounters, take_snapshot
@@ -272,14 +272,19 @@ class EngineCore:
         """Samples the batch at once; if that raises, row by row, where a row that raises
         fails its sequence (None in its place). A retried row may draw again from its
         generator: seeded reproducibility is kept only when nothing fails."""
+        for seq in seqs:
+            if seq.token_counts is None:
+                seq.token_counts = TokenCounts(seq.tokens, seq.num_prompt)
         try:
-            return sample_tokens(logits, [s.params for s in seqs], [s.generator for s in seqs])
+            return sample_tokens(logits, [s.params for s in seqs], [s.generator for s in seqs],
+                                 [s.token_counts for s in seqs], self.eos_ids)
         except Exception:  # noqa: BLE001 - find the failing rows below
             pass
         tokens: list[int | None] = []
         for i, seq in enumerate(seqs):
             try:
-                tokens.append(sample_tokens(logits[i:i + 1], [seq.params], [seq.generator])[0])
+                tokens.append(sample_tokens(logits[i:i + 1], [seq.params], [seq.generator],
+                                            [seq.token_counts], self.eos_ids)[0])
             except Exception as exc:  # noqa: BLE001
                 self._fail_sequence(seq, exc)
                 tokens.append(None)

@@ -4,6 +4,11 @@ Token-level stops (EOS unless ``ignore_eos``, ``stop_token_ids``) end the reques
 token is detokenized: its text never appears. Stop strings are found in the detokenized text
 (``StopMatcher``), which holds back any tail that could start one, so the text sent never
 contains a stop string and ``Finished.text`` ends before it.
+
+Within ``min_tokens`` nothing but the length ends the answer: the sampler holds EOS and stop
+tokens back (one slipping through is an ordinary token here), and the text of those first
+tokens bypasses the stop matcher: stop strings are looked for in the text from the
+``min_tokens + 1``-th output token on (vLLM too checks them only past ``min_tokens``).
 """
 from __future__ import annotations
 
@@ -57,14 +62,23 @@ def append_token(seq: Sequence, token: int, eos_ids: set[int], max_model_len: in
     if seq.timing.first_token is None:
         seq.timing.first_token = time.monotonic()
     params = seq.params
-    if (token in eos_ids and not params.ignore_eos) or token in params.stop_token_ids:
+    short = seq.num_output <= params.min_tokens   # this token is within min_tokens: no stop
+    if not short and ((token in eos_ids and not params.ignore_eos)
+                      or token in params.stop_token_ids):
         return Finish(FinishReason.EOS)
     seq.pending_ids.append(token)
+    if short:
+        emit_text(seq, seq.detok.feed(token))
+        return _length_finish(seq, max_model_len)
     result = seq.stops.feed(seq.detok.feed(token))
     emit_text(seq, result.emit)
     if result.stop is not None:
         return Finish(FinishReason.STOP_SEQUENCE, stop=result.stop)
-    if seq.num_output >= params.max_tokens or len(seq.tokens) >= max_model_len:
+    return _length_finish(seq, max_model_len)
+
+
+def _length_finish(seq: Sequence, max_model_len: int) -> Finish | None:
+    if seq.num_output >= seq.params.max_tokens or len(seq.tokens) >= max_model_len:
         return Finish(FinishReason.LENGTH)
     return None
 

@@ -46,6 +46,7 @@ class Sequence:
         self.sink = sink                    # receives TextDelta / Finished events
         self.arrival = arrival              # submission order (newest = largest)
         self.generator = generator          # torch.Generator or None (greedy)
+        self.token_counts = None            # sampling.TokenCounts, made at the first sample
         self.stops = stops                  # StopMatcher
         self.detok = detok                  # IncrementalDetokenizer
         self.tokens: list[int] = list(request.tokens)

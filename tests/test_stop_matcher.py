@@ -138,11 +138,10 @@ async def test_the_gateway_compiles_stop_strings_off_the_engine_thread():
     from radixgate.gateway.service import engine_request, sampling_params
     state = SimpleNamespace(config=SimpleNamespace(server=SimpleNamespace(request_timeout_s=9)))
     principal = SimpleNamespace(tenant="acme", limits=SimpleNamespace(use_public_prefixes=False))
-    sampling = sampling_params(max_tokens=4, temperature=0, top_p=None, top_k=None, seed=None,
-                               stop=["END", "STOP"])
+    body = SimpleNamespace(temperature=0)              # a parsed body's sampling fields
+    sampling = sampling_params(body, max_tokens=4, stop=["END", "STOP"])
     request = await engine_request(state, principal, "req_1", [1, 2], (), sampling)
     assert request.stop_automaton is not None and request.stop_automaton.stops == ("END", "STOP")
-    too_many = sampling_params(max_tokens=4, temperature=0, top_p=None, top_k=None, seed=None,
-                               stop=[f"s{i}" for i in range(65)])
+    too_many = sampling_params(body, max_tokens=4, stop=[f"s{i}" for i in range(65)])
     refused = await engine_request(state, principal, "req_2", [1, 2], (), too_many)
     assert refused.stop_automaton is None            # the engine refuses it (400): no work here
