@@ -18,8 +18,8 @@ from radixgate.gateway.errors import Api, ApiError
 from radixgate.gateway.http_util import request_id_of
 from radixgate.gateway.prompt_parts import ConvertedPrompt
 from radixgate.gateway.schemas_anthropic import CountTokensRequest, MessagesRequest
-from radixgate.gateway.service import (Generation, engine_request, render_request,
-                                       sampling_params)
+from radixgate.gateway.service import (Generation, answer_tokens, engine_request,
+                                       render_request, reserved_for, sampling_params)
 from radixgate.gateway.tools import ToolCallParser, split_output
 from radixgate.runtime.api import Finished, FinishReason, Usage
 
@@ -43,8 +43,11 @@ async def messages(request: web.Request) -> web.StreamResponse:
     async with admitted_body(request, MessagesRequest) as (state, principal, body):
         state.require_engine()
         converted = convert_messages_request(body)
-        sampling = sampling_params(body, max_tokens=body.max_tokens, stop=body.stop_sequences)
-        rendered = await render_request(state, principal, converted, reserved=body.max_tokens)
+        rendered = await render_request(state, principal, converted,
+                                         reserved=reserved_for(state, body.max_tokens))
+        sampling = sampling_params(body, max_tokens=answer_tokens(state, body.max_tokens,
+                                                                  len(rendered.tokens)),
+                                   stop=body.stop_sequences)
         engine_req = await engine_request(state, principal, request_id_of(request),
                                           rendered.tokens, rendered.breakpoints, sampling,
                                           body.cache_salt)

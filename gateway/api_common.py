@@ -29,12 +29,15 @@ async def admitted_body(request: web.Request, model: type[M]):
     """``async with admitted_body(request, Model) as (state, principal, body):`` the
     tenant's rate limit first, then one of its preparing slots (gateway/prepare.py) for
     reading, parsing and everything the block does (rendering): no tenant's pre-engine work
-    can crowd out another's. The body's model name must be served (404 otherwise)."""
+    can crowd out another's. The body's model name must be served (404 otherwise); an
+    omitted one (OpenAI) becomes the served model's id."""
     state, principal = state_of(request), principal_of(request)
     state.check_rate(principal)
     async with state.preparing(principal):
         body = await parse_body(request, model)
-        state.resolve_model(body.model)
+        served = state.resolve_model(body.model)
+        if body.model is None:            # an OpenAI request that names no model
+            body.model = served
         yield state, principal, body
 
 

@@ -167,10 +167,16 @@ def serve(config: GatewayConfig) -> int:
         config.server.port, "tiny random weights" if config.model.tiny else config.model.path)
     app = create_app(config)
     app.on_startup.append(_stop_if_load_fails)
+    app.on_startup.append(_drain_on_signals)
     web.run_app(app, host=config.server.host, port=config.server.port,
-                handler_cancellation=True, access_log=None, print=None,
+                handler_cancellation=True, access_log=None, print=None, handle_signals=False,
                 shutdown_timeout=config.server.shutdown_grace_s + 5.0)
     return 1 if app[STATE].load_error else 0
+
+
+async def _drain_on_signals(app) -> None:
+    from radixgate.gateway.app import install_drain_signals
+    install_drain_signals(app)
 
 
 async def _stop_if_load_fails(app) -> None:

@@ -35,6 +35,8 @@ class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 8080
     max_queue: int = 256             # waiting requests beyond this: overloaded
+    strict_max_tokens: bool = False  # True: prompt + max_tokens over the context is 400 (else clamped)
+    cors_allow_origins: tuple[str, ...] = ()   # browser origins allowed (CORS); "*": any; () off
     request_timeout_s: float = 600.0
     max_body_bytes: int = 8 * 1024 * 1024
     body_timeout_s: float = 30.0     # the whole body must arrive within this: else 408

@@ -17,6 +17,9 @@ from radixgate.gateway.tools import ToolSpec, forced_call_prefill, tool_call_tex
 
 
 def convert_messages_request(req: PromptFields) -> ConvertedPrompt:
+    if req.thinking is not None and req.thinking.type != "disabled":
+        raise ApiError(Kind.BAD_REQUEST, "thinking: extended thinking is not supported by this "
+                       'model; omit it or send {"type": "disabled"}', param="thinking")
     rules = BreakpointRules()
     tools = req.tools or []
     check_unique_tool_names([t.name for t in tools])

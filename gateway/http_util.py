@@ -29,6 +29,8 @@ def _request_key(name: str, kind: type):
 REQUEST_ID = _request_key("radixgate_request_id", str)
 PRINCIPAL = _request_key("radixgate_principal", Principal)
 ACCESS = _request_key("radixgate_access", dict)     # fields of the access-log line
+CLIENT_REQUEST_ID = _request_key("radixgate_client_request_id", str)   # its x-request-id
+IGNORED_FIELDS = _request_key("radixgate_ignored_fields", list)   # unknown body fields
 M = TypeVar("M", bound=BaseModel)
 
 
@@ -78,9 +80,14 @@ async def read_body(request: web.Request) -> bytes:
 
 
 async def parse_body(request: web.Request, model: type[M]) -> M:
+    """The body as ``model``; top-level fields the model does not know are ignored and
+    named in the response's ``x-radixgate-ignored-fields`` header."""
     data = await read_json(request)
     if not isinstance(data, dict):
         raise ApiError(Kind.BAD_REQUEST, "request body must be a JSON object")
+    ignored = sorted(set(data) - set(model.model_fields))
+    if ignored:
+        request[IGNORED_FIELDS] = ignored
     try:
         return model.model_validate(data)
     except ValidationError as e:

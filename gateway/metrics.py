@@ -27,9 +27,15 @@ _TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 
 _ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
 
+_VLLM_FINISHED = {"eos": "stop", "stop_sequence": "stop", "length": "length", "aborted": "abort"}
+_E2E_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
+
+
 class GatewayMetrics:
-    def __init__(self, snapshot: Callable[[], object | None]):
+    def __init__(self, snapshot: Callable[[], object | None],
+                 model_name: Callable[[], str] = lambda: "radixgate"):
         self.registry = CollectorRegistry(auto_describe=True)
+        self.model_name = model_name
         r = self.registry
         self.cache_queries = Counter("radixgate_prefix_cache_queries", "Prompts matched against "
                                      "the prefix cache", ["tenant"], registry=r)
@@ -53,21 +59,18 @@ class GatewayMetrics:
                               ["tenant", "cache"], buckets=_TTFT_BUCKETS, registry=r)
         self.itl = Histogram("radixgate_inter_token_latency_seconds", "Time between output "
                              "tokens", ["tenant"], buckets=_ITL_BUCKETS, registry=r)
-        self.vllm_hits = Counter("vllm:prefix_cache_hits", "Prefix cache hit tokens (vLLM name)",
-                                 ["tenant"], registry=r)
-        self.vllm_queries = Counter("vllm:prefix_cache_queries", "Prefix cache query tokens "
-                                    "(vLLM name)", ["tenant"], registry=r)
-        r.register(_SnapshotCollector(snapshot))
+        self.vllm = _VllmSeries(r)
+        r.register(_SnapshotCollector(snapshot, model_name))
 
-    def observe_finished(self, tenant: str, api: str, outcome: str, usage: Usage) -> None:
+    def observe_finished(self, tenant: str, api: str, outcome: str, usage: Usage,
+                         e2e_s: float | None = None) -> None:
         self.requests.labels(tenant, api, outcome).inc()
         if usage.prompt_tokens <= 0 or outcome.startswith("error"):
             return
+        self.vllm.observe(self.model_name(), tenant, _VLLM_FINISHED.get(outcome), usage, e2e_s)
         self.cache_queries.labels(tenant).inc()
         self.cache_query_tokens.labels(tenant).inc(usage.prompt_tokens)
         self.cache_hit_tokens.labels(tenant).inc(usage.cache_read_tokens)
-        self.vllm_queries.labels(tenant).inc(usage.prompt_tokens)
-        self.vllm_hits.labels(tenant).inc(usage.cache_read_tokens)
         for kind, value in (("cache_read", usage.cache_read_tokens),
                             ("cache_creation", usage.cache_creation_tokens),
                             ("uncached", usage.uncached_tokens)):
@@ -80,8 +83,10 @@ class GatewayMetrics:
     def observe_gap(self, tenant: str, seconds: float, tokens: int) -> None:
         """An output delta of ``tokens`` tokens arrived ``seconds`` after the previous one."""
         per_token = seconds / max(1, tokens)
+        vllm_itl = self.vllm.itl.labels(self.model_name(), tenant)
         for _ in range(max(1, tokens)):
             self.itl.labels(tenant).observe(per_token)
+            vllm_itl.observe(per_token)
 
     def render(self, tenant: str | None = None) -> bytes:
         """Exposition text; ``tenant`` set = only series carrying ``tenant="<tenant>"``."""
@@ -90,9 +95,48 @@ class GatewayMetrics:
         return generate_latest(_TenantView(self.registry, tenant))
 
 
+class _VllmSeries:
+    """The series vLLM exports, under its names, for routers (llm-d, Kubernetes inference
+    gateways) and Grafana dashboards: each with ``model_name`` (and ``tenant``, so a tenant
+    sees its own)."""
+
+    def __init__(self, r: CollectorRegistry):
+        labels = ["model_name", "tenant"]
+        self.prompt = Counter("vllm:prompt_tokens", "Prompt tokens (vLLM name)", labels,
+                              registry=r)
+        self.generation = Counter("vllm:generation_tokens", "Generated tokens (vLLM name)",
+                                  labels, registry=r)
+        self.queries = Counter("vllm:prefix_cache_queries", "Prefix cache query tokens "
+                               "(vLLM name)", labels, registry=r)
+        self.hits = Counter("vllm:prefix_cache_hits", "Prefix cache hit tokens (vLLM name)",
+                            labels, registry=r)
+        self.success = Counter("vllm:request_success", "Finished requests by reason (vLLM "
+                               "name)", [*labels, "finished_reason"], registry=r)
+        self.ttft = Histogram("vllm:time_to_first_token_seconds", "Time to first token (vLLM "
+                              "name)", labels, buckets=_TTFT_BUCKETS, registry=r)
+        self.e2e = Histogram("vllm:e2e_request_latency_seconds", "Request latency (vLLM name)",
+                             labels, buckets=_E2E_BUCKETS, registry=r)
+        self.itl = Histogram("vllm:inter_token_latency_seconds", "Time between output tokens "
+                             "(vLLM name)", labels, buckets=_ITL_BUCKETS, registry=r)
+
+    def observe(self, model: str, tenant: str, finished_reason: str | None, usage: Usage,
+                e2e_s: float | None) -> None:
+        self.prompt.labels(model, tenant).inc(usage.prompt_tokens)
+        self.generation.labels(model, tenant).inc(usage.output_tokens)
+        self.queries.labels(model, tenant).inc(usage.prompt_tokens)
+        self.hits.labels(model, tenant).inc(usage.cache_read_tokens)
+        if finished_reason is not None:
+            self.success.labels(model, tenant, finished_reason).inc()
+        if usage.ttft_s is not None:
+            self.ttft.labels(model, tenant).observe(usage.ttft_s)
+        if e2e_s is not None:
+            self.e2e.labels(model, tenant).observe(e2e_s)
+
+
 class _SnapshotCollector(Collector):
-    def __init__(self, snapshot: Callable[[], object | None]):
+    def __init__(self, snapshot: Callable[[], object | None], model_name: Callable[[], str]):
         self._snapshot = snapshot
+        self._model_name = model_name
 
     def collect(self):
         snap = self._snapshot()
@@ -121,14 +165,18 @@ class _SnapshotCollector(Collector):
                                   "KV blocks (requeued; their prefix stays cached)",
                                   value=snap.preemptions)
         yield from _tenant_gauges(snap)
-        yield GaugeMetricFamily("vllm:num_requests_running", "Running requests (vLLM name)",
-                                value=snap.running)
-        yield GaugeMetricFamily("vllm:num_requests_waiting", "Waiting requests (vLLM name)",
-                                value=snap.waiting)
-        yield GaugeMetricFamily("vllm:kv_cache_usage_perc", "KV usage ratio 0..1 (vLLM name)",
-                                value=usage)
-        yield GaugeMetricFamily("vllm:gpu_cache_usage_perc", "KV usage ratio 0..1 (old vLLM "
-                                "name)", value=usage)
+        yield from _vllm_gauges(snap, usage, self._model_name())
+
+
+def _vllm_gauges(snap, usage: float, model: str):
+    for name, doc, value in (
+            ("vllm:num_requests_running", "Running requests (vLLM name)", snap.running),
+            ("vllm:num_requests_waiting", "Waiting requests (vLLM name)", snap.waiting),
+            ("vllm:kv_cache_usage_perc", "KV usage ratio 0..1 (vLLM name)", usage),
+            ("vllm:gpu_cache_usage_perc", "KV usage ratio 0..1 (old vLLM name)", usage)):
+        family = GaugeMetricFamily(name, doc, labels=["model_name"])
+        family.add_metric([model], value)
+        yield family
 
 
 def _tenant_gauges(snap):

@@ -21,8 +21,8 @@ from radixgate.gateway.http_util import request_id_of, state_of
 from radixgate.gateway.prompt_parts import ConvertedPrompt
 from radixgate.gateway.schemas_openai import ChatCompletionRequest, CompletionRequest
 from radixgate.gateway.prepare import check_length_bound, room_for_prompt, too_long
-from radixgate.gateway.service import (Generation, default_max_tokens, engine_request,
-                                       render_request, sampling_params)
+from radixgate.gateway.service import (Generation, answer_tokens, engine_request,
+                                       render_request, reserved_for, sampling_params)
 from radixgate.gateway.tools import ToolCallParser, split_output
 from radixgate.runtime.api import Finished, FinishReason, Usage
 
@@ -58,8 +58,9 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         state.require_engine()
         converted = convert_chat_request(body)
         asked = body.max_completion_tokens or body.max_tokens
-        rendered = await render_request(state, principal, converted, reserved=asked or 1)
-        max_tokens = asked or default_max_tokens(state, len(rendered.tokens))
+        rendered = await render_request(state, principal, converted,
+                                         reserved=reserved_for(state, asked))
+        max_tokens = answer_tokens(state, asked, len(rendered.tokens))
         sampling = sampling_params(body, max_tokens=max_tokens, stop=body.stop)
         engine_req = await engine_request(state, principal, request_id_of(request),
                                           rendered.tokens, rendered.breakpoints, sampling,
@@ -201,9 +202,11 @@ async def completions(request: web.Request) -> web.StreamResponse:
             raise ApiError(Kind.BAD_REQUEST, "echo and suffix are not supported",
                            param="echo" if body.echo else "suffix")
         engine = state.require_engine()
-        max_tokens = body.max_tokens or 16
-        room = room_for_prompt(engine.max_model_len, max_tokens)
-        tokens = await asyncio.to_thread(_prompt_tokens, state, body, room, max_tokens)
+        asked = body.max_tokens or 16
+        reserved = reserved_for(state, asked)
+        room = room_for_prompt(engine.max_model_len, reserved)
+        tokens = await asyncio.to_thread(_prompt_tokens, state, body, room, reserved)
+        max_tokens = answer_tokens(state, asked, len(tokens))
         sampling = sampling_params(body, max_tokens=max_tokens, stop=body.stop)
         engine_req = await engine_request(state, principal, request_id_of(request), tokens, (),
                                           sampling, body.cache_salt)

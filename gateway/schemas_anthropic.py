@@ -77,6 +77,11 @@ class Metadata(_Model):
     user_id: str | None = None
 
 
+class Thinking(_Model):
+    type: Literal["enabled", "disabled"]
+    budget_tokens: int | None = None
+
+
 class PromptFields(_Model):
     model: str
     messages: list[InputMessage] = Field(min_length=1)
@@ -84,6 +89,8 @@ class PromptFields(_Model):
     tools: list[Tool] | None = None
     tool_choice: ToolChoice | None = None
     cache_control: CacheControl | None = None
+    thinking: Thinking | None = None                  # only {"type": "disabled"} is served
+    service_tier: Literal["auto", "standard_only"] | None = None   # one tier: "standard"
 
 
 class MessagesRequest(PromptFields):

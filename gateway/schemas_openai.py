@@ -78,7 +78,7 @@ class StreamOptions(_Model):
 
 
 class _SamplingFields(_Model):
-    model: str
+    model: str | None = None           # omitted: the served model
     max_tokens: int | None = Field(default=None, ge=1)
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)

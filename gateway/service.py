@@ -68,6 +68,22 @@ def logit_bias_pairs(logit_bias: dict[str, float] | None) -> tuple[tuple[int, fl
     return tuple(pairs)
 
 
+def reserved_for(state: GatewayState, asked: int | None) -> int:
+    """Answer tokens the prompt must leave room for: all of ``asked`` with
+    ``[server] strict_max_tokens``, else one (``max_tokens`` is then clamped to the room)."""
+    return asked if asked and state.config.server.strict_max_tokens else 1
+
+
+def answer_tokens(state: GatewayState, asked: int | None, prompt_len: int) -> int:
+    """The engine's max_tokens: ``asked`` clamped to the room left in the context window
+    (agent clients send 32,000 or more), or the default when the client gave none."""
+    if asked is None:
+        return default_max_tokens(state, prompt_len)
+    if state.config.server.strict_max_tokens:
+        return asked
+    return max(1, min(asked, state.engine.max_model_len - prompt_len))
+
+
 def default_max_tokens(state: GatewayState, prompt_len: int) -> int:
     """OpenAI without max_tokens: what is left of the context and of the KV pool, capped."""
     engine = state.engine
@@ -117,6 +133,7 @@ class Generation:
         self.finished: Finished | None = None
         self._handle = None
         self._last_delta: float | None = None
+        self.started = time.monotonic()
 
     async def __aenter__(self) -> "Generation":
         engine = self.state.require_engine()
@@ -191,7 +208,8 @@ class Generation:
         usage = event.usage
         self.state.book.record(self.principal.tenant, usage, ok)
         outcome = event.reason.value if ok else f"error_{event.error_kind.value if event.error_kind else 'unknown'}"
-        self.state.metrics.observe_finished(self.principal.tenant, self.api, outcome, usage)
+        self.state.metrics.observe_finished(self.principal.tenant, self.api, outcome, usage,
+                                            time.monotonic() - self.started)
         self.http[ACCESS] = {
             "tenant": self.principal.tenant, "prompt": usage.prompt_tokens,
             "cached": usage.cache_read_tokens, "output": usage.output_tokens,

@@ -17,10 +17,12 @@ from radixgate.gateway.auth import ADMIN_TENANT, KeyRing, RateLimiter
 from radixgate.gateway.config import GatewayConfig, ModelSettings
 from radixgate.gateway.errors import ApiError, Kind
 from radixgate.gateway.metrics import GatewayMetrics
+from radixgate.gateway.model_names import model_names
 from radixgate.gateway.prepare import PrepareGate
 from radixgate.gateway.usage_book import UsageBook
 
 log = logging.getLogger("radixgate.gateway")
+DRAIN_RETRY_AFTER_S = 5.0
 
 # (config) -> Engine, started. Tests pass one that reuses a loaded model.
 EngineFactory = Callable[[GatewayConfig], object]
@@ -77,7 +79,8 @@ class GatewayState:
         self.draining = False
         self.load_error: str | None = None
         self.model_name = config.model.name
-        self.metrics = GatewayMetrics(self.snapshot)
+        self.model_names: tuple[str, ...] = ()     # the model's other names, once loaded
+        self.metrics = GatewayMetrics(self.snapshot, lambda: self.model_name)
         self.prepare_gate = PrepareGate()
         self.load_done = threading.Event()     # set when load() ends, ready or failed
         self._factory = engine_factory or default_engine_factory
@@ -95,6 +98,7 @@ class GatewayState:
             self.load_done.set()
         if self.config.model.path != "default" and self.config.model.name == ModelSettings().name:
             self.model_name = getattr(self.engine.loaded, "name", self.model_name)  # other model
+        self.model_names = model_names(getattr(self.engine.loaded, "path", ""))
         _warm_up(self.engine.tokenizer)
         _freeze_startup_objects()
         self.ready = True
@@ -110,7 +114,8 @@ class GatewayState:
     def require_engine(self):
         """The engine, or a 503 while loading, after a failed load or while draining."""
         if self.draining:
-            raise ApiError(Kind.OVERLOADED, "the server is shutting down")
+            raise ApiError(Kind.UNAVAILABLE, "the server is shutting down; retry on another "
+                           "replica or shortly", retry_after_s=DRAIN_RETRY_AFTER_S)
         if not self.ready:
             message = (f"model failed to load: {self.load_error}" if self.load_error
                        else "the model is still loading; retry shortly")
@@ -124,10 +129,12 @@ class GatewayState:
     def tokenizer(self):
         return self.engine.tokenizer
 
-    def resolve_model(self, name: str) -> str:
-        """The served model id for ``name`` (its id or an alias glob); 404 otherwise."""
-        if name == self.model_name or any(fnmatch.fnmatchcase(name, pattern)
-                                          for pattern in self.config.model.aliases):
+    def resolve_model(self, name: str | None) -> str:
+        """The served model id for ``name``: its id, an alias glob, its Hugging Face id or
+        file name (gateway/model_names.py), or None (an OpenAI request that names no
+        model); 404 otherwise."""
+        if name is None or name == self.model_name or name in self.model_names or any(
+                fnmatch.fnmatchcase(name, pattern) for pattern in self.config.model.aliases):
             return self.model_name
         raise ApiError(Kind.NOT_FOUND, f"model: {name} (this server serves "
                        f"{self.model_name!r}; aliases {list(self.config.model.aliases)})",

@@ -77,7 +77,6 @@ def test_malformed_json_is_400_in_both_envelopes(http, raw, fragment):
     ({"messages": "hello"}, "messages"),
     ({"messages": [{"role": "robot", "content": "x"}]}, "role"),
     ({"temperature": 3}, "temperature"),
-    ({"max_tokens": 600}, "context window"),
     ({"messages": [{"role": "user", "content": "word " * 600}]}, "context window"),
 ])
 def test_wrong_types_and_limits_are_anthropic_400s(http, overrides, fragment):
@@ -86,7 +85,8 @@ def test_wrong_types_and_limits_are_anthropic_400s(http, overrides, fragment):
 
 
 @pytest.mark.parametrize("overrides, status", [
-    ({"max_tokens": -1}, 400), ({"n": 3}, 400), ({"max_tokens": 600}, 400),
+    ({"max_tokens": -1}, 400), ({"n": 3}, 400),
+    ({"messages": [{"role": "user", "content": "word " * 600}]}, 400),
     ({"model": "llama-3"}, 404), ({"model": "unknown"}, 404), ({"stream": "yes"}, 400),
     ({"temperature": "0.5"}, 400),
 ])
@@ -144,9 +144,11 @@ def test_method_not_allowed_and_unknown_route_are_clean_errors(http):
 
 
 def test_stream_refused_before_200_gets_a_plain_error(http):
-    response = http.post(MESSAGES, json=anthropic_body(stream=True, max_tokens=600), headers=KEY)
+    too_long = [{"role": "user", "content": "word " * 600}]
+    response = http.post(MESSAGES, json=anthropic_body(stream=True, messages=too_long),
+                         headers=KEY)
     assert "context window" in assert_anthropic_error(response, 400, "invalid_request_error")
-    response = http.post(CHAT, json=chat_body(stream=True, max_tokens=600), headers=KEY)
+    response = http.post(CHAT, json=chat_body(stream=True, messages=too_long), headers=KEY)
     assert_openai_error(response, 400)
 
 

@@ -139,7 +139,7 @@ def test_models_lists_the_served_model_and_resolves_aliases(client):
     ({"n": 2}, 400),
     ({"model": "mistral-7b"}, 404),
     ({"max_tokens": 0}, 400),
-    ({"max_tokens": 100000}, 400),
+    ({"messages": [{"role": "user", "content": "word " * 100_000}]}, 400),   # too long
     ({"messages": [{"role": "user", "content": [
         {"type": "image_url", "image_url": {"url": "https://example.com/x.png"}}]}]}, 400),
 ])

@@ -82,3 +82,33 @@ async def test_sigterm_under_load_finishes_or_cleanly_aborts_every_request_and_e
     assert outcomes.count("ok") + outcomes.count("drained") >= 24, outcomes
     assert code == 0, server.log_tail()
     assert exited_after <= GRACE_S + 10, f"exit took {exited_after:.1f}s"
+
+
+async def test_during_the_drain_the_listener_stays_open_and_answers_503_with_retry_after(server):
+    async with aiohttp.ClientSession() as session:
+        body = c.anthropic_body("a long story " * 10, max_tokens=200)
+        running = asyncio.create_task(session.post(server.base_url + c.ANTHROPIC_PATH,
+                                                   headers=c.headers(tenant_key("acme")),
+                                                   json=body))
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            status, stats = await c.get_json(session, server.base_url + "/v1/cache/stats",
+                                             ADMIN_KEY)
+            if status == 200 and stats["requests"]["running"] >= 1:
+                break
+            await asyncio.sleep(0.02)
+        server.send_sigterm()
+        await asyncio.sleep(0.3)
+        for path, build in ((c.ANTHROPIC_PATH, c.anthropic_body), (c.CHAT_PATH, c.chat_body)):
+            async with session.post(server.base_url + path, headers=c.headers(tenant_key("acme")),
+                                    json=build("late", max_tokens=2)) as late:
+                assert late.status == 503, await late.text()
+                assert int(late.headers["retry-after"]) >= 1
+                assert _envelope_problem(c.api_of(path), await late.text()) is None
+        async with session.get(server.base_url + "/health") as health:
+            assert health.status == 503 and (await health.json())["status"] == "draining"
+        first = await running
+        assert first.status == 200                   # the running request finished
+        first.release()
+        code = await asyncio.to_thread(server.wait, GRACE_S + 15)
+    assert code == 0, server.log_tail()

@@ -48,6 +48,8 @@ class ServerSpec:
     extra_args: tuple[str, ...] = ()
     # per-tenant settings that replace the ones above: ((tenant, ((name, value), ...)), ...)
     tenant_overrides: tuple[tuple[str, tuple[tuple[str, int], ...]], ...] = ()
+    # more [server] keys, as TOML values: (("strict_max_tokens", "true"), ...)
+    server_settings: tuple[tuple[str, str], ...] = ()
 
 
 def config_toml(spec: ServerSpec) -> str:
@@ -57,6 +59,7 @@ def config_toml(spec: ServerSpec) -> str:
         f"max_queue = {spec.max_queue}",
         f"request_timeout_s = {spec.request_timeout_s}",
         f"shutdown_grace_s = {spec.shutdown_grace_s}",
+        *(f"{name} = {value}" for name, value in spec.server_settings),
         "[model]",
         'aliases = ["claude-*", "gpt-*"]',
         f"max_model_len = {spec.max_model_len}",
