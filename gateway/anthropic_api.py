@@ -122,6 +122,9 @@ class MessageStream:
                    "stop_sequence": None, "usage": usage_body(usage)}
         return [_frame({"type": "message_start", "message": message}), _frame({"type": "ping"})]
 
+    def delta(self, event) -> list[Frame]:
+        return self.text(event.text)
+
     def text(self, text: str) -> list[Frame]:
         if self._prefix:
             text, self._prefix = self._prefix + text, ""

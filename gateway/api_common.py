@@ -45,7 +45,7 @@ class StreamFormat(Protocol):
     """One API's frames for one streamed answer."""
 
     def start(self, first: TextDelta | Finished) -> list[Frame]: ...
-    def text(self, text: str) -> list[Frame]: ...
+    def delta(self, event: TextDelta) -> list[Frame]: ...   # new text (and its logprobs)
     def end(self, finished: Finished) -> list[Frame]: ...
     def error(self, error: ApiError) -> list[Frame]: ...   # the stream ends in this error
 
@@ -65,10 +65,10 @@ async def stream_answer(request: web.Request, generation: Generation,
         try:
             await _send(response, frames.start(first))
             if isinstance(first, TextDelta):
-                await _send(response, frames.text(first.text))
+                await _send(response, frames.delta(first))
                 async for event in generation.rest():
                     if isinstance(event, TextDelta):
-                        await _send(response, frames.text(event.text))
+                        await _send(response, frames.delta(event))
             await _finish(response, generation, frames)
         except ConnectionResetError:
             pass

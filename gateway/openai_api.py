@@ -17,6 +17,8 @@ from aiohttp import web
 from radixgate.gateway.convert_openai import convert_chat_request
 from radixgate.gateway.api_common import Frame, admitted_body, stream_answer
 from radixgate.gateway.errors import Api, ApiError, Kind
+from radixgate.gateway.logprobs import (chat_content, chat_logprobs, chat_logprobs_asked,
+                                        completion_logprobs)
 from radixgate.gateway.http_util import request_id_of, state_of
 from radixgate.gateway.prompt_parts import ConvertedPrompt
 from radixgate.gateway.schemas_openai import ChatCompletionRequest, CompletionRequest
@@ -41,8 +43,6 @@ def _reject_unsupported(body) -> None:
     if body.n != 1:
         raise ApiError(Kind.BAD_REQUEST, "n > 1 is not supported: request one choice at a time",
                        param="n")
-    if body.logprobs:
-        raise ApiError(Kind.BAD_REQUEST, "logprobs are not supported", param="logprobs")
 
 
 def usage_body(usage: Usage) -> dict:
@@ -61,26 +61,30 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         rendered = await render_request(state, principal, converted,
                                          reserved=reserved_for(state, asked))
         max_tokens = answer_tokens(state, asked, len(rendered.tokens))
-        sampling = sampling_params(body, max_tokens=max_tokens, stop=body.stop)
+        asked_logprobs = chat_logprobs_asked(body.logprobs, body.top_logprobs)
+        sampling = sampling_params(body, max_tokens=max_tokens, stop=body.stop,
+                                   logprobs=asked_logprobs)
         engine_req = await engine_request(state, principal, request_id_of(request),
                                           rendered.tokens, rendered.breakpoints, sampling,
                                           body.cache_salt)
+    token_bytes = state.tokenizer.token_to_bytes if asked_logprobs is not None else None
     generation = Generation(state, request, principal, "openai", engine_req)
     completion_id = "chatcmpl-" + request_id_of(request).removeprefix("req_")
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     if body.stream:
-        chunks = ChatStream(completion_id, body.model, converted, include_usage)
+        chunks = ChatStream(completion_id, body.model, converted, include_usage, token_bytes)
         return await stream_answer(request, generation, chunks)
     async with generation:
         finished = await generation.result()
-    response_body = _chat_body(completion_id, body.model, converted, finished)
+    response_body = _chat_body(completion_id, body.model, converted, finished, token_bytes)
     if response_body["choices"][0]["finish_reason"] == "tool_calls":
         generation.expect_continuation()
     return web.json_response(response_body)
 
 
 def _chat_body(completion_id: str, model: str, converted: ConvertedPrompt,
-               finished: Finished) -> dict:
+               finished: Finished, token_bytes=None) -> dict:
+    """``token_bytes`` set: the request asked for logprobs (gateway/logprobs.py)."""
     text = converted.output_prefix + finished.text
     items = split_output(text, converted.tool_names, "call_") if converted.tool_names else (
         [("text", text)])
@@ -90,7 +94,8 @@ def _chat_body(completion_id: str, model: str, converted: ConvertedPrompt,
                "refusal": None}
     if calls:
         message["tool_calls"] = calls
-    choice = {"index": 0, "message": message, "logprobs": None,
+    choice = {"index": 0, "message": message,
+              "logprobs": chat_logprobs(finished.logprobs, token_bytes) if token_bytes else None,
               "finish_reason": "tool_calls" if calls else _FINISH.get(finished.reason, "stop")}
     return {"id": completion_id, "object": "chat.completion", "created": int(time.time()),
             "model": model, "choices": [choice], "usage": usage_body(finished.usage),
@@ -109,10 +114,12 @@ class ChatStream:
     """chat.completion.chunk objects for one streamed completion."""
 
     def __init__(self, completion_id: str, model: str, converted: ConvertedPrompt,
-                 include_usage: bool):
+                 include_usage: bool, token_bytes=None):
         self.base = {"id": completion_id, "object": "chat.completion.chunk",
                      "created": int(time.time()), "model": model, "system_fingerprint": None}
         self.include_usage = include_usage
+        self.token_bytes = token_bytes      # set: logprobs ride on the chunks
+        self._logprobs: list = []           # of tokens whose text no chunk carried yet
         self.parser = ToolCallParser(converted.tool_names, "call_") if converted.tool_names else None
         self.prefix = converted.output_prefix
         self.num_calls = 0
@@ -131,6 +138,10 @@ class ChatStream:
     def start(self, first) -> list[Frame]:
         return [(None, self._chunk({"role": "assistant", "content": ""}))]
 
+    def delta(self, event) -> list[Frame]:
+        self._logprobs.extend(event.logprobs)
+        return self._with_logprobs(self.text(event.text))
+
     def text(self, text: str) -> list[Frame]:
         if self.prefix:
             text, self.prefix = self.prefix + text, ""
@@ -142,7 +153,16 @@ class ChatStream:
         out += [(None, self._item(k, v)) for k, v in (self.parser.finish() if self.parser else [])]
         reason = "tool_calls" if self.num_calls else _FINISH.get(finished.reason, "stop")
         out.append((None, self._chunk({}, reason)))
-        return out + _usage_and_done(self.base, self.include_usage, finished)
+        return self._with_logprobs(out) + _usage_and_done(self.base, self.include_usage, finished)
+
+    def _with_logprobs(self, frames: list[Frame]) -> list[Frame]:
+        """The first chunk carries the logprobs of every token not reported yet."""
+        if self.token_bytes is None or not frames or not self._logprobs:
+            return frames
+        frames[0][1]["choices"][0]["logprobs"] = {
+            "content": chat_content(self._logprobs, self.token_bytes), "refusal": None}
+        self._logprobs = []
+        return frames
 
     def error(self, error: ApiError) -> list[Frame]:
         return _error_and_done(error)
@@ -207,18 +227,22 @@ async def completions(request: web.Request) -> web.StreamResponse:
         room = room_for_prompt(engine.max_model_len, reserved)
         tokens = await asyncio.to_thread(_prompt_tokens, state, body, room, reserved)
         max_tokens = answer_tokens(state, asked, len(tokens))
-        sampling = sampling_params(body, max_tokens=max_tokens, stop=body.stop)
+        sampling = sampling_params(body, max_tokens=max_tokens, stop=body.stop,
+                                   logprobs=body.logprobs)
         engine_req = await engine_request(state, principal, request_id_of(request), tokens, (),
                                           sampling, body.cache_salt)
+    token_bytes = state.tokenizer.token_to_bytes if body.logprobs is not None else None
     generation = Generation(state, request, principal, "openai", engine_req)
     completion_id = "cmpl-" + request_id_of(request).removeprefix("req_")
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     if body.stream:
-        return await stream_answer(request, generation,
-                                   CompletionStream(completion_id, body.model, include_usage))
+        return await stream_answer(request, generation, CompletionStream(
+            completion_id, body.model, include_usage, token_bytes))
     async with generation:
         finished = await generation.result()
-    choice = {"index": 0, "text": finished.text, "logprobs": None,
+    choice = {"index": 0, "text": finished.text,
+              "logprobs": (completion_logprobs(finished.logprobs, token_bytes) if token_bytes
+                           else None),
               "finish_reason": _FINISH.get(finished.reason, "stop")}
     return web.json_response({"id": completion_id, "object": "text_completion",
                               "created": int(time.time()), "model": body.model,
@@ -227,10 +251,12 @@ async def completions(request: web.Request) -> web.StreamResponse:
 
 
 class CompletionStream:
-    def __init__(self, completion_id: str, model: str, include_usage: bool):
+    def __init__(self, completion_id: str, model: str, include_usage: bool, token_bytes=None):
         self.base = {"id": completion_id, "object": "text_completion",
                      "created": int(time.time()), "model": model, "system_fingerprint": None}
         self.include_usage = include_usage
+        self.token_bytes = token_bytes      # set: each chunk carries its tokens' logprobs
+        self.offset = 0                     # text sent so far (text_offset of the next token)
 
     def _chunk(self, text: str, finish_reason=None) -> dict:
         chunk = {**self.base, "choices": [{"index": 0, "text": text, "logprobs": None,
@@ -244,8 +270,15 @@ class CompletionStream:
     def start(self, first) -> list[Frame]:
         return []
 
-    def text(self, text: str) -> list[Frame]:
-        return [(None, self._chunk(text))] if text else []
+    def delta(self, event) -> list[Frame]:
+        if not event.text:
+            return []
+        chunk = self._chunk(event.text)
+        if self.token_bytes is not None:
+            chunk["choices"][0]["logprobs"] = completion_logprobs(
+                event.logprobs, self.token_bytes, self.offset)
+        self.offset += len(event.text)
+        return [(None, chunk)]
 
     def end(self, finished: Finished) -> list[Frame]:
         return ([(None, self._chunk("", _FINISH.get(finished.reason, "stop")))]

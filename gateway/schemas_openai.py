@@ -91,7 +91,6 @@ class _SamplingFields(_Model):
     prompt_cache_key: str | None = None
     cache_salt: str | None = None
     user: str | None = None
-    logprobs: bool | int | None = None
     presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     logit_bias: dict[str, Annotated[float, Field(ge=-100.0, le=100.0)]] | None = None
@@ -107,6 +106,8 @@ class ChatCompletionRequest(_SamplingFields):
 
     messages: list[ChatMessageIn] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
     tools: list[ToolDef] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
@@ -116,5 +117,6 @@ class CompletionRequest(_SamplingFields):
     """POST /v1/completions: ``prompt`` is text or token ids (one prompt per request)."""
 
     prompt: str | list[int] | list[str] | list[list[int]]
+    logprobs: int | None = Field(default=None, ge=0, le=20)
     echo: bool = False
     suffix: str | None = None

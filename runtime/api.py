@@ -68,6 +68,19 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
     logit_bias: tuple[tuple[int, float], ...] = ()
+    logprobs: int | None = None      # report each output token's log probability and this
+    # many most likely alternatives (0..20; None: off), from the model's own distribution
+
+
+@dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    """An output token's log probability under the model's own distribution (log-softmax
+    of its logits at temperature 1, before any sampling transform) and the ``top`` most
+    likely tokens there, as (token id, log probability), most likely first."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,6 +144,7 @@ class TextDelta:
     text: str
     token_ids: tuple[int, ...] = ()
     usage: Usage | None = None
+    logprobs: tuple[TokenLogprob, ...] = ()   # of token_ids, when the request asked for them
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,6 +159,7 @@ class Finished:
     error_kind: ErrorKind | None = None
     error_message: str = ""
     request_id: str = ""
+    logprobs: tuple[TokenLogprob, ...] = ()   # of every token whose text was sent
 
 
 Event = TextDelta | Finished

@@ -30,7 +30,7 @@ from .kv_cache import KVCache, resolve_kv_dtype
 from .output import (Finish, account_admission, account_pins, append_token, finished_event,
                      flush_text)
 from .pin_shares import log_pin_shares, pin_ceiling, pin_share, pinned_prefix
-from .sampling import TokenCounts, make_generator, sample_tokens, top2_gaps
+from .sampling import TokenCounts, make_generator, sample_tokens, token_logprobs, top2_gaps
 from .scheduler import Chunk, Scheduler
 from .sequence import Sequence, SeqStatus
 from .stats import EngineCounters, take_snapshot
@@ -260,11 +260,12 @@ class EngineCore:
             for seq, gap, row in zip(seqs, top2_gaps(logits), logits):
                 seq.gaps.append(gap)
                 seq.logit_rows.append(row.detach().cpu().clone())
-        for seq, token in zip(seqs, tokens):
+        logprobs = token_logprobs(logits, [s.params.logprobs for s in seqs], tokens)
+        for seq, token, logprob in zip(seqs, tokens, logprobs):
             if token is None:
                 continue
             try:
-                self._emit_token(seq, token)
+                self._emit_token(seq, token, logprob)
             except Exception as exc:  # noqa: BLE001 - isolate the failure to this request
                 self._fail_sequence(seq, exc)
 
@@ -290,10 +291,10 @@ class EngineCore:
                 tokens.append(None)
         return tokens
 
-    def _emit_token(self, seq: Sequence, token: int) -> None:
+    def _emit_token(self, seq: Sequence, token: int, logprob=None) -> None:
         if not seq.prefill_inserted:
             self._on_prefilled(seq)
-        finish = append_token(seq, token, self.eos_ids, self.max_model_len)
+        finish = append_token(seq, token, self.eos_ids, self.max_model_len, logprob)
         if finish is not None:
             self.finish(seq, finish)
 

@@ -56,8 +56,10 @@ def account_pins(seq: Sequence, pinned: list[tuple[int, float]]) -> None:
     acc.creation_5m = max(0, end_all - max(reuse, end_1h))
 
 
-def append_token(seq: Sequence, token: int, eos_ids: set[int], max_model_len: int) -> Finish | None:
-    """Adds a sampled token, sends the text it completes, returns a Finish when it ends seq."""
+def append_token(seq: Sequence, token: int, eos_ids: set[int], max_model_len: int,
+                 logprob=None) -> Finish | None:
+    """Adds a sampled token (with its ``TokenLogprob`` when the request asks for them),
+    sends the text it completes, returns a Finish when it ends seq."""
     seq.tokens.append(token)
     if seq.timing.first_token is None:
         seq.timing.first_token = time.monotonic()
@@ -67,6 +69,8 @@ def append_token(seq: Sequence, token: int, eos_ids: set[int], max_model_len: in
                       or token in params.stop_token_ids):
         return Finish(FinishReason.EOS)
     seq.pending_ids.append(token)
+    if logprob is not None:
+        seq.pending_logprobs.append(logprob)
     if short:
         emit_text(seq, seq.detok.feed(token))
         return _length_finish(seq, max_model_len)
@@ -87,8 +91,11 @@ def emit_text(seq: Sequence, text: str) -> None:
     if text:
         usage = None if seq.text_parts else usage_of(seq, time.monotonic())
         seq.text_parts.append(text)
-        seq.sink.put(TextDelta(text, tuple(seq.pending_ids), usage))
+        logprobs = tuple(seq.pending_logprobs)
+        seq.sink.put(TextDelta(text, tuple(seq.pending_ids), usage, logprobs))
         seq.pending_ids.clear()
+        seq.pending_logprobs.clear()
+        seq.sent_logprobs.extend(logprobs)
 
 
 def flush_text(seq: Sequence) -> None:
@@ -127,4 +134,5 @@ def finished_event(seq: Sequence, finish: Finish) -> Finished:
         error_kind=finish.kind,
         error_message=finish.message,
         request_id=seq.request_id,
+        logprobs=tuple(seq.sent_logprobs),
     )

@@ -52,7 +52,7 @@ from array import array
 
 import torch
 
-from .api import SamplingParams
+from .api import SamplingParams, TokenLogprob
 from .stop import stop_problem
 
 MIN_TEMPERATURE = 1e-5   # below it a request is greedy
@@ -75,6 +75,8 @@ def validate_sampling(params: SamplingParams, vocab_size: int) -> str | None:
         return "top_k must be >= 0"
     if not 0.0 <= params.min_p <= 1.0:
         return "min_p must lie in [0, 1]"
+    if params.logprobs is not None and not 0 <= params.logprobs <= MAX_LOGPROBS:
+        return f"top logprobs must lie in [0, {MAX_LOGPROBS}]"
     return _penalty_problem(params) or _token_problem(params, vocab_size)
 
 
@@ -396,3 +398,31 @@ def top2_gaps(logits: torch.Tensor) -> list[float]:
     """Difference between the best and second-best logit of each row (near-tie detection)."""
     top = torch.topk(logits.float(), 2, dim=-1).values  # [n, 2]
     return (top[:, 0] - top[:, 1]).tolist()
+
+
+# -- log probabilities ------------------------------------------------------------------
+
+MAX_LOGPROBS = 20
+
+
+def token_logprobs(logits: torch.Tensor, wanted: list[int | None],
+                   tokens: list[int | None]) -> list[TokenLogprob | None]:
+    """Each chosen token's log probability under the model's own distribution (log-softmax
+    of the raw logits: temperature 1, before penalties, bias and filters; NaN as -inf) and
+    the ``wanted[row]`` most likely alternatives, for the rows that want them (None: off).
+    One batched pass over those rows and one host transfer."""
+    rows = [i for i, k in enumerate(wanted) if k is not None and tokens[i] is not None]
+    out: list[TokenLogprob | None] = [None] * len(wanted)
+    if not rows:
+        return out
+    x = torch.nan_to_num(logits[rows].float(), nan=float("-inf"))          # [r, V]
+    logp = torch.log_softmax(x, dim=-1)                                    # [r, V]
+    chosen = torch.tensor([tokens[i] for i in rows], device=logp.device)   # [r]
+    picked = logp.gather(1, chosen[:, None]).squeeze(1)                    # [r]
+    k = min(max(wanted[i] for i in rows), MAX_LOGPROBS)
+    top_values, top_ids = logp.topk(k, dim=-1) if k else (logp[:, :0], chosen[:, None][:, :0])
+    picked, top_values, top_ids = picked.tolist(), top_values.tolist(), top_ids.tolist()
+    for j, i in enumerate(rows):
+        n = min(wanted[i], MAX_LOGPROBS)
+        out[i] = TokenLogprob(tokens[i], picked[j], tuple(zip(top_ids[j][:n], top_values[j][:n])))
+    return out
