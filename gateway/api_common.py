@@ -8,6 +8,7 @@ OpenAI ``[DONE]``).
 """
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from typing import Protocol, TypeVar
 
@@ -73,6 +74,58 @@ async def stream_answer(request: web.Request, generation: Generation,
         except ConnectionResetError:
             pass
     return response
+
+
+async def stream_choices(request: web.Request, generations: list[Generation],
+                         streams: list[StreamFormat], closing) -> web.StreamResponse:
+    """Several choices (``n`` > 1, batched prompts) as one SSE stream: each choice's frames
+    as its events arrive, then ``closing(finished_list)`` (aggregate usage, ``[DONE]``).
+    Refusals come before the 200; an error in one choice ends the stream with it (the
+    others are aborted)."""
+    async with contextlib.AsyncExitStack() as stack:
+        for generation in generations:
+            await stack.enter_async_context(generation)
+        firsts = [await g.first_event() for g in generations]
+        response = await open_stream(request)
+        queue: asyncio.Queue = asyncio.Queue()
+        pumps = [asyncio.create_task(_pump(i, g, f, queue))
+                 for i, (g, f) in enumerate(zip(generations, firsts))]
+        try:
+            for stream, first in zip(streams, firsts):
+                await _send(response, stream.start(first))
+            if await _relay(response, queue, generations, streams):
+                await _send(response, closing([g.finished for g in generations]))
+        except ConnectionResetError:
+            pass
+        finally:
+            for pump in pumps:
+                pump.cancel()
+    return response
+
+
+async def _pump(index: int, generation: Generation, first, queue: asyncio.Queue) -> None:
+    await queue.put((index, first))
+    if isinstance(first, TextDelta):
+        async for event in generation.rest():
+            await queue.put((index, event))
+    await queue.put((index, None))
+
+
+async def _relay(response, queue: asyncio.Queue, generations, streams) -> bool:
+    """Sends the choices' frames in arrival order; False when one ended in an error."""
+    remaining = len(generations)
+    while remaining:
+        index, event = await queue.get()
+        if isinstance(event, TextDelta):
+            await _send(response, streams[index].delta(event))
+        elif event is None:
+            remaining -= 1
+            error = finished_error(generations[index].finished)
+            if error is not None:
+                await _send(response, streams[index].error(error))
+                return False
+            await _send(response, streams[index].end(generations[index].finished))
+    return True
 
 
 async def _finish(response, generation: Generation, frames: StreamFormat) -> None:

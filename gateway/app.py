@@ -23,7 +23,8 @@ import time
 
 from aiohttp import web
 
-from radixgate.gateway import admin, anthropic_api, openai_api, openapi, vllm_api
+from radixgate.gateway import (admin, anthropic_api, completions_api, openai_api, openapi,
+                               vllm_api)
 from radixgate.gateway.auth import AuthError
 from radixgate.gateway.config import GatewayConfig
 from radixgate.gateway.errors import ApiError, Kind, api_for_path
@@ -50,6 +51,7 @@ def create_app(config: GatewayConfig, engine_factory: EngineFactory | None = Non
     app[STATE] = GatewayState(config, engine_factory)
     anthropic_api.add_routes(app)
     openai_api.add_routes(app)
+    completions_api.add_routes(app)
     vllm_api.add_routes(app)
     admin.add_routes(app)
     openapi.add_routes(app)

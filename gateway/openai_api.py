@@ -1,4 +1,4 @@
-"""POST /v1/chat/completions, POST /v1/completions, GET /v1/models (OpenAI API).
+"""POST /v1/chat/completions (n choices, logprobs, tools), GET /v1/models (OpenAI API).
 
 ``usage.prompt_tokens_details.cached_tokens`` is the exact count of prompt tokens read from
 the cache. ``prompt_cache_key`` is accepted as a routing hint only; ``cache_salt`` (vLLM)
@@ -8,53 +8,50 @@ engine event before sending the 200 (refusals arrive as plain errors); an error 
 """
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 
 from aiohttp import web
 
 from radixgate.gateway.convert_openai import convert_chat_request
-from radixgate.gateway.api_common import Frame, admitted_body, stream_answer
+from radixgate.gateway.api_common import Frame, admitted_body, stream_answer, stream_choices
+from radixgate.gateway.choices import (choice_id, choice_sampling, openai_usage, results,
+                                       shared_prompt_usage)
 from radixgate.gateway.errors import Api, ApiError, Kind
-from radixgate.gateway.logprobs import (chat_content, chat_logprobs, chat_logprobs_asked,
-                                        completion_logprobs)
+from radixgate.gateway.logprobs import chat_content, chat_logprobs, chat_logprobs_asked
 from radixgate.gateway.http_util import request_id_of, state_of
 from radixgate.gateway.prompt_parts import ConvertedPrompt
-from radixgate.gateway.schemas_openai import ChatCompletionRequest, CompletionRequest
-from radixgate.gateway.prepare import check_length_bound, room_for_prompt, too_long
+from radixgate.gateway.schemas_openai import ChatCompletionRequest
 from radixgate.gateway.service import (Generation, answer_tokens, engine_request,
                                        render_request, reserved_for, sampling_params)
 from radixgate.gateway.tools import ToolCallParser, split_output
 from radixgate.runtime.api import Finished, FinishReason, Usage
 
-_FINISH = {FinishReason.EOS: "stop", FinishReason.STOP_SEQUENCE: "stop",
+FINISH_REASONS = {FinishReason.EOS: "stop", FinishReason.STOP_SEQUENCE: "stop",
            FinishReason.LENGTH: "length"}
 
 
 def add_routes(app: web.Application) -> None:
     app.router.add_post("/v1/chat/completions", chat_completions)
-    app.router.add_post("/v1/completions", completions)
     app.router.add_get("/v1/models", list_models)
     app.router.add_get("/v1/models/{model_id}", get_model)
 
 
-def _reject_unsupported(body) -> None:
-    if body.n != 1:
-        raise ApiError(Kind.BAD_REQUEST, "n > 1 is not supported: request one choice at a time",
-                       param="n")
+MAX_CHOICES = 16        # n: choices of one prompt (they share its prefill)
+
+
+def reject_unsupported(body) -> None:
+    if body.n > MAX_CHOICES:
+        raise ApiError(Kind.BAD_REQUEST, f"n must be at most {MAX_CHOICES}", param="n")
 
 
 def usage_body(usage: Usage) -> dict:
-    return {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.output_tokens,
-            "total_tokens": usage.prompt_tokens + usage.output_tokens,
-            "prompt_tokens_details": {"cached_tokens": usage.cache_read_tokens},
-            "completion_tokens_details": {"reasoning_tokens": 0}}
+    return openai_usage(usage.prompt_tokens, usage.cache_read_tokens, usage.output_tokens)
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     async with admitted_body(request, ChatCompletionRequest) as (state, principal, body):
-        _reject_unsupported(body)
+        reject_unsupported(body)
         state.require_engine()
         converted = convert_chat_request(body)
         asked = body.max_completion_tokens or body.max_tokens
@@ -64,27 +61,53 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         asked_logprobs = chat_logprobs_asked(body.logprobs, body.top_logprobs)
         sampling = sampling_params(body, max_tokens=max_tokens, stop=body.stop,
                                    logprobs=asked_logprobs)
-        engine_req = await engine_request(state, principal, request_id_of(request),
-                                          rendered.tokens, rendered.breakpoints, sampling,
-                                          body.cache_salt)
+        engine_reqs = [await engine_request(state, principal, choice_id(request, i, body.n),
+                                            rendered.tokens, rendered.breakpoints,
+                                            choice_sampling(sampling, i), body.cache_salt)
+                       for i in range(body.n)]
     token_bytes = state.tokenizer.token_to_bytes if asked_logprobs is not None else None
-    generation = Generation(state, request, principal, "openai", engine_req)
+    generations = [Generation(state, request, principal, "openai", r) for r in engine_reqs]
     completion_id = "chatcmpl-" + request_id_of(request).removeprefix("req_")
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     if body.stream:
-        chunks = ChatStream(completion_id, body.model, converted, include_usage, token_bytes)
-        return await stream_answer(request, generation, chunks)
-    async with generation:
-        finished = await generation.result()
+        return await _stream_chat(request, generations, completion_id, body.model, converted,
+                                  include_usage, token_bytes)
+    finished = await results(generations)
     response_body = _chat_body(completion_id, body.model, converted, finished, token_bytes)
-    if response_body["choices"][0]["finish_reason"] == "tool_calls":
-        generation.expect_continuation()
+    for generation, choice in zip(generations, response_body["choices"]):
+        if choice["finish_reason"] == "tool_calls":
+            generation.expect_continuation()
     return web.json_response(response_body)
 
 
+async def _stream_chat(request, generations, completion_id, model, converted, include_usage,
+                       token_bytes) -> web.StreamResponse:
+    if len(generations) == 1:
+        chunks = ChatStream(completion_id, model, converted, include_usage, token_bytes)
+        return await stream_answer(request, generations[0], chunks)
+    streams = [ChatStream(completion_id, model, converted, include_usage, token_bytes,
+                          index=i, final=False) for i in range(len(generations))]
+    base = streams[0].base
+
+    def closing(finished: list[Finished]) -> list[Frame]:
+        usage = [(None, {**base, "choices": [], "usage": shared_prompt_usage(finished)})]
+        return (usage if include_usage else []) + [(None, "[DONE]")]
+
+    return await stream_choices(request, generations, streams, closing)
+
+
 def _chat_body(completion_id: str, model: str, converted: ConvertedPrompt,
-               finished: Finished, token_bytes=None) -> dict:
-    """``token_bytes`` set: the request asked for logprobs (gateway/logprobs.py)."""
+               finished: list[Finished], token_bytes=None) -> dict:
+    """One choice per finished request (``n``); ``token_bytes`` set: the request asked for
+    logprobs (gateway/logprobs.py)."""
+    choices = [_chat_choice(i, converted, f, token_bytes) for i, f in enumerate(finished)]
+    return {"id": completion_id, "object": "chat.completion", "created": int(time.time()),
+            "model": model, "choices": choices, "usage": shared_prompt_usage(finished),
+            "system_fingerprint": None}
+
+
+def _chat_choice(index: int, converted: ConvertedPrompt, finished: Finished,
+                 token_bytes) -> dict:
     text = converted.output_prefix + finished.text
     items = split_output(text, converted.tool_names, "call_") if converted.tool_names else (
         [("text", text)])
@@ -94,12 +117,10 @@ def _chat_body(completion_id: str, model: str, converted: ConvertedPrompt,
                "refusal": None}
     if calls:
         message["tool_calls"] = calls
-    choice = {"index": 0, "message": message,
-              "logprobs": chat_logprobs(finished.logprobs, token_bytes) if token_bytes else None,
-              "finish_reason": "tool_calls" if calls else _FINISH.get(finished.reason, "stop")}
-    return {"id": completion_id, "object": "chat.completion", "created": int(time.time()),
-            "model": model, "choices": [choice], "usage": usage_body(finished.usage),
-            "system_fingerprint": None}
+    return {"index": index, "message": message,
+            "logprobs": chat_logprobs(finished.logprobs, token_bytes) if token_bytes else None,
+            "finish_reason": ("tool_calls" if calls
+                              else FINISH_REASONS.get(finished.reason, "stop"))}
 
 
 def _tool_call(call, index: int | None = None) -> dict:
@@ -114,7 +135,10 @@ class ChatStream:
     """chat.completion.chunk objects for one streamed completion."""
 
     def __init__(self, completion_id: str, model: str, converted: ConvertedPrompt,
-                 include_usage: bool, token_bytes=None):
+                 include_usage: bool, token_bytes=None, index: int = 0, final: bool = True):
+        """``index``: the choice's index; ``final`` False: one choice of several, whose end
+        sends no usage and no ``[DONE]`` (``stream_choices`` closes the stream)."""
+        self.index, self.final = index, final
         self.base = {"id": completion_id, "object": "chat.completion.chunk",
                      "created": int(time.time()), "model": model, "system_fingerprint": None}
         self.include_usage = include_usage
@@ -125,7 +149,7 @@ class ChatStream:
         self.num_calls = 0
 
     def _chunk(self, delta: dict, finish_reason=None) -> dict:
-        chunk = {**self.base, "choices": [{"index": 0, "delta": delta, "logprobs": None,
+        chunk = {**self.base, "choices": [{"index": self.index, "delta": delta, "logprobs": None,
                                            "finish_reason": finish_reason}]}
         if self.include_usage:
             chunk["usage"] = None
@@ -151,9 +175,11 @@ class ChatStream:
     def end(self, finished: Finished) -> list[Frame]:
         out = self.text("") if self.prefix else []
         out += [(None, self._item(k, v)) for k, v in (self.parser.finish() if self.parser else [])]
-        reason = "tool_calls" if self.num_calls else _FINISH.get(finished.reason, "stop")
+        reason = "tool_calls" if self.num_calls else FINISH_REASONS.get(finished.reason, "stop")
         out.append((None, self._chunk({}, reason)))
-        return self._with_logprobs(out) + _usage_and_done(self.base, self.include_usage, finished)
+        if not self.final:
+            return self._with_logprobs(out)
+        return self._with_logprobs(out) + usage_and_done(self.base, self.include_usage, finished)
 
     def _with_logprobs(self, frames: list[Frame]) -> list[Frame]:
         """The first chunk carries the logprobs of every token not reported yet."""
@@ -165,7 +191,7 @@ class ChatStream:
         return frames
 
     def error(self, error: ApiError) -> list[Frame]:
-        return _error_and_done(error)
+        return error_and_done(error)
 
     def _item(self, kind: str, value) -> dict:
         if kind == "text":
@@ -174,118 +200,13 @@ class ChatStream:
         return self._chunk({"tool_calls": [_tool_call(value, self.num_calls - 1)]})
 
 
-def _usage_and_done(base: dict, include_usage: bool, finished: Finished) -> list[Frame]:
+def usage_and_done(base: dict, include_usage: bool, finished: Finished) -> list[Frame]:
     usage = [(None, {**base, "choices": [], "usage": usage_body(finished.usage)})]
     return (usage if include_usage else []) + [(None, "[DONE]")]
 
 
-def _error_and_done(error: ApiError) -> list[Frame]:
+def error_and_done(error: ApiError) -> list[Frame]:
     return [(None, error.body(Api.OPENAI)), (None, "[DONE]")]
-
-
-# -- /v1/completions ----------------------------------------------------------------------
-
-def _prompt_tokens(state, body: CompletionRequest, room: int, max_tokens: int) -> list[int]:
-    """The prompt's token ids; 400 when it cannot fit ``room`` (a text's cheap length
-    bound is checked before it is tokenized)."""
-    tokens = _given_tokens(state, body, room, max_tokens)
-    if len(tokens) > room:
-        raise too_long(room, max_tokens, context=room + max_tokens, at_least=len(tokens))
-    return tokens
-
-
-def _given_tokens(state, body: CompletionRequest, room: int, max_tokens: int) -> list[int]:
-    prompt = body.prompt
-    if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
-        if len(prompt) != 1:
-            raise ApiError(Kind.BAD_REQUEST, "batched prompts are not supported: send one "
-                           "prompt per request", param="prompt")
-        prompt = prompt[0]
-    if isinstance(prompt, str):
-        if not prompt:
-            raise ApiError(Kind.BAD_REQUEST, "prompt must not be empty", param="prompt")
-        check_length_bound([prompt], state.tokenizer, room, max_tokens)
-        return state.tokenizer.encode(prompt)
-    if not prompt:
-        raise ApiError(Kind.BAD_REQUEST, "prompt must not be empty", param="prompt")
-    vocab = state.tokenizer.vocab_size
-    if any(t < 0 or t >= vocab for t in prompt):
-        raise ApiError(Kind.BAD_REQUEST, f"prompt token ids must lie in [0, {vocab})",
-                       param="prompt")
-    return list(prompt)
-
-
-async def completions(request: web.Request) -> web.StreamResponse:
-    async with admitted_body(request, CompletionRequest) as (state, principal, body):
-        _reject_unsupported(body)
-        if body.echo or body.suffix:
-            raise ApiError(Kind.BAD_REQUEST, "echo and suffix are not supported",
-                           param="echo" if body.echo else "suffix")
-        engine = state.require_engine()
-        asked = body.max_tokens or 16
-        reserved = reserved_for(state, asked)
-        room = room_for_prompt(engine.max_model_len, reserved)
-        tokens = await asyncio.to_thread(_prompt_tokens, state, body, room, reserved)
-        max_tokens = answer_tokens(state, asked, len(tokens))
-        sampling = sampling_params(body, max_tokens=max_tokens, stop=body.stop,
-                                   logprobs=body.logprobs)
-        engine_req = await engine_request(state, principal, request_id_of(request), tokens, (),
-                                          sampling, body.cache_salt)
-    token_bytes = state.tokenizer.token_to_bytes if body.logprobs is not None else None
-    generation = Generation(state, request, principal, "openai", engine_req)
-    completion_id = "cmpl-" + request_id_of(request).removeprefix("req_")
-    include_usage = bool(body.stream_options and body.stream_options.include_usage)
-    if body.stream:
-        return await stream_answer(request, generation, CompletionStream(
-            completion_id, body.model, include_usage, token_bytes))
-    async with generation:
-        finished = await generation.result()
-    choice = {"index": 0, "text": finished.text,
-              "logprobs": (completion_logprobs(finished.logprobs, token_bytes) if token_bytes
-                           else None),
-              "finish_reason": _FINISH.get(finished.reason, "stop")}
-    return web.json_response({"id": completion_id, "object": "text_completion",
-                              "created": int(time.time()), "model": body.model,
-                              "choices": [choice], "usage": usage_body(finished.usage),
-                              "system_fingerprint": None})
-
-
-class CompletionStream:
-    def __init__(self, completion_id: str, model: str, include_usage: bool, token_bytes=None):
-        self.base = {"id": completion_id, "object": "text_completion",
-                     "created": int(time.time()), "model": model, "system_fingerprint": None}
-        self.include_usage = include_usage
-        self.token_bytes = token_bytes      # set: each chunk carries its tokens' logprobs
-        self.offset = 0                     # text sent so far (text_offset of the next token)
-
-    def _chunk(self, text: str, finish_reason=None) -> dict:
-        chunk = {**self.base, "choices": [{"index": 0, "text": text, "logprobs": None,
-                                           "finish_reason": finish_reason}]}
-        if self.include_usage:
-            chunk["usage"] = None
-        return chunk
-
-    has_tool_call = False          # plain completions never parse tool calls
-
-    def start(self, first) -> list[Frame]:
-        return []
-
-    def delta(self, event) -> list[Frame]:
-        if not event.text:
-            return []
-        chunk = self._chunk(event.text)
-        if self.token_bytes is not None:
-            chunk["choices"][0]["logprobs"] = completion_logprobs(
-                event.logprobs, self.token_bytes, self.offset)
-        self.offset += len(event.text)
-        return [(None, chunk)]
-
-    def end(self, finished: Finished) -> list[Frame]:
-        return ([(None, self._chunk("", _FINISH.get(finished.reason, "stop")))]
-                + _usage_and_done(self.base, self.include_usage, finished))
-
-    def error(self, error: ApiError) -> list[Frame]:
-        return _error_and_done(error)
 
 
 # -- /v1/models ---------------------------------------------------------------------------

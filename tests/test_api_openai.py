@@ -136,7 +136,7 @@ def test_models_lists_the_served_model_and_resolves_aliases(client):
 
 
 @pytest.mark.parametrize("kwargs, status", [
-    ({"n": 2}, 400),
+    ({"n": 17}, 400),          # at most 16 choices
     ({"model": "mistral-7b"}, 404),
     ({"max_tokens": 0}, 400),
     ({"messages": [{"role": "user", "content": "word " * 100_000}]}, 400),   # too long

@@ -52,7 +52,7 @@ REJECTED = [
     (MESSAGES, "image block", msg([{"type": "image", "source": {
         "type": "base64", "media_type": "image/png", "data": "AAAA"}}])),
     (MESSAGES, "prompt over the context", msg("word " * (2 * SPEC.max_model_len))),
-    (CHAT, "n=2", chat(n=2)),
+    (CHAT, "n=17", chat(n=17)),
     (CHAT, "max_completion_tokens 0", chat(max_completion_tokens=0, max_tokens=None)),
     (CHAT, "cache_salt not a string", chat(cache_salt=5)),
     (COMPLETIONS, "token id out of vocab", json.dumps({"model": "gpt-4o", "max_tokens": 4,
