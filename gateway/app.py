@@ -24,7 +24,7 @@ import time
 from aiohttp import web
 
 from radixgate.gateway import (admin, anthropic_api, completions_api, openai_api, openapi,
-                               vllm_api)
+                               responses_api, vllm_api)
 from radixgate.gateway.auth import AuthError
 from radixgate.gateway.config import GatewayConfig
 from radixgate.gateway.errors import ApiError, Kind, api_for_path
@@ -52,6 +52,7 @@ def create_app(config: GatewayConfig, engine_factory: EngineFactory | None = Non
     anthropic_api.add_routes(app)
     openai_api.add_routes(app)
     completions_api.add_routes(app)
+    responses_api.add_routes(app)
     vllm_api.add_routes(app)
     admin.add_routes(app)
     openapi.add_routes(app)

@@ -14,10 +14,11 @@ from pydantic.json_schema import models_json_schema
 from radixgate.gateway.admin import FlushRequest, PrefixRequest
 from radixgate.gateway.schemas_anthropic import CountTokensRequest, MessagesRequest
 from radixgate.gateway.schemas_openai import ChatCompletionRequest, CompletionRequest
+from radixgate.gateway.schemas_responses import ResponsesRequest
 
 _REF = "#/components/schemas/{model}"
 _BODIES = (MessagesRequest, CountTokensRequest, ChatCompletionRequest, CompletionRequest,
-           FlushRequest, PrefixRequest)
+           ResponsesRequest, FlushRequest, PrefixRequest)
 
 _OBJECT = {"type": "object"}
 _ANTHROPIC_ERROR = {"type": "object", "required": ["type", "error"], "properties": {
@@ -35,6 +36,12 @@ _ANTHROPIC_MESSAGE = {"type": "object", "required": ["id", "type", "role", "cont
                                              "input_tokens", "output_tokens",
                                              "cache_read_input_tokens",
                                              "cache_creation_input_tokens"]}}}
+_OPENAI_RESPONSE = {"type": "object", "required": ["id", "object", "status", "output"],
+                    "properties": {"id": {"type": "string"}, "object": {"const": "response"},
+                                   "status": {"type": "string"}, "output": {"type": "array"},
+                                   "usage": {"type": ["object", "null"]}}}
+_RESPONSE_ID = [{"name": "response_id", "in": "path", "required": True,
+                 "schema": {"type": "string"}}]
 _OPENAI_COMPLETION = {"type": "object", "required": ["id", "object", "choices"],
                       "properties": {"id": {"type": "string"}, "choices": {"type": "array"},
                                      "usage": {"type": "object"}}}
@@ -53,7 +60,8 @@ def build_openapi() -> dict:
     _, defs = models_json_schema([(m, "validation") for m in _BODIES], ref_template=_REF)
     schemas = dict(defs.get("$defs", {}))
     schemas.update({"AnthropicError": _ANTHROPIC_ERROR, "OpenAIError": _OPENAI_ERROR,
-                    "AnthropicMessage": _ANTHROPIC_MESSAGE, "OpenAICompletion": _OPENAI_COMPLETION})
+                    "AnthropicMessage": _ANTHROPIC_MESSAGE, "OpenAICompletion": _OPENAI_COMPLETION,
+                    "OpenAIResponse": _OPENAI_RESPONSE})
     return {
         "openapi": "3.1.0",
         "info": {"title": "radixgate", "version": "0.1.0", "description":
@@ -119,6 +127,15 @@ def _paths() -> dict:
         "/v1/completions": {"post": _post("Text completion (OpenAI)", "CompletionRequest",
                                           _ref("OpenAICompletion"), "OpenAIError",
                                           gen + (504,), stream=True)},
+        "/v1/responses": {"post": _post("Create a response (OpenAI Responses API; "
+                                        "previous_response_id continues a stored turn)",
+                                        "ResponsesRequest", _ref("OpenAIResponse"),
+                                        "OpenAIError", gen + (504,), stream=True)},
+        "/v1/responses/{response_id}": {
+            "get": {**_get("Get a stored response (the caller's own)", _ref("OpenAIResponse"),
+                           codes=(401, 404)), "parameters": _RESPONSE_ID},
+            "delete": {**_get("Delete a stored response", _OBJECT, codes=(401, 404)),
+                       "parameters": _RESPONSE_ID}},
         "/v1/models": {"get": _get("List models", _OBJECT)},
         "/v1/models/{model_id}": {"get": {**_get("Get a model (id or alias)", _OBJECT,
                                                  codes=(401, 404, 503)), "parameters": [

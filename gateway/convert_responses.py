@@ -1,0 +1,212 @@
+"""OpenAI Responses request -> the equivalent chat conversation -> prompt token ids.
+
+A first turn is rewritten as the chat completions request it means (``instructions`` a
+leading system message, message items chat messages, ``function_call`` items assistant
+``tool_calls``, ``function_call_output`` items ``tool`` messages, flat function tools
+nested under ``function``) and converted by ``convert_openai``, so both APIs render the
+same prompt (docs/PROMPT_FORMAT.md), forced tool choices included.
+
+A turn with ``previous_response_id`` continues from the stored turn's token ids (its
+prompt and its output as generated), not from re-rendered text, so all of its KV is
+reused: ``render_continuation`` appends the template's end of the assistant turn, the new
+items' messages (tokenized in segments, exactly as ``render_prompt`` cuts them) and the
+generation prompt. The stored system part stays: a continuation's ``instructions`` and
+``tools`` may be omitted or repeated, a different value is a 400.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from array import array
+from dataclasses import dataclass
+from typing import Sequence
+
+from pydantic import ValidationError
+
+from radixgate.gateway.convert_openai import convert_chat_request
+from radixgate.gateway.errors import ApiError, Kind
+from radixgate.gateway.http_util import validation_message
+from radixgate.gateway.prompt_parts import ConvertedPrompt
+from radixgate.gateway.render import (ChatMessage, Conversation, RenderBudget, RenderedPrompt,
+                                      Segment, _generation_prompt, _message_segments,
+                                      _message_texts, _piece_segments, _RenderCounter,
+                                      _tokenize)
+from radixgate.gateway.response_store import StoredTurn
+from radixgate.gateway.schemas_openai import ChatCompletionRequest
+from radixgate.gateway.schemas_responses import (FunctionCallItem, FunctionCallOutputItem,
+                                                 FunctionTool, MessageItem,
+                                                 NamedFunctionChoice, ResponsesRequest,
+                                                 InputTextPart)
+
+
+@dataclass(frozen=True, slots=True)
+class ResponsesTurn:
+    """A converted turn: ``converted`` is what to render (for a continuation: only the new
+    messages, system part empty) and how to read the output; ``roles`` are the template
+    roles of every prompt message of this turn, history included (stored for the next)."""
+
+    converted: ConvertedPrompt
+    roles: tuple[str, ...]
+    instructions: str | None
+    tools: tuple[dict, ...]
+
+
+def chat_tools(body: ResponsesRequest) -> tuple[dict, ...]:
+    """The request's function tools in the chat completions shape (other types: 400)."""
+    tools = []
+    for i, tool in enumerate(body.tools or []):
+        if not isinstance(tool, FunctionTool):
+            raise ApiError(Kind.BAD_REQUEST, f"tools[{i}]: tool type '{tool.type}' is not "
+                           "supported: only function tools", param=f"tools[{i}].type")
+        function = {"name": tool.name}
+        if tool.description is not None:
+            function["description"] = tool.description
+        if tool.parameters is not None:
+            function["parameters"] = tool.parameters
+        tools.append({"type": "function", "function": function})
+    return tuple(tools)
+
+
+def convert_first_turn(body: ResponsesRequest) -> ResponsesTurn:
+    tools = chat_tools(body)
+    system = [{"role": "system", "content": body.instructions}] if body.instructions else []
+    converted = _convert(body, system + chat_messages(body), tools)
+    roles = tuple(m.role for m in converted.conversation.template_messages())
+    return ResponsesTurn(converted, roles, body.instructions, tools)
+
+
+def convert_continuation(body: ResponsesRequest, stored: StoredTurn) -> ResponsesTurn:
+    """The new items as messages that follow the stored turn's answer."""
+    if body.instructions is not None and body.instructions != stored.instructions:
+        raise ApiError(Kind.BAD_REQUEST, "instructions must be omitted or the same as the "
+                       "previous response's: a continuation keeps the stored prompt",
+                       param="instructions")
+    tools = chat_tools(body) if body.tools is not None else stored.tools
+    if tools != stored.tools:
+        raise ApiError(Kind.BAD_REQUEST, "tools must be omitted or the same as the previous "
+                       "response's: a continuation keeps the stored prompt", param="tools")
+    converted = _convert(body, chat_messages(body), tools)
+    conversation = converted.conversation
+    leading = conversation.system[1 + len(tools) if tools else 0:]   # after the tools section
+    messages = ((ChatMessage("system", leading),) if leading else ()) + conversation.messages
+    converted = dataclasses.replace(converted, conversation=Conversation(
+        (), messages, conversation.prefill))
+    roles = stored.roles + ("assistant",) + tuple(m.role for m in messages)
+    return ResponsesTurn(converted, roles, stored.instructions, tools)
+
+
+def _convert(body: ResponsesRequest, messages: list[dict], tools: tuple[dict, ...]
+             ) -> ConvertedPrompt:
+    if all(m["role"] in ("system", "developer") for m in messages):
+        raise ApiError(Kind.BAD_REQUEST, "input: at least one item that is not a system or "
+                       "developer message is required", param="input")
+    chat: dict = {"messages": messages}
+    if tools:
+        chat["tools"] = list(tools)
+    if isinstance(body.tool_choice, NamedFunctionChoice):
+        chat["tool_choice"] = {"type": "function", "function": {"name": body.tool_choice.name}}
+    elif body.tool_choice is not None:
+        chat["tool_choice"] = body.tool_choice
+    try:
+        request = ChatCompletionRequest.model_validate(chat)
+    except ValidationError as e:
+        raise ApiError(Kind.BAD_REQUEST, validation_message(e)) from None
+    return convert_chat_request(request)
+
+
+def chat_messages(body: ResponsesRequest) -> list[dict]:
+    """``input`` as chat messages: consecutive assistant text and function calls share one
+    assistant message (their chat form)."""
+    if isinstance(body.input, str):
+        return [{"role": "user", "content": body.input}]
+    out: list[dict] = []
+    for i, item in enumerate(body.input):
+        if isinstance(item, MessageItem):
+            out.append({"role": item.role, "content": _text(item.content, f"input[{i}].content")})
+        elif isinstance(item, FunctionCallItem):
+            call = {"id": item.call_id, "type": "function",
+                    "function": {"name": item.name, "arguments": item.arguments}}
+            if out and out[-1]["role"] == "assistant":
+                out[-1].setdefault("tool_calls", []).append(call)
+            else:
+                out.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        elif isinstance(item, FunctionCallOutputItem):
+            out.append({"role": "tool", "tool_call_id": item.call_id,
+                        "content": _text(item.output, f"input[{i}].output")})
+        else:
+            raise ApiError(Kind.BAD_REQUEST, f"input[{i}]: item type '{item.type}' is not "
+                           "supported (message, function_call and function_call_output are)",
+                           param=f"input[{i}].type")
+    return out
+
+
+def _text(content, where: str) -> str:
+    if isinstance(content, str):
+        return content
+    texts = []
+    for j, part in enumerate(content):
+        if not isinstance(part, InputTextPart):
+            raise ApiError(Kind.BAD_REQUEST, f"{where}[{j}]: content part type '{part.type}' "
+                           "is not supported: this model reads text only",
+                           param=f"{where}[{j}].type")
+        texts.append(part.text)
+    return "\n".join(texts)
+
+
+def continuation_base(stored: StoredTurn, eos_ids: set[int]) -> list[int]:
+    """The stored turn's ids the continuation starts with: an answer that ended in an EOS
+    token loses it (the template's end-of-turn text follows instead; for ChatML templates
+    that is the same ``<|im_end|>`` id). The engine never computed the KV of the last
+    output token (it was sampled, not fed back), so at most that one token is recomputed."""
+    tokens = list(stored.tokens)
+    if tokens and tokens[-1] in eos_ids:
+        tokens.pop()
+    return tokens
+
+
+def render_continuation(tokenizer, base: list[int], roles: Sequence[str],
+                        conversation: Conversation, budget: RenderBudget) -> RenderedPrompt:
+    """``base`` (the stored turn) + the end of its assistant message + the new messages +
+    the generation prompt (+ prefill). ``roles``: the stored turn's template roles; the
+    template is applied to them, the answer and the new messages (with sentinels, as in
+    ``render_prompt``) to learn the glue. ``budget.max_tokens`` bounds the whole prompt."""
+    new = list(conversation.messages)
+    history = [ChatMessage(role, ()) for role in roles] + [ChatMessage("assistant", ())] + new
+    counter = _RenderCounter(tokenizer, budget.on_template_render)
+    texts, without = _message_texts(counter, history)
+    answer_end = texts[len(roles)][1]
+    segments = [Segment(((answer_end, True),), None)]
+    for message, (pre, post) in zip(new, texts[len(roles) + 1:]):
+        segments.extend(_message_segments(message.pieces, pre, post))
+    generation = _generation_prompt(counter, history, without)
+    if conversation.prefill:
+        segments.extend(_piece_segments(conversation.prefill, sep="", pre=generation))
+    else:
+        segments.append(Segment(((generation, True),), None))
+    room = None if budget.max_tokens is None else budget.max_tokens - len(base)
+    rendered = _tokenize(tokenizer, segments, dataclasses.replace(budget, max_tokens=room))
+    return RenderedPrompt(base + rendered.tokens, (), rendered.text,
+                          tuple(len(base) + end for end in rendered.segment_ends),
+                          counter.renders)
+
+
+def stored_tokens(prompt: Sequence[int], output: Sequence[int]) -> array:
+    """prompt + output ids, compactly (4 bytes a token)."""
+    tokens = array("i", prompt)
+    tokens.extend(output)
+    return tokens
+
+
+def tools_body(tools: tuple[dict, ...]) -> list[dict]:
+    """The response's ``tools`` echo, in the Responses shape."""
+    out = []
+    for tool in tools:
+        function = tool["function"]
+        out.append({"type": "function", "name": function["name"],
+                    "description": function.get("description"),
+                    "parameters": function.get("parameters"), "strict": None})
+    return out
+
+
+def arguments_json(arguments: dict) -> str:
+    return json.dumps(arguments, ensure_ascii=False)
