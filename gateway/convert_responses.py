@@ -27,10 +27,7 @@ from radixgate.gateway.convert_openai import convert_chat_request
 from radixgate.gateway.errors import ApiError, Kind
 from radixgate.gateway.http_util import validation_message
 from radixgate.gateway.prompt_parts import ConvertedPrompt
-from radixgate.gateway.render import (ChatMessage, Conversation, RenderBudget, RenderedPrompt,
-                                      Segment, _generation_prompt, _message_segments,
-                                      _message_texts, _piece_segments, _RenderCounter,
-                                      _tokenize)
+from radixgate.gateway.render import ChatMessage, Conversation
 from radixgate.gateway.response_store import StoredTurn
 from radixgate.gateway.schemas_openai import ChatCompletionRequest
 from radixgate.gateway.schemas_responses import (FunctionCallItem, FunctionCallOutputItem,
@@ -162,32 +159,6 @@ def continuation_base(stored: StoredTurn, eos_ids: set[int]) -> list[int]:
     if tokens and tokens[-1] in eos_ids:
         tokens.pop()
     return tokens
-
-
-def render_continuation(tokenizer, base: list[int], roles: Sequence[str],
-                        conversation: Conversation, budget: RenderBudget) -> RenderedPrompt:
-    """``base`` (the stored turn) + the end of its assistant message + the new messages +
-    the generation prompt (+ prefill). ``roles``: the stored turn's template roles; the
-    template is applied to them, the answer and the new messages (with sentinels, as in
-    ``render_prompt``) to learn the glue. ``budget.max_tokens`` bounds the whole prompt."""
-    new = list(conversation.messages)
-    history = [ChatMessage(role, ()) for role in roles] + [ChatMessage("assistant", ())] + new
-    counter = _RenderCounter(tokenizer, budget.on_template_render)
-    texts, without = _message_texts(counter, history)
-    answer_end = texts[len(roles)][1]
-    segments = [Segment(((answer_end, True),), None)]
-    for message, (pre, post) in zip(new, texts[len(roles) + 1:]):
-        segments.extend(_message_segments(message.pieces, pre, post))
-    generation = _generation_prompt(counter, history, without)
-    if conversation.prefill:
-        segments.extend(_piece_segments(conversation.prefill, sep="", pre=generation))
-    else:
-        segments.append(Segment(((generation, True),), None))
-    room = None if budget.max_tokens is None else budget.max_tokens - len(base)
-    rendered = _tokenize(tokenizer, segments, dataclasses.replace(budget, max_tokens=room))
-    return RenderedPrompt(base + rendered.tokens, (), rendered.text,
-                          tuple(len(base) + end for end in rendered.segment_ends),
-                          counter.renders)
 
 
 def stored_tokens(prompt: Sequence[int], output: Sequence[int]) -> array:

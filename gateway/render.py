@@ -121,14 +121,41 @@ def render_prompt(tokenizer: ChatTokenizer, conversation: Conversation,
     message_texts, without = _message_texts(counter, messages)
     for message, (pre, post) in zip(messages, message_texts):
         segments.extend(_message_segments(message.pieces, pre, post))
-    generation = _generation_prompt(counter, messages, without)
-    prefill = conversation.prefill
-    if prefill:
-        segments.extend(_piece_segments(prefill, sep="", pre=generation))
-    else:
-        segments.append(Segment(((generation, True),), None))
+    segments.extend(_reply_segments(counter, messages, without, conversation.prefill))
     rendered = _tokenize(tokenizer, segments, budget)
     return dataclasses.replace(rendered, template_renders=counter.renders)
+
+
+def render_continuation(tokenizer: ChatTokenizer, base: list[int], roles: Sequence[str],
+                        conversation: Conversation,
+                        budget: RenderBudget = RenderBudget()) -> RenderedPrompt:
+    """An earlier turn's exact ids ``base`` (its prompt and answer, as generated) + the end
+    of that assistant message + ``conversation``'s new messages + the generation prompt
+    (+ prefill), cut as ``render_prompt`` cuts, so the earlier turn's KV is reused exactly.
+    ``roles``: the earlier turn's template roles (the glue is learned from them, the answer
+    and the new messages). ``budget.max_tokens`` bounds the whole prompt."""
+    new = list(conversation.messages)
+    history = [ChatMessage(role, ()) for role in roles] + [ChatMessage("assistant", ())] + new
+    counter = _RenderCounter(tokenizer, budget.on_template_render)
+    texts, without = _message_texts(counter, history)
+    segments = [Segment(((texts[len(roles)][1], True),), None)]     # the answer's end
+    for message, (pre, post) in zip(new, texts[len(roles) + 1:]):
+        segments.extend(_message_segments(message.pieces, pre, post))
+    segments.extend(_reply_segments(counter, history, without, conversation.prefill))
+    room = None if budget.max_tokens is None else budget.max_tokens - len(base)
+    rendered = _tokenize(tokenizer, segments, dataclasses.replace(budget, max_tokens=room))
+    return RenderedPrompt(base + rendered.tokens, (), rendered.text,
+                          tuple(len(base) + end for end in rendered.segment_ends),
+                          counter.renders)
+
+
+def _reply_segments(counter: "_RenderCounter", messages: Sequence[ChatMessage], without: str,
+                    prefill: Sequence[Piece]) -> list[Segment]:
+    """The generation prompt, followed by the prefill's pieces when there is one."""
+    generation = _generation_prompt(counter, messages, without)
+    if prefill:
+        return _piece_segments(prefill, sep="", pre=generation)
+    return [Segment(((generation, True),), None)]
 
 
 class _RenderCounter:

@@ -27,8 +27,8 @@ from aiohttp import web
 from radixgate.gateway.api_common import Frame, admitted_body, stream_answer
 from radixgate.gateway.convert_responses import (ResponsesTurn, continuation_base,
                                                  convert_continuation, convert_first_turn,
-                                                 render_continuation, stored_tokens,
-                                                 tools_body)
+                                                 stored_tokens, tools_body)
+from radixgate.gateway.render import render_continuation
 from radixgate.gateway.errors import ApiError, Kind
 from radixgate.gateway.http_util import principal_of, request_id_of
 from radixgate.gateway.prepare import (check_length_bound, conversation_texts,

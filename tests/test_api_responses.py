@@ -16,8 +16,8 @@ from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 
 from radixgate.gateway import responses_api
-from radixgate.gateway.convert_responses import (continuation_base, render_continuation,
-                                                 stored_tokens)
+from radixgate.gateway.convert_responses import continuation_base, stored_tokens
+from radixgate.gateway.render import render_continuation
 from radixgate.gateway.render import ChatMessage, Conversation, Piece, RenderBudget, render_prompt
 from radixgate.gateway.response_store import ResponseStore, StoredTurn
 from radixgate.gateway.tools import ToolCallParser, split_output
