@@ -41,8 +41,9 @@ async def completions(request: web.Request) -> web.StreamResponse:
         prompts = await asyncio.to_thread(_prompt_token_lists, state, body, room, reserved)
         engine_reqs = []
         for p, tokens in enumerate(prompts):
-            sampling = sampling_params(body, max_tokens=answer_tokens(state, asked, len(tokens)),
-                                       stop=body.stop, logprobs=body.logprobs)
+            sampling = sampling_params(
+                body, max_tokens=answer_tokens(state, asked, len(tokens)), stop=body.stop,
+                logprobs=body.logprobs, prompt_logprobs=body.logprobs if body.echo else None)
             for j in range(body.n):
                 engine_reqs.append(await engine_request(
                     state, principal, _choice_id(request, p * body.n + j, len(prompts) * body.n),
@@ -56,8 +57,9 @@ async def completions(request: web.Request) -> web.StreamResponse:
         return await _stream(request, generations, body, completion_id, include_usage,
                              token_bytes, echoes)
     finished = await results(generations)
-    choices = [_choice(i, f, token_bytes, echo) for i, (f, echo)
-               in enumerate(zip(finished, echoes))]
+    prompt_ids = [tokens if body.echo else [] for tokens in prompts for _ in range(body.n)]
+    choices = [_choice(i, f, token_bytes, echo, ids) for i, (f, echo, ids)
+               in enumerate(zip(finished, echoes, prompt_ids))]
     return web.json_response({"id": completion_id, "object": "text_completion",
                               "created": int(time.time()), "model": body.model,
                               "choices": choices, "usage": batched_usage(finished, body.n),
@@ -68,9 +70,6 @@ def _check_options(body: CompletionRequest) -> None:
     if body.suffix:
         raise ApiError(Kind.BAD_REQUEST, "suffix is not supported: this model has no "
                        "fill-in-the-middle mode", param="suffix")
-    if body.echo and body.logprobs is not None:
-        raise ApiError(Kind.BAD_REQUEST, "echo with logprobs is not supported yet (the "
-                       "prompt's log probabilities are not computed)", param="echo")
 
 
 def _choice_id(request: web.Request, index: int, count: int) -> str:
@@ -78,10 +77,14 @@ def _choice_id(request: web.Request, index: int, count: int) -> str:
     return own if count == 1 else f"{own}-{index}"
 
 
-def _choice(index: int, finished: Finished, token_bytes, echo: str) -> dict:
-    return {"index": index, "text": echo + finished.text,
-            "logprobs": (completion_logprobs(finished.logprobs, token_bytes) if token_bytes
-                         else None),
+def _choice(index: int, finished: Finished, token_bytes, echo: str,
+            prompt_ids: list[int]) -> dict:
+    """``echo``: the prompt's text first; with logprobs, its tokens' (the first null)."""
+    logprobs = None
+    if token_bytes is not None:
+        logprobs = completion_logprobs(finished.logprobs, token_bytes, prompt=prompt_ids,
+                                       prompt_entries=finished.prompt_logprobs if echo else ())
+    return {"index": index, "text": echo + finished.text, "logprobs": logprobs,
             "finish_reason": FINISH_REASONS.get(finished.reason, "stop")}
 
 

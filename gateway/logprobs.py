@@ -35,17 +35,23 @@ def chat_logprobs(entries: Sequence[TokenLogprob], token_bytes: TokenBytes) -> d
 
 
 def completion_logprobs(entries: Sequence[TokenLogprob], token_bytes: TokenBytes,
-                        offset: int = 0) -> dict:
+                        offset: int = 0, prompt: Sequence[int] = (),
+                        prompt_entries: Sequence[TokenLogprob | None] = ()) -> dict:
     """The legacy shape; ``offset``: where the first token's text starts in the choice's
-    text (for streamed chunks and echoed prompts)."""
+    text (for streamed chunks). With an echoed ``prompt`` (its ids) and ``prompt_entries``
+    (one per prompt token, the first None), the prompt's tokens come first."""
+    ids = [*prompt, *(e.token_id for e in entries)]
+    all_entries = [*prompt_entries, *entries]
     tokens, offsets = [], []
-    for e in entries:
+    for token_id in ids:
         offsets.append(offset)
-        text = _text(token_bytes(e.token_id))
+        text = _text(token_bytes(token_id))
         tokens.append(text)
         offset += len(text)
-    return {"tokens": tokens, "token_logprobs": [e.logprob for e in entries],
-            "top_logprobs": [{_text(token_bytes(t)): lp for t, lp in e.top} for e in entries],
+    return {"tokens": tokens,
+            "token_logprobs": [e.logprob if e else None for e in all_entries],
+            "top_logprobs": [{_text(token_bytes(t)): lp for t, lp in e.top} if e else None
+                             for e in all_entries],
             "text_offset": offsets}
 
 

@@ -28,7 +28,8 @@ _SEED_MODULUS = 1 << 63
 
 
 def sampling_params(body, *, max_tokens: int, stop: list[str] | str | None,
-                    logprobs: int | None = None) -> SamplingParams:
+                    logprobs: int | None = None,
+                    prompt_logprobs: int | None = None) -> SamplingParams:
     """The engine's sampling values from a parsed request ``body`` (either API's model: a
     field the model lacks counts as omitted). Every field read here reaches the sampler."""
     if isinstance(stop, str):
@@ -48,7 +49,8 @@ def sampling_params(body, *, max_tokens: int, stop: list[str] | str | None,
         presence_penalty=_given(field("presence_penalty", None), 0.0),
         frequency_penalty=_given(field("frequency_penalty", None), 0.0),
         repetition_penalty=_given(field("repetition_penalty", None), 1.0),
-        logit_bias=logit_bias_pairs(field("logit_bias", None)), logprobs=logprobs)
+        logit_bias=logit_bias_pairs(field("logit_bias", None)), logprobs=logprobs,
+        prompt_logprobs=prompt_logprobs)
 
 
 def _given(value: float | None, default: float) -> float:

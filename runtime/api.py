@@ -70,6 +70,8 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] = ()
     logprobs: int | None = None      # report each output token's log probability and this
     # many most likely alternatives (0..20; None: off), from the model's own distribution
+    prompt_logprobs: int | None = None   # the same for every prompt token after the first
+    # (the whole prompt is then computed: no prefix reuse, since cached K/V has no logits)
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,6 +162,7 @@ class Finished:
     error_message: str = ""
     request_id: str = ""
     logprobs: tuple[TokenLogprob, ...] = ()   # of every token whose text was sent
+    prompt_logprobs: tuple[TokenLogprob | None, ...] = ()   # per prompt token, the first None
 
 
 Event = TextDelta | Finished

@@ -83,8 +83,9 @@ class BlockManager:
     # -- matching -----------------------------------------------------------------------
     def match(self, seq: Sequence):
         """The longest cached prefix of seq.tokens (a MatchResult the caller must release),
-        or None when the prefix cache is off."""
-        if not self.enable_prefix_cache:
+        or None when the prefix cache is off or seq wants prompt logprobs (they need the
+        logits of every prompt position, which cached K/V does not keep)."""
+        if not self.enable_prefix_cache or seq.params.prompt_logprobs is not None:
             return None
         probe = self.probe(seq)
         found = self.tree.match(seq.namespace, seq.tokens, probe=probe.own)
@@ -102,7 +103,7 @@ class BlockManager:
     def peek_length(self, seq: Sequence) -> int:
         """Cached prefix length of seq.tokens without locking, counting hits or touching LRU
         (orders a tenant's queue longest-prefix-first)."""
-        if not self.enable_prefix_cache:
+        if not self.enable_prefix_cache or seq.params.prompt_logprobs is not None:
             return 0
         return self.probe(seq).best.length
 

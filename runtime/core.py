@@ -236,14 +236,15 @@ class EngineCore:
         self._maybe_inject_fault(chunks)
         sampling = [chunk.samples for chunk in chunks]
         prefill_tokens = sum(c.num_tokens for c in chunks if not c.seq.prefill_inserted)
+        rows = [_logits_rows(c, s) for c, s in zip(chunks, sampling)]
         batch = build_forward_batch(
             [c.seq.tokens[c.seq.num_computed:c.seq.num_computed + c.num_tokens] for c in chunks],
             [c.seq.num_computed for c in chunks], [c.seq.block_table for c in chunks],
-            self.pool.block_size, self.kv.device,
-            logits_rows=[[c.num_tokens - 1] if s else [] for c, s in zip(chunks, sampling)])
+            self.pool.block_size, self.kv.device, logits_rows=rows)
         forward_started = time.perf_counter()
-        logits = self.model.forward(batch, self.kv)  # [num sampling chunks, V]
+        logits = self.model.forward(batch, self.kv)  # [rows wanted, V]
         forward_s = time.perf_counter() - forward_started
+        logits = self._record_prompt_logprobs(chunks, sampling, rows, logits)
         self.counters.forward_s += forward_s
         self.counters.record_prefill(prefill_tokens, forward_s)
         for chunk in chunks:
@@ -251,6 +252,29 @@ class EngineCore:
         sampled = [c.seq for c, s in zip(chunks, sampling) if s]
         if sampled:
             self._sample_and_emit(sampled, logits)
+
+    def _record_prompt_logprobs(self, chunks, sampling, rows, logits: torch.Tensor):
+        """Prompt-logprob chunks asked for a row per new token: the log probability of each
+        next prompt token goes to the sequence; returns the sampling rows only
+        [num sampling chunks, V]."""
+        if not any(_computes_prompt_logprobs(c.seq) for c in chunks):
+            return logits
+        keep, start = [], 0
+        for chunk, wanted, samples in zip(chunks, rows, sampling):
+            seq = chunk.seq
+            if _computes_prompt_logprobs(seq):
+                # row r predicts position num_computed + r + 1; positions recorded before a
+                # preemption (its prompt is computed again) are not recorded twice
+                skip = max(0, len(seq.prompt_logprobs) - seq.num_computed - 1)
+                first = seq.num_computed + 1 + skip
+                nexts = seq.tokens[first:min(seq.num_computed + 1 + len(wanted), seq.num_prompt)]
+                block = logits[start + skip:start + skip + len(nexts)]
+                seq.prompt_logprobs.extend(token_logprobs(
+                    block, [seq.params.prompt_logprobs] * len(nexts), list(nexts)))
+            if samples:
+                keep.append(start + len(wanted) - 1)
+            start += len(wanted)
+        return logits[keep]
 
     def _sample_and_emit(self, seqs: list[Sequence], logits: torch.Tensor) -> None:
         """One token per sequence (logits: [len(seqs), V]); an exception while sampling or
@@ -385,3 +409,18 @@ def _make_kv_cache(loaded, config: EngineConfig) -> KVCache:
     log.info("KV cache (%s): %d bytes per token, %d blocks of %d = %d tokens fit", kv.kv_dtype,
              kv.bytes_per_token, kv.num_blocks, kv.block_size, kv.num_tokens)
     return kv
+
+
+def _computes_prompt_logprobs(seq: Sequence) -> bool:
+    """seq asked for prompt logprobs and is computing its prompt (before this step's
+    ``num_computed`` update)."""
+    return seq.params.prompt_logprobs is not None and seq.num_computed < seq.num_prompt
+
+
+def _logits_rows(chunk: Chunk, samples: bool) -> list[int]:
+    """Rows of ``chunk`` whose logits the step needs: the last one when it samples, every
+    one while a prompt-logprobs request computes its prompt."""
+    if _computes_prompt_logprobs(chunk.seq):
+        return list(range(chunk.num_tokens))
+    return [chunk.num_tokens - 1] if samples else []
+

@@ -135,4 +135,6 @@ def finished_event(seq: Sequence, finish: Finish) -> Finished:
         error_message=finish.message,
         request_id=seq.request_id,
         logprobs=tuple(seq.sent_logprobs),
+        prompt_logprobs=(tuple(seq.prompt_logprobs) if seq.params.prompt_logprobs is not None
+                         else ()),
     )

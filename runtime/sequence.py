@@ -66,6 +66,7 @@ class Sequence:
         self.pending_ids: list[int] = []    # tokens whose text is not sent yet
         self.pending_logprobs: list = []    # their TokenLogprobs (when the request asks)
         self.sent_logprobs: list = []       # TokenLogprobs of every token already sent
+        self.prompt_logprobs: list = [None]  # per prompt token (asked for): none for the first
         self.pins_done = False              # breakpoints pinned (once, after first prefill)
         self.gaps: list[float] = []         # record_logits: top-2 gap per sampled token
         self.logit_rows: list = []          # record_logits: logits row per sampled token

@@ -85,3 +85,22 @@ def test_sampled_tokens_report_their_own_logprob(gpt):
 def test_bad_logprob_requests_are_400(gpt, kwargs):
     with pytest.raises(openai.BadRequestError):
         gpt.chat.completions.create(model="gpt-4o", messages=MESSAGES, max_tokens=2, **kwargs)
+
+
+def test_echo_with_logprobs_reports_the_prompt_tokens_first(gpt):
+    prompt = "Radix trees share prefixes"
+    out = gpt.completions.create(model="gpt-4o", prompt=prompt, max_tokens=4, temperature=0,
+                                 echo=True, logprobs=1)
+    lp = out.choices[0].logprobs
+    assert out.choices[0].text.startswith(prompt)
+    assert "".join(lp.tokens) == out.choices[0].text
+    n_prompt = out.usage.prompt_tokens
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    assert all(v is not None and v <= 0 for v in lp.token_logprobs[1:])
+    assert len(lp.tokens) == n_prompt + out.usage.completion_tokens
+    again = gpt.completions.create(model="gpt-4o", prompt=prompt, max_tokens=4, temperature=0,
+                                   echo=True, logprobs=1)
+    # the prompt's logits are not cached, so it is computed again, giving the same values
+    assert again.usage.prompt_tokens_details.cached_tokens == 0
+    assert again.choices[0].logprobs.token_logprobs[1:] == pytest.approx(
+        lp.token_logprobs[1:], abs=1e-4)
