@@ -3,12 +3,12 @@
 text and token ids, cache_salt namespaces, cache_control parts, models and errors."""
 from __future__ import annotations
 
-import uuid
 
 import openai
 import pytest
 
-from tests.support.server import ServerSpec, shared_server, tenant_key
+from tests.support import client as c
+from tests.support.server import ServerSpec, shared_server
 
 # Own tenants (and so its own server, shared by the tests/test_api_*.py modules): other
 # suites' pins and flushes on the default spec's tenants cannot disturb these, nor these them.
@@ -24,8 +24,7 @@ def server(pytestconfig):
 
 
 def make_client(server, tenant: str = "gw_two") -> openai.OpenAI:
-    return openai.OpenAI(base_url=server.base_url + "/v1", api_key=tenant_key(tenant),
-                         max_retries=0, timeout=60)
+    return c.openai_client(server, tenant)
 
 
 @pytest.fixture(scope="module")
@@ -34,8 +33,7 @@ def client(server):
 
 
 def unique_text(words: int = 40) -> str:
-    nonce = uuid.uuid4().hex
-    return f"Context {nonce}: " + " ".join(f"entry{i}-{nonce[i % 32]}" for i in range(words))
+    return c.unique_text(words)
 
 
 def chat(client, system: str, question: str, **kwargs):

@@ -7,7 +7,6 @@ render and the response store are also tested on their own."""
 from __future__ import annotations
 
 import json
-import uuid
 from array import array
 
 import openai
@@ -23,6 +22,7 @@ from radixgate.gateway.response_store import ResponseStore, StoredTurn
 from radixgate.gateway.tools import ToolCallParser, split_output
 from tests.support.engine import tiny_model
 from tests.support.inproc import in_process_gateway
+from tests.support import client as c
 from tests.support.server import ServerSpec, shared_server, tenant_key
 
 SPEC = ServerSpec(tenants=("resp_one", "resp_two"), max_pinned_tokens=4096, kv_cache_gb=0.008)
@@ -39,8 +39,7 @@ def server(pytestconfig):
 
 
 def make_client(server, tenant: str = "resp_one") -> openai.OpenAI:
-    return openai.OpenAI(base_url=server.base_url + "/v1", api_key=tenant_key(tenant),
-                         max_retries=0, timeout=60)
+    return c.openai_client(server, tenant)
 
 
 @pytest.fixture(scope="module")
@@ -49,8 +48,7 @@ def client(server):
 
 
 def unique_text(words: int = 30) -> str:
-    nonce = uuid.uuid4().hex
-    return f"Context {nonce}: " + " ".join(f"entry{i}-{nonce[i % 32]}" for i in range(words))
+    return c.unique_text(words)
 
 
 def respond(client, **kwargs):

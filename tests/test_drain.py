@@ -58,16 +58,20 @@ def _envelope_problem(api: str, text: str) -> str | None:
     return None if ok else f"drain refusal outside the {api} envelope: {text[:200]}"
 
 
+async def wait_running(session, base: str, count: int, timeout_s: float = 60) -> None:
+    """Until the server reports at least ``count`` running requests (or the timeout)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        status, stats = await c.get_json(session, base + "/v1/cache/stats", ADMIN_KEY)
+        if status == 200 and stats["requests"]["running"] >= count:
+            return
+        await asyncio.sleep(0.02)
+
+
 async def test_sigterm_under_load_finishes_or_cleanly_aborts_every_request_and_exits_0(server):
     async with aiohttp.ClientSession() as session:
         tasks = [asyncio.create_task(one_request(session, server.base_url, i)) for i in range(24)]
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            status, stats = await c.get_json(session, server.base_url + "/v1/cache/stats",
-                                             ADMIN_KEY)
-            if status == 200 and stats["requests"]["running"] >= 4:
-                break
-            await asyncio.sleep(0.05)
+        await wait_running(session, server.base_url, 4)
         sent_at = time.monotonic()
         server.send_sigterm()
         late = asyncio.create_task(one_request(session, server.base_url, 99, late=True))
@@ -90,13 +94,7 @@ async def test_during_the_drain_the_listener_stays_open_and_answers_503_with_ret
         running = asyncio.create_task(session.post(server.base_url + c.ANTHROPIC_PATH,
                                                    headers=c.headers(tenant_key("acme")),
                                                    json=body))
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            status, stats = await c.get_json(session, server.base_url + "/v1/cache/stats",
-                                             ADMIN_KEY)
-            if status == 200 and stats["requests"]["running"] >= 1:
-                break
-            await asyncio.sleep(0.02)
+        await wait_running(session, server.base_url, 1)
         server.send_sigterm()
         await asyncio.sleep(0.3)
         for path, build in ((c.ANTHROPIC_PATH, c.anthropic_body), (c.CHAT_PATH, c.chat_body)):

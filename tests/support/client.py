@@ -275,3 +275,20 @@ async def flush_tenant(session: aiohttp.ClientSession, base: str, admin_key: str
     body = {"tenant": tenant} if cache_salt is None else {"tenant": tenant, "cache_salt": cache_salt}
     status, answer = await post_json(session, base + "/v1/cache/flush", admin_key, body)
     assert status == 200, answer
+
+
+def openai_client(server, tenant: str):
+    """The official openai SDK client for ``tenant`` on a test server (no retries)."""
+    import openai
+
+    from tests.support.server import tenant_key
+    return openai.OpenAI(base_url=server.base_url + "/v1", api_key=tenant_key(tenant),
+                         max_retries=0, timeout=60)
+
+
+def unique_text(words: int = 40) -> str:
+    """A prompt no other test sends (a fresh nonce in every word)."""
+    import uuid
+    nonce = uuid.uuid4().hex
+    return f"Context {nonce}: " + " ".join(f"entry{i}-{nonce[i % 32]}" for i in range(words))
+
