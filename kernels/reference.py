@@ -16,7 +16,7 @@ Attention always computes in q's dtype: what it reads is cast (dequantized) to i
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -65,22 +65,38 @@ def reference_store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
     """
     check_store_inputs(k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale)
     num_blocks, block_size = k_cache.shape[:2]
-    valid = slot_mapping >= 0                                  # [T] bool
-    if not bool(valid.all()):
-        k, v, slot_mapping = k[valid], v[valid], slot_mapping[valid]
     if slot_mapping.numel() == 0:
         return
-    if not k_cache.is_cuda and int(slot_mapping.max()) >= num_blocks * block_size:
-        raise ValueError(f"slot {int(slot_mapping.max())} is beyond the cache ({num_blocks} x {block_size} slots)")
-    blocks, slots = slot_mapping // block_size, slot_mapping % block_size
-    if k_scale is None:
-        k_cache[blocks, slots] = k.to(k_cache.dtype)           # [T', Hkv, D]
-        v_cache[blocks, slots] = v.to(v_cache.dtype)
-        return
+    low, high = torch.aminmax(slot_mapping)                    # one pass for both checks
+    if int(low) < 0:
+        valid = slot_mapping >= 0                              # [T] bool
+        k, v, slot_mapping = k[valid], v[valid], slot_mapping[valid]
+        if slot_mapping.numel() == 0:
+            return
+    if not k_cache.is_cuda and int(high) >= num_blocks * block_size:
+        raise ValueError(f"slot {int(high)} is beyond the cache ({num_blocks} x {block_size} slots)")
     for x, cache, scales in ((k, k_cache, k_scale), (v, v_cache, v_scale)):
+        if scales is None:
+            _write_slots(cache, slot_mapping, x.to(cache.dtype))  # [T', Hkv, D]
+            continue
         codes, scale = quantize_kv(x, cache.dtype)             # [T', Hkv, D], [T', Hkv]
-        cache[blocks, slots] = codes
-        scales[blocks, slots] = scale
+        _write_slots(cache, slot_mapping, codes)
+        _write_slots(scales, slot_mapping, scale)
+
+
+def _write_slots(cache: torch.Tensor, slot_mapping: torch.Tensor, values: torch.Tensor) -> None:
+    """cache[slot // bs, slot % bs] = values[t]: one ``index_copy_`` into the flat slot view of a
+    contiguous cache (a third of the cost of two-index assignment), else that assignment
+    (one flat index for float8, which ``index_copy_`` does not take on the CPU)."""
+    if cache.is_contiguous():
+        flat = cache.view(-1, *cache.shape[2:])                   # [num_blocks * bs, ...]
+        if cache.dtype == torch.float8_e4m3fn:
+            flat[slot_mapping] = values
+        else:
+            flat.index_copy_(0, slot_mapping, values)
+        return
+    block_size = cache.shape[1]
+    cache[slot_mapping // block_size, slot_mapping % block_size] = values
 
 
 def reference_copy_blocks(k_cache: torch.Tensor, v_cache: torch.Tensor, pairs: torch.Tensor,
@@ -158,6 +174,19 @@ class AttentionPlan:
     decode_blocks: torch.Tensor | None
     decode_mask: torch.Tensor | None
     extends: tuple[tuple[int, int, int, slice | torch.Tensor], ...]
+    workspace: dict = field(default_factory=dict, compare=False, repr=False)
+
+    def gather_buffer(self, name: str, cache: torch.Tensor) -> torch.Tensor:
+        """A reused output for the decode gather of ``cache`` ([len(decode_blocks), bs, Hkv, D]
+        in its dtype), one per ``name``: every layer gathers into the same memory instead of a
+        fresh allocation (safe because a layer is done with it before the next one gathers)."""
+        key = (name, cache.dtype, cache.device, tuple(cache.shape[1:]))
+        buffer = self.workspace.get(key)
+        if buffer is None:
+            buffer = torch.empty((self.decode_blocks.numel(), *cache.shape[1:]), dtype=cache.dtype,
+                                 device=cache.device)
+            self.workspace[key] = buffer
+        return buffer
 
 
 def plan_attention(block_tables: torch.Tensor, cu_q_lens: torch.Tensor, seq_lens: torch.Tensor,
@@ -210,9 +239,10 @@ def _validated_lengths(num_tokens: int, block_size: int, block_tables, cu_q_lens
 
 
 def _gather(cache: torch.Tensor, scales: torch.Tensor | None, blocks: torch.Tensor,
-            dtype: torch.dtype) -> torch.Tensor:
-    """Blocks ``blocks`` of one cache read as ``dtype``: [len(blocks), bs, Hkv, D]."""
-    picked = cache.index_select(0, blocks)
+            dtype: torch.dtype, out: torch.Tensor) -> torch.Tensor:
+    """Blocks ``blocks`` of one cache read as ``dtype``: [len(blocks), bs, Hkv, D] (gathered
+    into ``out``, the cache's dtype)."""
+    picked = torch.index_select(cache, 0, blocks, out=out)
     return dequantize_kv(picked, None if scales is None else scales.index_select(0, blocks), dtype)
 
 
@@ -222,8 +252,10 @@ def _decode_attention(q, caches, plan: AttentionPlan, scale: float) -> torch.Ten
     n, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
     length = plan.decode_mask.shape[-1]
-    k = _gather(k_cache, k_scale, plan.decode_blocks, q.dtype).view(n, length, num_kv_heads, head_dim)
-    v = _gather(v_cache, v_scale, plan.decode_blocks, q.dtype).view(n, length, num_kv_heads, head_dim)
+    blocks = plan.decode_blocks
+    k = _gather(k_cache, k_scale, blocks, q.dtype, plan.gather_buffer("k", k_cache))
+    v = _gather(v_cache, v_scale, blocks, q.dtype, plan.gather_buffer("v", v_cache))
+    k, v = k.view(n, length, num_kv_heads, head_dim), v.view(n, length, num_kv_heads, head_dim)
     grouped = q.reshape(n, num_kv_heads, num_heads // num_kv_heads, head_dim)  # [n, Hkv, G, D]
     out = F.scaled_dot_product_attention(grouped, k.transpose(1, 2), v.transpose(1, 2),
                                          attn_mask=plan.decode_mask, scale=scale)

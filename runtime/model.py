@@ -114,9 +114,10 @@ class LlamaModel:
         cfg = self.config
         tokens = h.shape[0]
         qkv = layer.qkv(h)                                       # [T, (Hq + 2Hkv) D]
-        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = apply_rope(q.view(tokens, cfg.num_heads, cfg.head_dim), cos, sin)      # [T, Hq, D]
-        k = apply_rope(k.view(tokens, cfg.num_kv_heads, cfg.head_dim), cos, sin)   # [T, Hkv, D]
+        qk, v = qkv.split([self.q_size + self.kv_size, self.kv_size], dim=-1)
+        heads = cfg.num_heads + cfg.num_kv_heads                 # q and k rotated in one pass
+        qk = apply_rope(qk.view(tokens, heads, cfg.head_dim), cos, sin)            # [T, Hq + Hkv, D]
+        q, k = qk.split([cfg.num_heads, cfg.num_kv_heads], dim=1)  # [T, Hq, D], [T, Hkv, D]
         v = v.view(tokens, cfg.num_kv_heads, cfg.head_dim)                         # [T, Hkv, D]
         store_kv(k, v, k_cache, v_cache, batch.slot_mapping, **scales)
         out = paged_attention(q, k_cache, v_cache, batch.block_tables, batch.cu_q_lens,
