@@ -163,15 +163,16 @@ def reference_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: t
 class AttentionPlan:
     """Index work of one step, shared by every layer (tables and lengths are the same in each).
 
-    Decode rows (q_len == 1) read ``decode_blocks`` (int64 [n * nb], -1 padding read as block 0)
-    under ``decode_mask`` (bool [n, 1, 1, nb * bs]). Each extend sequence is
+    Decode rows (q_len == 1) read ``decode_blocks`` (int64 [n * nb], -1 padding read as block 0;
+    a ``slice``, read in place, for a lone decode row on consecutive blocks) under
+    ``decode_mask`` (bool [n, 1, 1, nb * bs]). Each extend sequence is
     ``(first row, q_len, total, blocks)`` where blocks is a ``slice`` when its table is a run of
     consecutive block ids (read as a view) or an int64 tensor of block ids (gathered).
     """
     num_tokens: int
     block_size: int
     decode_rows: torch.Tensor | None    # int64 [n] rows of q; None when every row is a decode row
-    decode_blocks: torch.Tensor | None
+    decode_blocks: torch.Tensor | slice | None
     decode_mask: torch.Tensor | None
     extends: tuple[tuple[int, int, int, slice | torch.Tensor], ...]
     workspace: dict = field(default_factory=dict, compare=False, repr=False)
@@ -203,6 +204,9 @@ def plan_attention(block_tables: torch.Tensor, cu_q_lens: torch.Tensor, seq_lens
         lengths = seq_lens if pick is None else seq_lens[pick]
         positions = torch.arange(num_blocks * block_size, device=block_tables.device)  # [L]
         mask = (positions[None, :] < lengths[:, None])[:, None, None, :]              # [n, 1, 1, L]
+        if len(decode) == 1:
+            run = _extend_blocks(tables[0], num_blocks)
+            blocks = run if isinstance(run, slice) else blocks
     if len(decode) == len(q_lens):
         return AttentionPlan(num_tokens, block_size, None, blocks, mask, ())
     starts = cu_q_lens.tolist()
@@ -246,16 +250,24 @@ def _gather(cache: torch.Tensor, scales: torch.Tensor | None, blocks: torch.Tens
     return dequantize_kv(picked, None if scales is None else scales.index_select(0, blocks), dtype)
 
 
+def _decode_read(cache: torch.Tensor, scales: torch.Tensor | None, plan: AttentionPlan, name: str,
+                 dtype: torch.dtype) -> torch.Tensor:
+    """The decode rows' blocks of one cache as ``dtype``: [len(blocks), bs, Hkv, D], a view of
+    the cache for a slice (when already in ``dtype``), else gathered into the plan's buffer."""
+    blocks = plan.decode_blocks
+    if isinstance(blocks, slice):
+        return dequantize_kv(cache[blocks], None if scales is None else scales[blocks], dtype)
+    return _gather(cache, scales, blocks, dtype, plan.gather_buffer(name, cache))
+
+
 def _decode_attention(q, caches, plan: AttentionPlan, scale: float) -> torch.Tensor:
     """One query per decode row. q: [n, Hq, D] -> [n, Hq, D]; caches: (k, v, k_scale, v_scale)."""
     k_cache, v_cache, k_scale, v_scale = caches
     n, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
     length = plan.decode_mask.shape[-1]
-    blocks = plan.decode_blocks
-    k = _gather(k_cache, k_scale, blocks, q.dtype, plan.gather_buffer("k", k_cache))
-    v = _gather(v_cache, v_scale, blocks, q.dtype, plan.gather_buffer("v", v_cache))
-    k, v = k.view(n, length, num_kv_heads, head_dim), v.view(n, length, num_kv_heads, head_dim)
+    k = _decode_read(k_cache, k_scale, plan, "k", q.dtype).view(n, length, num_kv_heads, head_dim)
+    v = _decode_read(v_cache, v_scale, plan, "v", q.dtype).view(n, length, num_kv_heads, head_dim)
     grouped = q.reshape(n, num_kv_heads, num_heads // num_kv_heads, head_dim)  # [n, Hkv, G, D]
     out = F.scaled_dot_product_attention(grouped, k.transpose(1, 2), v.transpose(1, 2),
                                          attn_mask=plan.decode_mask, scale=scale)
