@@ -18,7 +18,8 @@ from typing import Literal
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field
 
-from radixgate.gateway.auth import PUBLIC_NAMESPACE, namespace_for
+from radixgate.gateway.auth import namespace_for
+from radixgate.radix_cache import PUBLIC_NAMESPACE
 from radixgate.gateway.cache_stats import build_stats
 from radixgate.gateway.errors import ApiError, Kind
 from radixgate.gateway.http_util import (parse_body, principal_of, read_body, require_admin,

@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from typing import Callable, Mapping
 
 from radixgate.gateway.config import GatewayConfig, TenantConfig
-from radixgate.radix_cache import PUBLIC_NAMESPACE
 
 DEFAULT_TENANT = "default"
 ADMIN_TENANT = "admin"

@@ -15,9 +15,8 @@ from typing import Sequence
 from aiohttp import web
 
 from radixgate.gateway.http_util import request_id_of
+from radixgate.gateway.service import SEED_MODULUS
 from radixgate.runtime.api import Finished, SamplingParams
-
-_SEED_MODULUS = 1 << 63
 
 
 def choice_id(request: web.Request, index: int, count: int) -> str:
@@ -29,7 +28,7 @@ def choice_id(request: web.Request, index: int, count: int) -> str:
 def choice_sampling(sampling: SamplingParams, index: int) -> SamplingParams:
     if index == 0 or sampling.seed is None:
         return sampling
-    return dataclasses.replace(sampling, seed=(sampling.seed + index) % _SEED_MODULUS)
+    return dataclasses.replace(sampling, seed=(sampling.seed + index) % SEED_MODULUS)
 
 
 async def results(generations: Sequence) -> list[Finished]:

@@ -11,12 +11,12 @@ import time
 from aiohttp import web
 
 from radixgate.gateway.api_common import Frame, admitted_body, stream_answer, stream_choices
-from radixgate.gateway.choices import batched_usage, choice_sampling, results
+from radixgate.gateway.choices import batched_usage, choice_id, choice_sampling, results
 from radixgate.gateway.errors import ApiError, Kind
 from radixgate.gateway.http_util import request_id_of
 from radixgate.gateway.logprobs import completion_logprobs
 from radixgate.gateway.openai_api import (FINISH_REASONS, error_and_done, reject_unsupported,
-                                          usage_and_done)
+                                          usage_and_done, usage_body)
 from radixgate.gateway.prepare import check_length_bound, room_for_prompt, too_long
 from radixgate.gateway.schemas_openai import CompletionRequest
 from radixgate.gateway.service import (Generation, answer_tokens, engine_request, reserved_for,
@@ -46,9 +46,10 @@ async def completions(request: web.Request) -> web.StreamResponse:
                 logprobs=body.logprobs, prompt_logprobs=body.logprobs if body.echo else None)
             for j in range(body.n):
                 engine_reqs.append(await engine_request(
-                    state, principal, _choice_id(request, p * body.n + j, len(prompts) * body.n),
+                    state, principal, choice_id(request, p * body.n + j, len(prompts) * body.n),
                     tokens, (), choice_sampling(sampling, j), body.cache_salt))
-    echoes = [_echo_text(state, body, tokens) for tokens in prompts for _ in range(body.n)]
+    prompt_echoes = [_echo_text(state, body, tokens) for tokens in prompts]   # once a prompt
+    echoes = [echo for echo in prompt_echoes for _ in range(body.n)]
     token_bytes = state.tokenizer.token_to_bytes if body.logprobs is not None else None
     generations = [Generation(state, request, principal, "openai", r) for r in engine_reqs]
     completion_id = "cmpl-" + request_id_of(request).removeprefix("req_")
@@ -70,11 +71,6 @@ def _check_options(body: CompletionRequest) -> None:
     if body.suffix:
         raise ApiError(Kind.BAD_REQUEST, "suffix is not supported: this model has no "
                        "fill-in-the-middle mode", param="suffix")
-
-
-def _choice_id(request: web.Request, index: int, count: int) -> str:
-    own = request_id_of(request)
-    return own if count == 1 else f"{own}-{index}"
 
 
 def _choice(index: int, finished: Finished, token_bytes, echo: str,
@@ -102,9 +98,7 @@ async def _stream(request, generations, body, completion_id, include_usage, toke
         return await stream_answer(request, generations[0], streams[0])
 
     def closing(finished: list[Finished]) -> list[Frame]:
-        usage = [(None, {**streams[0].base, "choices": [],
-                         "usage": batched_usage(finished, body.n)})]
-        return (usage if include_usage else []) + [(None, "[DONE]")]
+        return usage_and_done(streams[0].base, include_usage, batched_usage(finished, body.n))
 
     return await stream_choices(request, generations, streams, closing)
 
@@ -187,8 +181,8 @@ class CompletionStream:
 
     def end(self, finished: Finished) -> list[Frame]:
         frames = [(None, self._chunk("", FINISH_REASONS.get(finished.reason, "stop")))]
-        return frames + (usage_and_done(self.base, self.include_usage, finished)
-                         if self.final else [])
+        return frames + (usage_and_done(self.base, self.include_usage,
+                                        usage_body(finished.usage)) if self.final else [])
 
     def error(self, error: ApiError) -> list[Frame]:
         return error_and_done(error)

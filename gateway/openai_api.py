@@ -90,8 +90,7 @@ async def _stream_chat(request, generations, completion_id, model, converted, in
     base = streams[0].base
 
     def closing(finished: list[Finished]) -> list[Frame]:
-        usage = [(None, {**base, "choices": [], "usage": shared_prompt_usage(finished)})]
-        return (usage if include_usage else []) + [(None, "[DONE]")]
+        return usage_and_done(base, include_usage, shared_prompt_usage(finished))
 
     return await stream_choices(request, generations, streams, closing)
 
@@ -179,7 +178,8 @@ class ChatStream:
         out.append((None, self._chunk({}, reason)))
         if not self.final:
             return self._with_logprobs(out)
-        return self._with_logprobs(out) + usage_and_done(self.base, self.include_usage, finished)
+        return self._with_logprobs(out) + usage_and_done(self.base, self.include_usage,
+                                                         usage_body(finished.usage))
 
     def _with_logprobs(self, frames: list[Frame]) -> list[Frame]:
         """The first chunk carries the logprobs of every token not reported yet."""
@@ -200,9 +200,10 @@ class ChatStream:
         return self._chunk({"tool_calls": [_tool_call(value, self.num_calls - 1)]})
 
 
-def usage_and_done(base: dict, include_usage: bool, finished: Finished) -> list[Frame]:
-    usage = [(None, {**base, "choices": [], "usage": usage_body(finished.usage)})]
-    return (usage if include_usage else []) + [(None, "[DONE]")]
+def usage_and_done(base: dict, include_usage: bool, usage: dict) -> list[Frame]:
+    """A stream's end: the usage chunk (when asked for) and ``[DONE]``."""
+    chunk = [(None, {**base, "choices": [], "usage": usage})]
+    return (chunk if include_usage else []) + [(None, "[DONE]")]
 
 
 def error_and_done(error: ApiError) -> list[Frame]:

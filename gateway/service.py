@@ -24,7 +24,7 @@ from radixgate.runtime.api import (Breakpoint, Finished, FinishReason, Request, 
 
 DEFAULT_MAX_TOKENS_CAP = 4096
 _background: set[asyncio.Task] = set()
-_SEED_MODULUS = 1 << 63
+SEED_MODULUS = 1 << 63     # seeds are taken modulo this (torch generators take 64 bits)
 
 
 def sampling_params(body, *, max_tokens: int, stop: list[str] | str | None,
@@ -42,7 +42,7 @@ def sampling_params(body, *, max_tokens: int, stop: list[str] | str | None,
         top_p=_given(field("top_p", None), 1.0),
         top_k=0 if top_k is None or top_k < 0 else int(top_k),
         min_p=_given(field("min_p", None), 0.0),
-        seed=None if seed is None else seed % _SEED_MODULUS,
+        seed=None if seed is None else seed % SEED_MODULUS,
         stop=tuple(s for s in (stop or []) if s),
         ignore_eos=bool(field("ignore_eos", False)),
         min_tokens=int(field("min_tokens", None) or 0),
