@@ -106,13 +106,17 @@ def conversation_texts(conversation: Conversation) -> list[str]:
 async def render_bounded(tokenizer, conversation: Conversation, *, room: int, reserved: int,
                          timeout_s: float, on_template_render: Callable[[], None] | None = None
                          ) -> RenderedPrompt:
-    """``render_prompt`` in a worker thread, within the room and the timeout; abandoned
-    (the thread stops at its next segment) when the awaiting handler is cancelled."""
-    check_length_bound(conversation_texts(conversation), tokenizer, room, reserved)
-    return await run_abandonable(
-        lambda cancelled: render_prompt(tokenizer, conversation, RenderBudget(
-            max_tokens=room, cancelled=cancelled, on_template_render=on_template_render)),
-        timeout_s=timeout_s, room=room, reserved=reserved)
+    """``render_prompt`` in a worker thread (the length bound first, there too: it encodes
+    every piece's text, which for a large body is no work for the event loop), within the
+    room and the timeout; abandoned (the thread stops at its next segment) when the
+    awaiting handler is cancelled."""
+
+    def render(cancelled: Callable[[], bool]) -> RenderedPrompt:
+        check_length_bound(conversation_texts(conversation), tokenizer, room, reserved)
+        return render_prompt(tokenizer, conversation, RenderBudget(
+            max_tokens=room, cancelled=cancelled, on_template_render=on_template_render))
+
+    return await run_abandonable(render, timeout_s=timeout_s, room=room, reserved=reserved)
 
 
 async def run_abandonable(work: Callable[[Callable[[], bool]], RenderedPrompt], *,
