@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.graphs import import_cycles
+
 ROOT = Path(__file__).resolve().parent.parent
 FOLDERS = ("radix_cache", "runtime", "gateway", "kernels", "benchmarks")
 PACKAGE = "radixgate"
@@ -110,29 +112,6 @@ def import_graph(folder: str) -> dict[str, set[str]]:
     return {name: module_imports(path, set(paths)) - {name} for name, path in paths.items()}
 
 
-def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
-    """One import cycle of ``graph`` (a list of modules, first == last), or None."""
-    state: dict[str, int] = {}          # 1: on the current path, 2: done
-    stack: list[str] = []
-
-    def visit(name: str) -> list[str] | None:
-        state[name] = 1
-        stack.append(name)
-        for other in sorted(graph[name]):
-            if state.get(other) == 1:
-                return stack[stack.index(other):] + [other]
-            if other not in state and (cycle := visit(other)):
-                return cycle
-        stack.pop()
-        state[name] = 2
-        return None
-
-    for name in sorted(graph):
-        if name not in state and (cycle := visit(name)):
-            return cycle
-    return None
-
-
 def test_radix_cache_uses_no_underscore_name_of_another_module_or_object():
     found = [v for path in modules("radix_cache") for v in violations(path, strict=True)]
     assert found == []
@@ -147,12 +126,12 @@ def test_no_module_imports_or_reaches_into_another_modules_underscore_names(fold
 def test_radix_cache_modules_import_no_cycle():
     graph = import_graph("radix_cache")
     assert len(graph) > 10                  # the walk found the package's modules
-    assert find_cycle(graph) is None
+    assert import_cycles(graph) == []
 
 
 def test_the_cycle_check_finds_a_cycle():
-    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
-    assert find_cycle({"a": {"b"}, "b": set()}) is None
+    assert import_cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == [["a", "b", "c"]]
+    assert import_cycles({"a": {"b"}, "b": set()}) == []
 
 
 def test_the_checks_see_private_imports_and_reaches(tmp_path, monkeypatch):
