@@ -20,6 +20,7 @@ from .engine_config import EngineConfig
 from .sequence import Sequence, SeqStatus
 
 MAX_ADMISSION_FAILURES = 3   # a request whose admission raises this often fails alone
+PROMPT_LOGPROBS_CHUNK = 32   # prefill tokens a step for a request that wants prompt logprobs
 CANDIDATE_WINDOW = 16   # waiting requests of a tenant considered for longest-prefix-first
 
 
@@ -142,7 +143,7 @@ class Scheduler:
             if budget == 0:
                 break
             if not seq.prefill_inserted:
-                n = min(seq.remaining_prefill, self.config.chunk_tokens, budget)
+                n = min(seq.remaining_prefill, self._chunk_limit(seq), budget)
                 plan.chunks.append(Chunk(seq, n))
                 budget -= n
         return budget
@@ -153,9 +154,17 @@ class Scheduler:
             seq = self._admit_next(held, plan)
             if seq is None:
                 return
-            n = min(seq.remaining_prefill, self.config.chunk_tokens, budget)
+            n = min(seq.remaining_prefill, self._chunk_limit(seq), budget)
             plan.chunks.append(Chunk(seq, n))
             budget -= n
+
+    def _chunk_limit(self, seq: Sequence) -> int:
+        """Prefill tokens seq may compute in one step. A request that wants prompt logprobs
+        needs the output layer on every prompt row (49k logits each), so its chunks stay
+        small: the extra work each step adds to the batch it shares is bounded."""
+        if seq.params.prompt_logprobs is not None:
+            return min(self.config.chunk_tokens, PROMPT_LOGPROBS_CHUNK)
+        return self.config.chunk_tokens
 
     # -- admission ------------------------------------------------------------------------
     def _tenant_order(self) -> list[str]:

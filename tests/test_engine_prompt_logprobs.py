@@ -33,3 +33,22 @@ def test_a_prompt_logprobs_request_reuses_no_cached_prefix(make_engine):
     again = engine.generate(Request(list(PROMPT), params))
     assert again.usage.cache_read_tokens == 0 and len(again.prompt_logprobs) == len(PROMPT)
     assert_clean(engine)
+
+
+def test_prompt_logprobs_prefill_in_small_chunks(make_engine):
+    """Each prompt row costs an output-layer pass: such a request adds a bounded amount of
+    work to every step it shares with other requests."""
+    from radixgate.runtime.scheduler import PROMPT_LOGPROBS_CHUNK
+    engine = make_engine()
+    prompt = [3000 + i for i in range(100)]
+
+    def prefill_steps(params: SamplingParams) -> int:
+        before = engine.request_snapshot().result().steps
+        engine.generate(Request(list(prompt), params))
+        return engine.request_snapshot().result().steps - before
+
+    plain = prefill_steps(SamplingParams(max_tokens=1, temperature=0.0))
+    chunked = prefill_steps(SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0))
+    assert plain == 1
+    assert chunked == -(-len(prompt) // PROMPT_LOGPROBS_CHUNK)
+    assert_clean(engine)
