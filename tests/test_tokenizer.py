@@ -105,3 +105,34 @@ def test_template_globals_raise_exception_and_tokens(tok):
 
 def test_tokenizer_is_built_once_per_process(default_model_path):
     assert gguf_tokenizer(default_model_path) is gguf_tokenizer("default")
+
+
+def test_long_texts_encode_to_the_same_ids_without_holding_the_interpreter_lock():
+    import threading
+    import time
+
+    from radixgate.runtime.loader import load_model
+    from radixgate.runtime.tokenizer import LONG_TEXT_CHARS
+    tokenizer = load_model("default", tiny=True).tokenizer
+    text = "word <|im_end|> " * 60_000                     # ~1 MB, specials inside
+    for encode, backend in ((tokenizer.encode, tokenizer.backend),
+                            (tokenizer.encode_plain, tokenizer._plain_backend)):
+        assert encode(text) == backend.encode(text, add_special_tokens=False).ids
+    assert len(text) > LONG_TEXT_CHARS
+    ticks, done = [], threading.Event()
+
+    def tick():
+        while not done.is_set():
+            ticks.append(time.perf_counter())
+            time.sleep(0.001)
+
+    ticker = threading.Thread(target=tick)
+    ticker.start()
+    time.sleep(0.01)
+    start = time.perf_counter()
+    tokenizer.encode_plain(text)
+    end = time.perf_counter()
+    done.set()
+    ticker.join()
+    during = [t for t in ticks if start < t < end]
+    assert len(during) > 5          # the other thread ran while the text was encoded
