@@ -108,6 +108,8 @@ class Request:
     request_id: str = field(default_factory=lambda: f"req_{next(_request_counter):08d}")
     stop_automaton: object | None = None   # ``stop.compile_stops(sampling.stop)``, built by
     # the submitter off the engine thread (at the limits it takes ~60 ms); None: built lazily
+    grammar: object | None = None   # ``grammar.RequestGrammar``: the output must match it
+    # (this request's own state, from ``CompiledGrammar.matcher()``); None: unconstrained
 
 
 @dataclass(frozen=True, slots=True)

@@ -35,6 +35,7 @@ from .scheduler import Chunk, Scheduler
 from .sequence import Sequence, SeqStatus
 from .stats import EngineCounters, take_snapshot
 from .stop import StopMatcher
+from .structured import MaskWorker, append_constrained
 from .submit_checks import rejection
 from .trace import RequestTrace
 
@@ -65,6 +66,7 @@ class EngineCore:
         self.vocab_size = loaded.config.vocab_size
         self._token_bytes = token_bytes_function(loaded.tokenizer)
         self._token_bytes(0)   # builds the tokenizer's byte table now, not in a first request
+        self.grammar_masks = MaskWorker(self.vocab_size)   # constrained rows' masks
         self.sequences: dict[str, Sequence] = {}
         self.counters = EngineCounters()
         self.traces: dict[str, RequestTrace] = {}
@@ -241,6 +243,8 @@ class EngineCore:
             [c.seq.tokens[c.seq.num_computed:c.seq.num_computed + c.num_tokens] for c in chunks],
             [c.seq.num_computed for c in chunks], [c.seq.block_table for c in chunks],
             self.pool.block_size, self.kv.device, logits_rows=rows)
+        sampled = [c.seq for c, s in zip(chunks, sampling) if s]
+        masks = self.grammar_masks.start(sampled)    # computed while the forward runs
         forward_started = time.perf_counter()
         logits = self.model.forward(batch, self.kv)  # [rows wanted, V]
         forward_s = time.perf_counter() - forward_started
@@ -249,9 +253,8 @@ class EngineCore:
         self.counters.record_prefill(prefill_tokens, forward_s)
         for chunk in chunks:
             chunk.seq.num_computed += chunk.num_tokens
-        sampled = [c.seq for c, s in zip(chunks, sampling) if s]
         if sampled:
-            self._sample_and_emit(sampled, logits)
+            self._sample_and_emit(sampled, logits, masks)
 
     def _record_prompt_logprobs(self, chunks, sampling, rows, logits: torch.Tensor):
         """Prompt-logprob chunks asked for a row per new token: the log probability of each
@@ -276,10 +279,11 @@ class EngineCore:
             start += len(wanted)
         return logits[keep]
 
-    def _sample_and_emit(self, seqs: list[Sequence], logits: torch.Tensor) -> None:
-        """One token per sequence (logits: [len(seqs), V]); an exception while sampling or
-        emitting a sequence's token fails that sequence alone."""
-        tokens = self._sample(seqs, logits)
+    def _sample_and_emit(self, seqs: list[Sequence], logits: torch.Tensor, masks=None) -> None:
+        """One token per sequence (logits: [len(seqs), V]; ``masks``: the constrained rows'
+        ``PendingMasks``); an exception while sampling or emitting a sequence's token fails
+        that sequence alone."""
+        tokens = self._sample(seqs, logits, masks.result() if masks is not None else None)
         if self.config.record_logits:
             for seq, gap, row in zip(seqs, top2_gaps(logits), logits):
                 seq.gaps.append(gap)
@@ -293,7 +297,7 @@ class EngineCore:
             except Exception as exc:  # noqa: BLE001 - isolate the failure to this request
                 self._fail_sequence(seq, exc)
 
-    def _sample(self, seqs: list[Sequence], logits: torch.Tensor) -> list[int | None]:
+    def _sample(self, seqs: list[Sequence], logits: torch.Tensor, masks=None) -> list[int | None]:
         """Samples the batch at once; if that raises, row by row, where a row that raises
         fails its sequence (None in its place). A retried row may draw again from its
         generator: seeded reproducibility is kept only when nothing fails."""
@@ -302,14 +306,15 @@ class EngineCore:
                 seq.token_counts = TokenCounts(seq.tokens, seq.num_prompt)
         try:
             return sample_tokens(logits, [s.params for s in seqs], [s.generator for s in seqs],
-                                 [s.token_counts for s in seqs], self.eos_ids)
+                                 [s.token_counts for s in seqs], self.eos_ids, masks)
         except Exception:  # noqa: BLE001 - find the failing rows below
             pass
         tokens: list[int | None] = []
         for i, seq in enumerate(seqs):
             try:
                 tokens.append(sample_tokens(logits[i:i + 1], [seq.params], [seq.generator],
-                                            [seq.token_counts], self.eos_ids)[0])
+                                            [seq.token_counts], self.eos_ids,
+                                            masks.row(i) if masks else None)[0])
             except Exception as exc:  # noqa: BLE001
                 self._fail_sequence(seq, exc)
                 tokens.append(None)
@@ -318,7 +323,11 @@ class EngineCore:
     def _emit_token(self, seq: Sequence, token: int, logprob=None) -> None:
         if not seq.prefill_inserted:
             self._on_prefilled(seq)
-        finish = append_token(seq, token, self.eos_ids, self.max_model_len, logprob)
+        if seq.request.grammar is None:
+            finish = append_token(seq, token, self.eos_ids, self.max_model_len, logprob)
+        else:
+            finish = append_constrained(seq, token, self.eos_ids, self.max_model_len, logprob,
+                                        self.config.jump_forward)
         if finish is not None:
             self.finish(seq, finish)
 

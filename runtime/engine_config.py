@@ -49,6 +49,8 @@ class EngineConfig:
     ``share_wait_min_tokens``: a waiting request whose prompt shares at least this many more
     tokens with a prompt being prefilled than it matches in the tree waits for that prefill
     (``None``: one block).
+    ``jump_forward``: where a request's grammar allows exactly one continuation, append it
+    without sampling and compute it in one step (``runtime/structured.py``).
     """
 
     cache: CacheConfig = field(default_factory=CacheConfig)
@@ -67,6 +69,7 @@ class EngineConfig:
     snapshot_interval_s: float = 0.25
     max_unsent_events: int | None = None
     top_prefixes: int = 10
+    jump_forward: bool = True
 
     def __post_init__(self) -> None:
         if self.max_step_tokens <= 0 or self.max_num_seqs <= 0:

@@ -7,16 +7,19 @@ values, no Python loop over the vocabulary), in this order (vLLM's):
 2. ``logit_bias`` (token id -> bias, added to the logit);
 3. ``min_tokens``: while a row has fewer output tokens, its EOS ids (unless ``ignore_eos``)
    and ``stop_token_ids`` get ``-inf``;
-4. penalties, as vLLM and HF apply them: ``repetition_penalty`` divides the positive and
+4. grammar masks (``TokenMasks``, constrained rows only): tokens the row's grammar does not
+   allow get ``-inf``; a row whose grammar allows only the end skips step 3 (the grammar
+   wins over ``min_tokens``);
+5. penalties, as vLLM and HF apply them: ``repetition_penalty`` divides the positive and
    multiplies the negative logits of every token seen in the prompt **or** the output;
    ``frequency_penalty`` subtracts ``penalty x count`` and ``presence_penalty`` subtracts
    ``penalty`` once, both counting **output** tokens only (OpenAI's definition);
-5. greedy rows (temperature below ``MIN_TEMPERATURE``) take the argmax here;
-6. temperature (after subtracting the row's largest logit, so nothing overflows), then
+6. greedy rows (temperature below ``MIN_TEMPERATURE``) take the argmax here;
+7. temperature (after subtracting the row's largest logit, so nothing overflows), then
    ``min_p`` (drop tokens whose probability is below ``min_p`` x the largest), ``top_k``,
    ``top_p`` (the smallest set of most likely tokens whose mass reaches it, over what
    ``min_p`` and ``top_k`` left);
-7. one uniform draw per row from the row's own ``torch.Generator`` (seeded from
+8. one uniform draw per row from the row's own ``torch.Generator`` (seeded from
    ``SamplingParams.seed`` or at random) picks the token by inverse CDF, so a seeded
    request draws the same tokens whatever shares its batch: its noise is its generator's
    n-th number at its n-th sampled token.
@@ -49,6 +52,7 @@ from __future__ import annotations
 import math
 import random
 from array import array
+from dataclasses import dataclass
 
 import torch
 
@@ -166,14 +170,34 @@ class TokenCounts:
         self.num_counted = self.num_output
 
 
+@dataclass(frozen=True, slots=True)
+class TokenMasks:
+    """Grammar masks of some rows of a batch: ``banned`` [k, V] bool (True: the grammar
+    forbids the token) for the batch rows ``rows`` (k of them, ascending); ``ends_only``:
+    rows whose grammar allows only the end, which ``min_tokens`` does not hold back."""
+
+    rows: tuple[int, ...]
+    banned: torch.Tensor
+    ends_only: frozenset[int] = frozenset()
+
+    def row(self, index: int) -> "TokenMasks | None":
+        """The mask of batch row ``index`` alone, as row 0 of a one-row batch."""
+        if index not in self.rows:
+            return None
+        at = self.rows.index(index)
+        return TokenMasks((0,), self.banned[at:at + 1],
+                          frozenset({0}) if index in self.ends_only else frozenset())
+
+
 def sample_tokens(logits: torch.Tensor, params: list[SamplingParams],
                   generators: list[torch.Generator | None],
                   histories: list[TokenCounts | None] | None = None,
-                  eos_ids=()) -> list[int]:
+                  eos_ids=(), masks: TokenMasks | None = None) -> list[int]:
     """Picks one token per row. logits: [n, V] (left untouched); ``histories``: each row's
     ``TokenCounts`` (None: nothing generated yet, no prompt seen); ``eos_ids``: the ids
-    ``min_tokens`` holds back. Returns n token ids (the step's one host sync)."""
-    x = processed_logits(logits, params, histories, eos_ids)  # [n, V]
+    ``min_tokens`` holds back; ``masks``: the constrained rows' grammar masks. Returns n
+    token ids (the step's one host sync)."""
+    x = processed_logits(logits, params, histories, eos_ids, masks)  # [n, V]
     top, picked = x.max(dim=-1, keepdim=True)                  # [n, 1]: greedy picks
     rows = [i for i, p in enumerate(params) if not is_greedy(p)]
     if len(rows) == len(params):
@@ -188,9 +212,9 @@ def sample_tokens(logits: torch.Tensor, params: list[SamplingParams],
 
 def processed_logits(logits: torch.Tensor, params: list[SamplingParams],
                      histories: list[TokenCounts | None] | None = None,
-                     eos_ids=()) -> torch.Tensor:
-    """Steps 1-4 (NaN, logit_bias, min_tokens, penalties) on a float32 copy: [n, V]. Brings
-    the histories' counts up to date."""
+                     eos_ids=(), masks: TokenMasks | None = None) -> torch.Tensor:
+    """Steps 1-5 (NaN, logit_bias, min_tokens, grammar masks, penalties) on a float32 copy:
+    [n, V]. Brings the histories' counts up to date."""
     histories = histories if histories is not None else [None] * len(params)
     x = torch.empty(logits.shape, dtype=torch.float32, device=logits.device)
     if logits.dtype == torch.float32:                          # the copy and NaN in one pass
@@ -198,17 +222,19 @@ def processed_logits(logits: torch.Tensor, params: list[SamplingParams],
     else:
         torch.nan_to_num_(x.copy_(logits), nan=NEG_INF, posinf=math.inf, neginf=NEG_INF)
     _apply_logit_bias(x, params)
-    _apply_min_tokens(x, params, histories, eos_ids)
+    _apply_min_tokens(x, params, histories, eos_ids, masks.ends_only if masks else ())
+    if masks is not None:
+        _apply_masks(x, masks)
     _apply_penalties(x, params, histories)
     return x
 
 
 def token_distribution(logits: torch.Tensor, params: list[SamplingParams],
                        histories: list[TokenCounts | None] | None = None,
-                       eos_ids=()) -> torch.Tensor:
+                       eos_ids=(), masks: TokenMasks | None = None) -> torch.Tensor:
     """[n, V]: the distribution each row's token is drawn from (one-hot on the argmax for
     greedy rows and rows without a finite logit). For tests and reports, not the hot path."""
-    x = processed_logits(logits, params, histories, eos_ids)
+    x = processed_logits(logits, params, histories, eos_ids, masks)
     top, picked = x.max(dim=-1, keepdim=True)
     greedy = torch.nn.functional.one_hot(picked.squeeze(1), x.shape[1]).float()
     finite = torch.isfinite(top)
@@ -230,17 +256,30 @@ def _apply_logit_bias(x: torch.Tensor, params: list[SamplingParams]) -> None:
 
 
 def _apply_min_tokens(x: torch.Tensor, params: list[SamplingParams],
-                      histories: list[TokenCounts | None], eos_ids) -> None:
-    """Rows short of ``min_tokens`` cannot pick a token that would end them."""
+                      histories: list[TokenCounts | None], eos_ids, exempt=()) -> None:
+    """Rows short of ``min_tokens`` cannot pick a token that would end them (except the
+    ``exempt`` rows, whose grammar allows only the end)."""
     vocab = x.shape[1]
     flat: list[int] = []
     for row, (p, history) in enumerate(zip(params, histories)):
+        if row in exempt:
+            continue
         if p.min_tokens and (history.num_output if history else 0) < p.min_tokens:
             banned = set(p.stop_token_ids) | (set() if p.ignore_eos else set(eos_ids))
             flat += [row * vocab + token for token in banned]
     if flat:
         x.put_(_to_device(flat, torch.int64, x.device),
                torch.full((len(flat),), NEG_INF, device=x.device))
+
+
+def _apply_masks(x: torch.Tensor, masks: TokenMasks) -> None:
+    """The constrained rows' banned tokens get -inf; other rows are not touched."""
+    banned = _host_to(masks.banned, x.device)                              # [k, V]
+    if len(masks.rows) == x.shape[0]:
+        x.masked_fill_(banned, NEG_INF)
+        return
+    index = _to_device(list(masks.rows), torch.int64, x.device)            # [k]
+    x.index_copy_(0, index, x.index_select(0, index).masked_fill_(banned, NEG_INF))
 
 
 def _apply_penalties(x: torch.Tensor, params: list[SamplingParams],

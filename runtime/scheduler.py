@@ -113,15 +113,16 @@ class Scheduler:
                 break
             if seq.status is not SeqStatus.RUNNING or not seq.prefill_inserted:
                 continue
-            if self._reserve_block(seq, plan):
-                plan.chunks.append(Chunk(seq, 1))
-                budget -= 1
+            n = min(seq.remaining_prefill, budget)   # > 1 after a grammar's forced tokens
+            if self._reserve_block(seq, plan, n):
+                plan.chunks.append(Chunk(seq, n))
+                budget -= n
         return budget
 
-    def _reserve_block(self, seq: Sequence, plan: StepPlan) -> bool:
-        """Ensure seq has a block for its next position, preempting the newest running
+    def _reserve_block(self, seq: Sequence, plan: StepPlan, n: int = 1) -> bool:
+        """Ensure seq has blocks for its next ``n`` positions, preempting the newest running
         sequence while eviction alone cannot. False when seq itself was preempted."""
-        while not self.blocks.grow(seq, seq.num_computed + 1):
+        while not self.blocks.grow(seq, seq.num_computed + n):
             victim = self.running[-1]
             self.preempt(victim, plan)
             if victim is seq:

@@ -1,0 +1,103 @@
+"""Constrained decoding inside the engine: next-token masks, tokens into the grammar,
+jump-forward.
+
+A request with ``Request.grammar`` (a ``grammar.RequestGrammar``) is constrained; others
+never touch this module's work. Each step, ``MaskWorker.start`` hands the constrained
+sampling rows' grammars to one worker thread, which computes their next-token bitmasks
+while the forward pass runs (llguidance releases the interpreter lock) and unpacks them
+into a ``[k, V]`` boolean "banned" tensor; the sampler waits for it only after the forward
+and applies it to those k rows alone (``sampling.TokenMasks``).
+
+After a token is sampled, ``append_constrained`` feeds it to the grammar. Where the grammar
+then allows exactly one continuation (JSON keys, punctuation, a tool call's fixed text),
+those tokens are appended without sampling (jump-forward) and computed together in the next
+step, as one multi-token chunk. The grammar wins over ``min_tokens`` and ``ignore_eos``:
+when it allows nothing but the end, the answer ends (reason EOS). Jump-forward is off for
+requests that ask for logprobs (forced tokens have no distribution of their own).
+"""
+from __future__ import annotations
+
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import numpy as np
+import torch
+
+from .api import ErrorKind, FinishReason
+from .output import Finish, append_token
+from .sampling import TokenMasks
+from .sequence import Sequence
+
+
+class PendingMasks:
+    """Masks being computed for ``rows`` (indices into the step's sampling rows)."""
+
+    def __init__(self, rows: tuple[int, ...], future: Future):
+        self.rows = rows
+        self._future = future
+
+    def result(self) -> TokenMasks:
+        banned, ends_only = self._future.result()
+        return TokenMasks(self.rows, banned, frozenset(self.rows[i] for i in ends_only))
+
+
+class MaskWorker:
+    """One thread that computes masks during forward passes (started at first use)."""
+
+    def __init__(self, vocab_size: int):
+        self.vocab_size = vocab_size
+        self._executor: ThreadPoolExecutor | None = None
+
+    def start(self, seqs: list[Sequence]) -> PendingMasks | None:
+        """Starts the masks of the constrained ``seqs`` (the step's sampling rows, in row
+        order); None when none is constrained (the step pays nothing)."""
+        rows = tuple(i for i, seq in enumerate(seqs) if seq.request.grammar is not None)
+        if not rows:
+            return None
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(1, thread_name_prefix="grammar-masks")
+        grammars = [seqs[i].request.grammar for i in rows]
+        return PendingMasks(rows, self._executor.submit(compute_masks, grammars, self.vocab_size))
+
+    def close(self) -> None:
+        if self._executor is not None:
+            self._executor.shutdown(wait=False)
+
+
+def compute_masks(grammars, vocab_size: int) -> tuple[torch.Tensor, list[int]]:
+    """(banned [k, V] bool, the indices of grammars that allow only the end)."""
+    words = (vocab_size + 31) // 32
+    bits = torch.empty((len(grammars), words), dtype=torch.int32)          # [k, W]
+    for i, grammar in enumerate(grammars):
+        grammar.fill_mask(bits[i].data_ptr(), 4 * words)
+    allowed = np.unpackbits(bits.numpy().view(np.uint8), axis=1, bitorder="little")  # [k, 32W]
+    banned = torch.from_numpy(allowed[:, :vocab_size]) == 0                 # [k, V]
+    return banned, [i for i, grammar in enumerate(grammars) if grammar.only_end]
+
+
+def append_constrained(seq: Sequence, token: int, eos_ids: set[int], max_model_len: int,
+                       logprob=None, jump_forward: bool = True) -> Finish | None:
+    """``output.append_token`` for a constrained sequence: the token goes into the grammar
+    first, then the forced continuation (``jump_forward``). Returns a Finish when seq ends."""
+    grammar = seq.request.grammar
+    if grammar.only_end:
+        return Finish(FinishReason.EOS)
+    if not grammar.consume(token):
+        return _grammar_failed(seq, grammar)
+    finish = append_token(seq, token, eos_ids, max_model_len, logprob)
+    if finish is not None or grammar.only_end:
+        return finish or Finish(FinishReason.EOS)
+    if not jump_forward or seq.params.logprobs is not None:
+        return None
+    for forced in grammar.forced_tokens():
+        if not grammar.consume(forced):
+            return _grammar_failed(seq, grammar)
+        finish = append_token(seq, forced, eos_ids, max_model_len)
+        if finish is not None:
+            return finish
+    return Finish(FinishReason.EOS) if grammar.only_end else None
+
+
+def _grammar_failed(seq: Sequence, grammar) -> Finish:
+    return Finish(FinishReason.ERROR, kind=ErrorKind.BAD_REQUEST,
+                  message=f"the output grammar stopped at output token {seq.num_output + 1}: "
+                          f"{grammar.error or 'the token is not allowed'}")
