@@ -20,6 +20,7 @@ from radixgate.gateway.prompt_parts import ConvertedPrompt
 from radixgate.gateway.schemas_anthropic import CountTokensRequest, MessagesRequest
 from radixgate.gateway.service import (Generation, answer_tokens, engine_request,
                                        render_request, reserved_for, sampling_params)
+from radixgate.gateway.structured import compile_constraint
 from radixgate.gateway.tools import ToolCallParser, split_output
 from radixgate.runtime.api import Finished, FinishReason, Usage
 
@@ -43,6 +44,7 @@ async def messages(request: web.Request) -> web.StreamResponse:
     async with admitted_body(request, MessagesRequest) as (state, principal, body):
         state.require_engine()
         converted = convert_messages_request(body)
+        grammar = await compile_constraint(state, principal.tenant, converted.constraint)
         rendered = await render_request(state, principal, converted,
                                          reserved=reserved_for(state, body.max_tokens))
         sampling = sampling_params(body, max_tokens=answer_tokens(state, body.max_tokens,
@@ -50,7 +52,7 @@ async def messages(request: web.Request) -> web.StreamResponse:
                                    stop=body.stop_sequences)
         engine_req = await engine_request(state, principal, request_id_of(request),
                                           rendered.tokens, rendered.breakpoints, sampling,
-                                          body.cache_salt)
+                                          body.cache_salt, grammar)
     generation = Generation(state, request, principal, "anthropic", engine_req)
     message_id = "msg_" + request_id_of(request).removeprefix("req_")
     if body.stream:
@@ -79,7 +81,7 @@ def usage_body(usage: Usage, output_tokens: int | None = None) -> dict:
 def message_body(message_id: str, model: str, converted: ConvertedPrompt,
                  finished: Finished) -> dict:
     text = converted.output_prefix + finished.text
-    items = split_output(text, converted.tool_names, "toolu_") if converted.tool_names else (
+    items = split_output(text, converted.tool_names, "toolu_", converted.max_tool_calls) if converted.tool_names else (
         [("text", text)] if text else [])
     content = [_block(kind, value) for kind, value in items]
     has_tool = any(kind == "tool" for kind, _ in items)
@@ -111,7 +113,7 @@ class MessageStream:
         self.index = -1
         self.open_text = False
         self.has_tool_call = False
-        self.parser = (ToolCallParser(converted.tool_names, "toolu_")
+        self.parser = (ToolCallParser(converted.tool_names, "toolu_", converted.max_tool_calls)
                        if converted.tool_names else None)
         self._prefix = converted.output_prefix
 

@@ -21,6 +21,8 @@ from radixgate.gateway.prepare import check_length_bound, room_for_prompt, too_l
 from radixgate.gateway.schemas_openai import CompletionRequest
 from radixgate.gateway.service import (Generation, answer_tokens, engine_request, reserved_for,
                                        sampling_params)
+from radixgate.gateway.structured import compile_constraint
+from radixgate.gateway.structured_fields import openai_constraint
 from radixgate.runtime.api import Finished
 
 MAX_PROMPTS = 32        # prompts in one batched request
@@ -35,6 +37,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
         reject_unsupported(body)
         _check_options(body)
         engine = state.require_engine()
+        grammar = await compile_constraint(state, principal.tenant, openai_constraint(body))
         asked = body.max_tokens or 16
         reserved = reserved_for(state, asked)
         room = room_for_prompt(engine.max_model_len, reserved)
@@ -47,7 +50,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
             for j in range(body.n):
                 engine_reqs.append(await engine_request(
                     state, principal, choice_id(request, p * body.n + j, len(prompts) * body.n),
-                    tokens, (), choice_sampling(sampling, j), body.cache_salt))
+                    tokens, (), choice_sampling(sampling, j), body.cache_salt, grammar))
     prompt_echoes = [_echo_text(state, body, tokens) for tokens in prompts]   # once a prompt
     echoes = [echo for echo in prompt_echoes for _ in range(body.n)]
     token_bytes = state.tokenizer.token_to_bytes if body.logprobs is not None else None

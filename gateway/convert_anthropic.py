@@ -13,6 +13,8 @@ from radixgate.gateway.render import ChatMessage, Conversation, Piece
 from radixgate.gateway.schemas_anthropic import (CacheControl, InputMessage, TextBlock,
                                                  ToolResultBlock, ToolUseBlock,
                                                  UnsupportedBlock, PromptFields)
+from radixgate.gateway.structured import tool_calls
+from radixgate.gateway.structured_fields import anthropic_constraint
 from radixgate.gateway.tools import ToolSpec, forced_call_prefill, tool_call_text, tool_result_text
 
 
@@ -23,8 +25,8 @@ def convert_messages_request(req: PromptFields) -> ConvertedPrompt:
     rules = BreakpointRules()
     tools = req.tools or []
     check_unique_tool_names([t.name for t in tools])
-    system = tool_pieces([(ToolSpec(t.name, t.description, t.input_schema), _ttl(t.cache_control))
-                          for t in tools], rules)
+    specs = [ToolSpec(t.name, t.description, t.input_schema) for t in tools]
+    system = tool_pieces([(spec, _ttl(t.cache_control)) for spec, t in zip(specs, tools)], rules)
     system += _system_pieces(req.system, rules)
     messages = [_message(m, i, rules) for i, m in enumerate(req.messages)]
     if req.cache_control is not None:
@@ -42,8 +44,13 @@ def convert_messages_request(req: PromptFields) -> ConvertedPrompt:
     if not messages and not system:
         raise ApiError(Kind.BAD_REQUEST, "messages: the first message must use the user role",
                        param="messages")
+    choice = req.tool_choice
+    parallel = not (choice is not None and choice.disable_parallel_tool_use)
+    forced = (tool_calls("tool_choice", specs, choice.name if choice.type == "tool" else None,
+                         parallel) if output_prefix else None)
     return ConvertedPrompt(Conversation(tuple(system), tuple(messages), prefill),
-                           tuple(names), output_prefix)
+                           tuple(names), output_prefix, forced or anthropic_constraint(req),
+                           None if parallel else 1)
 
 
 def _ttl(cache_control: CacheControl | None) -> str | None:

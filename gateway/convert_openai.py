@@ -14,6 +14,8 @@ from radixgate.gateway.prompt_parts import (BreakpointRules, ConvertedPrompt,
                                             check_unique_tool_names, tool_pieces)
 from radixgate.gateway.render import ChatMessage, Conversation, Piece
 from radixgate.gateway.schemas_openai import ChatCompletionRequest, ChatMessageIn, TextPart
+from radixgate.gateway.structured import tool_calls
+from radixgate.gateway.structured_fields import openai_constraint
 from radixgate.gateway.tools import ToolSpec, forced_call_prefill, tool_call_text, tool_result_text
 
 
@@ -22,8 +24,9 @@ def convert_chat_request(req: ChatCompletionRequest) -> ConvertedPrompt:
     tools = req.tools or []
     names = [t.function.name for t in tools]
     check_unique_tool_names(names)
-    system = tool_pieces([(ToolSpec(t.function.name, t.function.description,
-                                    t.function.parameters), None) for t in tools], rules)
+    specs = [ToolSpec(t.function.name, t.function.description, t.function.parameters)
+             for t in tools]
+    system = tool_pieces([(spec, None) for spec in specs], rules)
     leading = 0
     while leading < len(req.messages) and req.messages[leading].role in ("system", "developer"):
         system += _pieces(req.messages[leading], leading, rules)
@@ -34,8 +37,17 @@ def convert_chat_request(req: ChatCompletionRequest) -> ConvertedPrompt:
                        param="messages")
     parsed, prefix = _tool_choice(req, names)
     prefill = (Piece(prefix),) if prefix else ()
+    parallel = req.parallel_tool_calls is not False
+    forced = (tool_calls("tool_choice", specs, _forced_name(req.tool_choice), parallel)
+              if prefix else None)
     return ConvertedPrompt(Conversation(tuple(system), tuple(messages), prefill),
-                           tuple(parsed), prefix)
+                           tuple(parsed), prefix, forced or openai_constraint(req),
+                           None if parallel else 1)
+
+
+def _forced_name(choice) -> str | None:
+    """The named function of a forced tool_choice (None: "required", any tool)."""
+    return None if choice == "required" else choice.function.name
 
 
 def _messages(items: list[ChatMessageIn], start: int, rules: BreakpointRules

@@ -92,6 +92,18 @@ def convert_continuation(body: ResponsesRequest, stored: StoredTurn) -> Response
     return ResponsesTurn(converted, roles, stored.instructions, tools)
 
 
+def _response_format(fmt) -> dict:
+    """``text.format`` as the chat request's ``response_format``."""
+    if fmt.type != "json_schema":
+        return {"type": fmt.type}
+    schema = {"schema": fmt.schema_ if fmt.schema_ is not None else {}}
+    if fmt.name:
+        schema["name"] = fmt.name
+    if fmt.strict is not None:
+        schema["strict"] = fmt.strict
+    return {"type": "json_schema", "json_schema": schema}
+
+
 def _convert(body: ResponsesRequest, messages: list[dict], tools: tuple[dict, ...]
              ) -> ConvertedPrompt:
     if all(m["role"] in ("system", "developer") for m in messages):
@@ -104,11 +116,20 @@ def _convert(body: ResponsesRequest, messages: list[dict], tools: tuple[dict, ..
         chat["tool_choice"] = {"type": "function", "function": {"name": body.tool_choice.name}}
     elif body.tool_choice is not None:
         chat["tool_choice"] = body.tool_choice
+    if body.parallel_tool_calls is not None:
+        chat["parallel_tool_calls"] = body.parallel_tool_calls
+    if body.text is not None and body.text.format is not None:
+        chat["response_format"] = _response_format(body.text.format)
     try:
         request = ChatCompletionRequest.model_validate(chat)
     except ValidationError as e:
         raise ApiError(Kind.BAD_REQUEST, validation_message(e)) from None
-    return convert_chat_request(request)
+    converted = convert_chat_request(request)
+    found = converted.constraint
+    if found is not None and found.param.startswith("response_format"):   # name our field
+        converted = dataclasses.replace(converted, constraint=dataclasses.replace(
+            found, param="text.format"))
+    return converted
 
 
 def chat_messages(body: ResponsesRequest) -> list[dict]:

@@ -24,6 +24,7 @@ from radixgate.gateway.prompt_parts import ConvertedPrompt
 from radixgate.gateway.schemas_openai import ChatCompletionRequest
 from radixgate.gateway.service import (Generation, answer_tokens, engine_request,
                                        render_request, reserved_for, sampling_params)
+from radixgate.gateway.structured import compile_constraint
 from radixgate.gateway.tools import ToolCallParser, split_output
 from radixgate.runtime.api import Finished, FinishReason, Usage
 
@@ -54,6 +55,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         reject_unsupported(body)
         state.require_engine()
         converted = convert_chat_request(body)
+        grammar = await compile_constraint(state, principal.tenant, converted.constraint)
         asked = body.max_completion_tokens or body.max_tokens
         rendered = await render_request(state, principal, converted,
                                          reserved=reserved_for(state, asked))
@@ -63,7 +65,8 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
                                    logprobs=asked_logprobs)
         engine_reqs = [await engine_request(state, principal, choice_id(request, i, body.n),
                                             rendered.tokens, rendered.breakpoints,
-                                            choice_sampling(sampling, i), body.cache_salt)
+                                            choice_sampling(sampling, i), body.cache_salt,
+                                            grammar)
                        for i in range(body.n)]
     token_bytes = state.tokenizer.token_to_bytes if asked_logprobs is not None else None
     generations = [Generation(state, request, principal, "openai", r) for r in engine_reqs]
@@ -108,8 +111,8 @@ def _chat_body(completion_id: str, model: str, converted: ConvertedPrompt,
 def _chat_choice(index: int, converted: ConvertedPrompt, finished: Finished,
                  token_bytes) -> dict:
     text = converted.output_prefix + finished.text
-    items = split_output(text, converted.tool_names, "call_") if converted.tool_names else (
-        [("text", text)])
+    items = (split_output(text, converted.tool_names, "call_", converted.max_tool_calls)
+             if converted.tool_names else [("text", text)])
     content = "".join(v for k, v in items if k == "text")
     calls = [_tool_call(v) for k, v in items if k == "tool"]
     message = {"role": "assistant", "content": content if (content or not calls) else None,
@@ -143,7 +146,8 @@ class ChatStream:
         self.include_usage = include_usage
         self.token_bytes = token_bytes      # set: logprobs ride on the chunks
         self._logprobs: list = []           # of tokens whose text no chunk carried yet
-        self.parser = ToolCallParser(converted.tool_names, "call_") if converted.tool_names else None
+        self.parser = (ToolCallParser(converted.tool_names, "call_", converted.max_tool_calls)
+                       if converted.tool_names else None)
         self.prefix = converted.output_prefix
         self.num_calls = 0
 

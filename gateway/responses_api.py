@@ -38,6 +38,7 @@ from radixgate.gateway.response_store import ResponseStore, StoredTurn
 from radixgate.gateway.schemas_responses import NamedFunctionChoice, ResponsesRequest
 from radixgate.gateway.service import (Generation, answer_tokens, engine_request,
                                        render_request, reserved_for, sampling_params)
+from radixgate.gateway.structured import compile_constraint
 from radixgate.gateway.tools import ToolCall, ToolCallParser, split_output
 from radixgate.runtime.api import Breakpoint, Finished, FinishReason, TextDelta, Usage
 
@@ -119,11 +120,12 @@ async def create_response(request: web.Request) -> web.StreamResponse:
             rendered = await _render_continuation(state, principal, stored, turn, reserved)
         max_tokens = answer_tokens(state, asked, len(rendered.tokens))
         sampling = sampling_params(body, max_tokens=max_tokens, stop=None)
+        grammar = await compile_constraint(state, principal.tenant, turn.converted.constraint)
         salt = body.cache_salt if body.cache_salt is not None or stored is None else (
             stored.cache_salt)
         engine_req = await engine_request(state, principal, request_id_of(request),
                                           rendered.tokens, _retention_pin(body, rendered),
-                                          sampling, salt)
+                                          sampling, salt, grammar)
     generation = Generation(state, request, principal, "responses", engine_req)
     builder = ResponseBuilder(body, turn)
 
@@ -191,7 +193,7 @@ class ResponseBuilder:
                 "reasoning": {"effort": None, "summary": None}, "service_tier": "default",
                 "store": body.store,
                 "temperature": 1.0 if body.temperature is None else body.temperature,
-                "text": {"format": {"type": "text"}, "verbosity": "medium"},
+                "text": {"format": _format_body(body), "verbosity": "medium"},
                 "tool_choice": choice or "auto", "tools": tools_body(self.turn.tools),
                 "top_p": 1.0 if body.top_p is None else body.top_p, "truncation": "disabled",
                 "usage": None, "user": body.user}
@@ -199,7 +201,8 @@ class ResponseBuilder:
     def output_items(self, finished: Finished) -> list[dict]:
         converted = self.turn.converted
         text = converted.output_prefix + finished.text
-        items = (split_output(text, converted.tool_names, "call_") if converted.tool_names
+        items = (split_output(text, converted.tool_names, "call_", converted.max_tool_calls)
+                 if converted.tool_names
                  else [("text", text)])
         has_calls = any(kind == "tool" for kind, _ in items)
         status = "incomplete" if _incomplete(finished, has_calls) else "completed"
@@ -229,6 +232,14 @@ def _incomplete(finished: Finished, has_calls: bool) -> bool:
     return finished.reason is FinishReason.LENGTH and not has_calls
 
 
+def _format_body(body: ResponsesRequest) -> dict:
+    """The response's ``text.format``: the request's, as given (default ``text``)."""
+    fmt = body.text.format if body.text is not None else None
+    if fmt is None:
+        return {"type": "text"}
+    return fmt.model_dump(by_alias=True, exclude_none=True)
+
+
 def message_item(item_id: str, text: str, status: str) -> dict:
     return {"id": item_id, "type": "message", "role": "assistant", "status": status,
             "content": [_text_part(text)]}
@@ -255,7 +266,8 @@ class ResponseStream:
         converted = builder.turn.converted
         self.builder = builder
         self.on_done = on_done
-        self.parser = ToolCallParser(converted.tool_names, "call_") if converted.tool_names else None
+        self.parser = (ToolCallParser(converted.tool_names, "call_", converted.max_tool_calls)
+                       if converted.tool_names else None)
         self.prefix = converted.output_prefix
         self.sequence_number = 0
         self.output: list[dict] = []          # items already done, in output order

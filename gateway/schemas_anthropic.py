@@ -65,12 +65,23 @@ class Tool(_Model):
     input_schema: dict[str, Any]
     type: Literal["custom"] | None = None
     cache_control: CacheControl | None = None
+    strict: bool | None = None    # arguments of a forced call always match input_schema
 
 
 class ToolChoice(_Model):
     type: Literal["auto", "any", "tool", "none"]
     name: str | None = None
     disable_parallel_tool_use: bool | None = None
+
+
+class JsonOutputFormat(_Model):
+    type: Literal["json_schema"]
+    schema_: dict[str, Any] = Field(alias="schema")
+
+
+class OutputConfig(_Model):
+    format: JsonOutputFormat | None = None
+    effort: str | None = None     # accepted; this model has one effort
 
 
 class Metadata(_Model):
@@ -91,6 +102,8 @@ class PromptFields(_Model):
     cache_control: CacheControl | None = None
     thinking: Thinking | None = None                  # only {"type": "disabled"} is served
     service_tier: Literal["auto", "standard_only"] | None = None   # one tier: "standard"
+    output_config: OutputConfig | None = None         # format: a JSON schema for the answer
+    output_format: JsonOutputFormat | None = None     # the same, its earlier beta name
 
 
 class MessagesRequest(PromptFields):

@@ -73,6 +73,30 @@ class NamedToolChoice(_Model):
     function: NamedFunction
 
 
+class JsonSchemaFormat(_Model):
+    name: str = Field(default="response", pattern=r"^[a-zA-Z0-9_-]{1,64}$")
+    description: str | None = None
+    schema_: dict[str, Any] | bool = Field(default_factory=dict, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Model):
+    """``text`` (free), ``json_object`` (any JSON object) or ``json_schema`` (that schema)."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
+class StructuredOutputs(_Model):
+    """vLLM's ``structured_outputs``: exactly one of these constrains the output."""
+
+    json_: dict[str, Any] | str | bool | None = Field(default=None, alias="json")
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+
+
 class StreamOptions(_Model):
     include_usage: bool = False
 
@@ -99,6 +123,14 @@ class _SamplingFields(_Model):
     min_p: float | None = Field(default=None, ge=0.0, le=1.0)
     min_tokens: int | None = Field(default=None, ge=0)
     ignore_eos: bool = False
+    # structured output: OpenAI's response_format, vLLM's structured_outputs and its
+    # older guided_* names (gateway/structured_fields.py)
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputs | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
 
 
 class ChatCompletionRequest(_SamplingFields):

@@ -4,10 +4,11 @@
 omitted, roles user / assistant / system / developer, content a string or ``input_text`` /
 ``output_text`` parts), ``function_call`` and ``function_call_output``. Tools are the flat
 Responses shape ``{"type": "function", "name", "description", "parameters"}``. Image, file
-and audio parts, other item and tool types, structured text formats, reasoning settings,
+and audio parts, other item and tool types, reasoning settings,
 ``background`` and ``truncation: "auto"`` are refused with a 400 naming the field (the
 handler's checks or validation); other unknown top-level fields are ignored and named in
-``x-radixgate-ignored-fields``.
+``x-radixgate-ignored-fields``. ``text.format`` json_schema / json_object constrain the answer
+(gateway/structured.py).
 """
 from __future__ import annotations
 
@@ -122,7 +123,13 @@ class NamedFunctionChoice(_Model):
 
 
 class TextFormat(_Model):
-    type: Literal["text"]
+    """``text`` (free), ``json_object``, or ``json_schema`` (name, schema, strict)."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    name: str | None = None
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
 
 
 class TextConfig(_Model):

@@ -108,10 +108,13 @@ async def render_request(state: GatewayState, principal: Principal, converted,
 
 async def engine_request(state: GatewayState, principal: Principal, request_id: str,
                          tokens: list[int], breakpoints: tuple[Breakpoint, ...],
-                         sampling: SamplingParams, cache_salt: str | None = None) -> Request:
+                         sampling: SamplingParams, cache_salt: str | None = None,
+                         grammar=None) -> Request:
     """The engine Request: tenant and namespace come from the key, never from the body.
     Its stop strings are compiled here, in a worker thread (call it inside the tenant's
-    preparing slot), so the engine thread never spends time on them."""
+    preparing slot), so the engine thread never spends time on them. ``grammar``: a
+    ``CompiledGrammar`` (gateway/structured.py) the output must match; the request gets its
+    own state of it."""
     timeout = state.config.server.request_timeout_s
     automaton = None
     if sampling.stop and stop_problem(sampling.stop) is None:
@@ -120,7 +123,8 @@ async def engine_request(state: GatewayState, principal: Principal, request_id: 
                    namespace=namespace_for(principal.tenant, cache_salt),
                    breakpoints=breakpoints, deadline=time.monotonic() + timeout,
                    use_public=principal.limits.use_public_prefixes, request_id=request_id,
-                   stop_automaton=automaton)
+                   stop_automaton=automaton,
+                   grammar=grammar.matcher() if grammar is not None else None)
 
 
 class Generation:

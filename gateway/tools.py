@@ -104,11 +104,14 @@ class ToolCallParser:
     in output order. Text that might be the start of ``<tool_call>`` is held back until it
     is decided; an unterminated or invalid call is released as text. Whitespace-only text
     after a tool call is dropped (it would otherwise become an empty text block).
+    ``max_calls``: valid calls beyond this many are dropped (parallel calls disabled).
     """
 
-    def __init__(self, allowed_names: Iterable[str], id_prefix: str):
+    def __init__(self, allowed_names: Iterable[str], id_prefix: str,
+                 max_calls: int | None = None):
         self._allowed = frozenset(allowed_names)
         self._id_prefix = id_prefix
+        self._max_calls = max_calls
         self._buffer = ""
         self._pending_space = ""
         self.calls: list[ToolCall] = []
@@ -134,7 +137,7 @@ class ToolCallParser:
                               self._id_prefix)
             if call is None:
                 self._emit_text(out, raw)
-            else:
+            elif self._room_for_call():
                 self.calls.append(call)
                 self._pending_space = ""
                 out.append(("tool", call))
@@ -145,7 +148,9 @@ class ToolCallParser:
         JSON is complete and only whitespace follows (small models often stop right there)."""
         out: list[tuple[str, object]] = []
         call = self._unterminated_call()
-        if call is not None:
+        if call is not None and not self._room_for_call():
+            self._buffer = ""
+        elif call is not None:
             self.calls.append(call)
             self._pending_space = ""
             self._buffer = ""
@@ -154,6 +159,9 @@ class ToolCallParser:
         self._buffer = ""
         self._pending_space = ""
         return out
+
+    def _room_for_call(self) -> bool:
+        return self._max_calls is None or len(self.calls) < self._max_calls
 
     def _unterminated_call(self) -> ToolCall | None:
         if not self._buffer.startswith(CALL_OPEN):
@@ -185,10 +193,10 @@ def _partial_suffix(text: str, marker: str) -> int:
     return 0
 
 
-def split_output(text: str, allowed_names: Iterable[str], id_prefix: str
-                 ) -> list[tuple[str, object]]:
+def split_output(text: str, allowed_names: Iterable[str], id_prefix: str,
+                 max_calls: int | None = None) -> list[tuple[str, object]]:
     """Whole-output version of ToolCallParser: merged text pieces and tool calls."""
-    parser = ToolCallParser(allowed_names, id_prefix)
+    parser = ToolCallParser(allowed_names, id_prefix, max_calls)
     items = parser.feed(text) + parser.finish()
     merged: list[tuple[str, object]] = []
     for kind, value in items:

@@ -167,7 +167,8 @@ def test_prompt_cache_retention_24h_pins_the_prompt(client):
     ({"input": [{"type": "reasoning", "id": "rs_1", "summary": []}, "hi"]}, "input"),
     ({"input": "hi", "tools": [{"type": "web_search"}]}, "web_search"),
     ({"input": "hi", "reasoning": {"effort": "high"}}, "reasoning"),
-    ({"input": "hi", "text": {"format": {"type": "json_object"}}}, "text"),
+    ({"input": "hi", "text": {"format": {"type": "json_schema", "schema": {"type": "strin"}}}},
+     "text.format"),
     ({"input": "hi", "truncation": "auto"}, "truncation"),
     ({"input": "hi", "background": True}, "background"),
     ({"input": "hi", "tool_choice": "required"}, "tool_choice"),
@@ -196,7 +197,7 @@ class _CallingParser(ToolCallParser):
 @pytest.fixture
 def calls_found(monkeypatch):
     monkeypatch.setattr(responses_api, "split_output",
-                        lambda text, names, prefix: split_output(CALL, names, prefix))
+                        lambda text, names, prefix, max_calls=None: split_output(CALL, names, prefix))
     monkeypatch.setattr(responses_api, "ToolCallParser", _CallingParser)
 
 

@@ -1,0 +1,180 @@
+"""Structured output and forced tool calls at the API edge.
+
+Each API's request fields become one ``Constraint`` (a grammar in llguidance's Lark dialect,
+``runtime/grammar.py``, and the parameter it came from), compiled before the request is
+queued: a bad schema, an unsupported keyword or a regex too large is a 400 naming the
+parameter and the problem. Compiled grammars are cached per (tenant, grammar), so a
+tenant's repeated schema compiles once and no tenant's entries answer another's requests.
+
+Forced tool calls keep the prompt format of docs/PROMPT_FORMAT.md: the assistant turn is
+prefilled (``tools.forced_call_prefill``) and the grammar covers the rest of the call, so
+``tools.ToolCallParser`` reads a call whose arguments match that tool's schema::
+
+    <tool_call>{"name": "NAME", "arguments": {...}}</tool_call>
+
+further calls (parallel ones) follow after a newline, and nothing else.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from radixgate.gateway.errors import ApiError, Kind
+from radixgate.gateway.tools import CALL_CLOSE, CALL_OPEN, ToolSpec
+from radixgate.runtime.grammar import (CompiledGrammar, GrammarCompiler, GrammarError,
+                                       choice_grammar, json_grammar, lark_json, lark_literal,
+                                       regex_grammar)
+
+CACHE_ENTRIES = 512        # compiled grammars kept (all tenants together), least recent out
+COMPILE_TIMEOUT_S = 10.0   # a compile still running then is answered with a 400
+
+
+@dataclass(frozen=True, slots=True)
+class Constraint:
+    """``source``: the grammar; ``param``: the request field it came from (for errors)."""
+
+    source: str
+    param: str
+
+
+def constraint(param: str, build, *args) -> Constraint:
+    """``build(*args)`` as a Constraint; a GrammarError becomes a 400 naming ``param``."""
+    try:
+        return Constraint(build(*args), param)
+    except GrammarError as exc:
+        raise ApiError(Kind.BAD_REQUEST, f"{param}: {exc}", param=param) from None
+
+
+def json_schema(param: str, schema) -> Constraint:
+    if isinstance(schema, str):
+        try:
+            schema = json.loads(schema)
+        except ValueError:
+            raise ApiError(Kind.BAD_REQUEST, f"{param}: the schema is not valid JSON",
+                           param=param) from None
+    return constraint(param, json_grammar, schema)
+
+
+def json_object(param: str) -> Constraint:
+    return constraint(param, json_grammar, {"type": "object"})
+
+
+def regex(param: str, pattern: str) -> Constraint:
+    return constraint(param, regex_grammar, pattern)
+
+
+def choice(param: str, choices: list[str]) -> Constraint:
+    return constraint(param, choice_grammar, choices)
+
+
+def lark(param: str, text: str) -> Constraint:
+    """A client's own grammar: llguidance's Lark, or GBNF (``::=`` rules), converted."""
+    if "::=" in text:
+        from llguidance.gbnf_to_lark import gbnf_to_lark
+        try:
+            text = gbnf_to_lark(text)
+        except Exception as exc:  # noqa: BLE001 - the converter's own parse errors
+            raise ApiError(Kind.BAD_REQUEST, f"{param}: invalid GBNF grammar: {exc}",
+                           param=param) from None
+    return Constraint(text, param)
+
+
+# -- forced tool calls ---------------------------------------------------------------------
+
+def tool_calls(param: str, tools: list[ToolSpec], forced: str | None,
+               parallel: bool) -> Constraint:
+    """The grammar of the text after ``forced_call_prefill(forced)``: the rest of one call
+    (to ``forced``, or to any of ``tools`` when None), then, when ``parallel``, more calls
+    (to the same tool when one is forced), each after a newline."""
+    return constraint(param, _tool_calls_source, tools, forced, parallel)
+
+
+def _tool_calls_source(tools: list[ToolSpec], forced: str | None, parallel: bool) -> str:
+    callable_ = [t for t in tools if forced is None or t.name == forced]
+    after_name = '", "arguments": '
+    next_call = "\n" + CALL_OPEN + '{"name": "'
+    rules = [f"tool_{i}: {lark_literal(t.name + after_name)} args_{i} close"
+             for i, t in enumerate(callable_)]
+    rules += [f"args_{i}: {lark_json(t.input_schema)}" for i, t in enumerate(callable_)]
+    first = "args_0 close" if forced is not None else "named"
+    more = f" ({lark_literal(next_call)} named)*" if parallel else ""
+    return "\n".join([f"start: {first}{more}",
+                      "named: " + " | ".join(f"tool_{i}" for i in range(len(callable_))),
+                      f"close: {lark_literal('}' + CALL_CLOSE)}", *rules])
+
+
+# -- compiling, cached per tenant ----------------------------------------------------------
+
+class GrammarCache:
+    """Compiled grammars (and compile errors) per (tenant, source); thread-safe."""
+
+    def __init__(self, compiler: GrammarCompiler, max_entries: int = CACHE_ENTRIES):
+        self.compiler = compiler
+        self.max_entries = max_entries
+        self._entries: OrderedDict[tuple[str, str], CompiledGrammar | GrammarError] = OrderedDict()
+        self._lock = threading.Lock()
+        self.compiles = 0
+
+    def get(self, tenant: str, source: str) -> CompiledGrammar:
+        """The compiled grammar; raises GrammarError (also for a cached failure)."""
+        key = (tenant, source)
+        with self._lock:
+            found = self._entries.get(key)
+            if found is not None:
+                self._entries.move_to_end(key)
+        if found is None:
+            found = self._compile(source)
+            with self._lock:
+                self._entries[key] = found
+                while len(self._entries) > self.max_entries:
+                    self._entries.popitem(last=False)
+        if isinstance(found, GrammarError):
+            raise found
+        return found
+
+    def _compile(self, source: str) -> CompiledGrammar | GrammarError:
+        self.compiles += 1
+        try:
+            return self.compiler.compile(source)
+        except GrammarError as exc:
+            return exc
+
+
+_cache_lock = threading.Lock()
+
+
+def grammar_cache(state) -> GrammarCache:
+    """The state's cache, made at the first constrained request (its compiler builds the
+    vocabulary's llguidance tokenizer, ~0.2 s, at the first compile)."""
+    with _cache_lock:
+        if state.grammars is None:
+            engine = state.require_engine()
+            state.grammars = GrammarCache(GrammarCompiler(engine.tokenizer, vocab_size(engine)))
+        return state.grammars
+
+
+def vocab_size(engine) -> int:
+    """The logits' width: the model's vocabulary (may exceed the tokenizer's)."""
+    loaded = getattr(engine, "loaded", None)
+    config = getattr(loaded, "config", None)
+    return getattr(config, "vocab_size", None) or engine.tokenizer.vocab_size
+
+
+async def compile_constraint(state, tenant: str, found: Constraint | None
+                             ) -> CompiledGrammar | None:
+    """The compiled grammar of ``found`` (None: unconstrained), in a worker thread; a 400
+    naming the parameter when it cannot be used or compiling outlasts COMPILE_TIMEOUT_S."""
+    if found is None:
+        return None
+    cache = grammar_cache(state)
+    try:
+        return await asyncio.wait_for(asyncio.to_thread(cache.get, tenant, found.source),
+                                      COMPILE_TIMEOUT_S)
+    except GrammarError as exc:
+        raise ApiError(Kind.BAD_REQUEST, f"{found.param}: {exc}", param=found.param) from None
+    except asyncio.TimeoutError:
+        raise ApiError(Kind.BAD_REQUEST, f"{found.param}: the grammar took more than "
+                       f"{COMPILE_TIMEOUT_S:.0f} s to compile", param=found.param) from None
