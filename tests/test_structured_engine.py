@@ -1,0 +1,155 @@
+"""Constrained decoding in the engine (tiny model: random weights, the real vocabulary, so the
+masks are the real ones): outputs match their grammar, free rows of a mixed batch are not
+touched, jump-forward changes nothing but the step count, the grammar wins over
+min_tokens, blocks are conserved."""
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import pytest
+import torch
+
+from radixgate.runtime.api import FinishReason, Request, SamplingParams
+from radixgate.runtime.grammar import (GrammarCompiler, GrammarError, choice_grammar,
+                                       json_grammar, regex_grammar)
+from radixgate.runtime.sampling import TokenMasks, sample_tokens
+from radixgate.runtime.structured import compute_masks
+from tests.support.engine import integrity, running_engine, tiny_model
+
+SCHEMA = {"type": "object", "additionalProperties": False,
+          "required": ["city", "unit", "days"],
+          "properties": {"city": {"type": "string", "maxLength": 12},
+                         "unit": {"enum": ["celsius", "fahrenheit"]},
+                         "days": {"type": "integer", "minimum": 1, "maximum": 14},
+                         "hourly": {"type": "boolean"}}}
+
+
+@pytest.fixture(scope="module")
+def compiler():
+    model = tiny_model()
+    return GrammarCompiler(model.tokenizer, model.config.vocab_size)
+
+
+def constrained(grammar, prompt: str, **sampling) -> Request:
+    sampling.setdefault("max_tokens", 64)
+    return Request(tiny_model().tokenizer.encode(prompt), SamplingParams(**sampling),
+                   tenant="acme", namespace="ns-acme", grammar=grammar.matcher())
+
+
+def free(prompt: str, **sampling) -> Request:
+    sampling.setdefault("max_tokens", 12)
+    sampling.setdefault("temperature", 0.0)
+    return Request(tiny_model().tokenizer.encode(prompt), SamplingParams(**sampling),
+                   tenant="acme", namespace="ns-acme")
+
+
+def test_json_schema_outputs_validate_greedy_and_sampled(compiler):
+    grammar = compiler.compile(json_grammar(SCHEMA))
+    with running_engine() as engine:
+        for i, temperature in enumerate((0.0, 0.7, 1.0, 1.3)):
+            done = engine.generate(constrained(grammar, f"Weather {i}?", temperature=temperature,
+                                               seed=i))
+            assert done.reason is FinishReason.EOS, done
+            jsonschema.validate(json.loads(done.text), SCHEMA)
+        integrity(engine)
+        assert engine.check_integrity().result()["running"] == 0
+
+
+def test_regex_and_choice_outputs_match(compiler):
+    regex = compiler.compile(regex_grammar(r"[A-Z]{2}-[0-9]{3}"))
+    pick = compiler.compile(choice_grammar(["red", "green", "blue"]))
+    with running_engine() as engine:
+        for temperature in (0.0, 1.0):
+            assert engine.generate(constrained(regex, "code", temperature=temperature)
+                                   ).text.__len__() == 6
+            assert engine.generate(constrained(pick, "color", temperature=temperature)
+                                   ).text in ("red", "green", "blue")
+        integrity(engine)
+
+
+def test_free_rows_of_a_mixed_batch_are_untouched(compiler):
+    grammar = compiler.compile(json_grammar(SCHEMA))
+    with running_engine() as engine:
+        alone = engine.generate(free("The free request"))
+        futures = [engine.submit_future(constrained(grammar, f"Mixed {i}", temperature=1.0, seed=i))
+                   for i in range(3)]
+        mixed = engine.submit_future(free("The free request"))
+        for future in futures:
+            jsonschema.validate(json.loads(future.result(timeout=120).text), SCHEMA)
+        assert mixed.result(timeout=120).output_token_ids == alone.output_token_ids
+        integrity(engine)
+
+
+def test_jump_forward_keeps_the_greedy_output_in_fewer_steps(compiler):
+    grammar = compiler.compile(json_grammar(SCHEMA))
+    results = {}
+    for jump in (True, False):
+        with running_engine(jump_forward=jump) as engine:
+            done = engine.generate(constrained(grammar, "Weather in Rome?", temperature=0.0))
+            steps = engine.request_snapshot().result(timeout=30).steps
+            results[jump] = (done.output_token_ids, done.text, steps)
+            integrity(engine)
+    assert results[True][1] == results[False][1]
+    assert results[True][2] < results[False][2]
+
+
+def test_grammar_wins_over_min_tokens_and_ignore_eos(compiler):
+    pick = compiler.compile(choice_grammar(["yes", "no"]))
+    with running_engine() as engine:
+        done = engine.generate(constrained(pick, "Answer", max_tokens=50, min_tokens=40,
+                                           ignore_eos=True, temperature=1.0))
+        assert done.reason is FinishReason.EOS and done.text in ("yes", "no")
+
+
+def test_constrained_request_reuses_a_free_requests_cached_prefix(compiler):
+    grammar = compiler.compile(json_grammar(SCHEMA))
+    prompt = "A shared system prompt that is long enough to fill a few blocks. " * 4
+    with running_engine() as engine:
+        engine.generate(free(prompt))
+        done = engine.generate(constrained(grammar, prompt, temperature=0.0))
+        assert done.usage.cache_read_tokens > 0
+        jsonschema.validate(json.loads(done.text), SCHEMA)
+        integrity(engine)
+
+
+def test_cut_by_max_tokens_reports_length(compiler):
+    grammar = compiler.compile(json_grammar(SCHEMA))
+    with running_engine() as engine:
+        done = engine.generate(constrained(grammar, "Weather?", max_tokens=3, temperature=0.0))
+        assert done.reason is FinishReason.LENGTH and len(done.output_token_ids) == 3
+
+
+@pytest.mark.parametrize("source, named", [
+    (json_grammar({"type": "strin"}), "strin"),
+    (json_grammar({"type": "object", "properties": {"a": {"not": {"type": "string"}}}}), "not"),
+    ("start: missing_rule", "missing_rule"),
+])
+def test_bad_grammars_raise_naming_the_problem(compiler, source, named):
+    with pytest.raises(GrammarError, match=named):
+        compiler.compile(source)
+
+
+def test_a_regex_over_the_limit_is_refused():
+    with pytest.raises(GrammarError, match="at most"):
+        regex_grammar("a" * 5000)
+
+
+def test_masks_touch_only_constrained_rows_and_exempt_ends_from_min_tokens(compiler):
+    pick = compiler.compile(choice_grammar(["yes"]))
+    model = tiny_model()
+    vocab = model.config.vocab_size
+    banned, ends_only = compute_masks([pick.matcher()], vocab)
+    allowed = (~banned[0]).nonzero().flatten().tolist()
+    assert allowed and all(model.tokenizer.decode([t]) in ("y", "ye", "yes") for t in allowed)
+    logits = torch.randn(3, vocab)
+    params = [SamplingParams(temperature=0.0)] * 3
+    picked = sample_tokens(logits, params, [None] * 3, masks=TokenMasks((1,), banned))
+    assert picked[1] in allowed
+    assert picked[0] == int(logits[0].argmax()) and picked[2] == int(logits[2].argmax())
+    eos = sorted(model.tokenizer.eos_token_ids)[0]
+    only_eos = torch.ones(1, vocab, dtype=torch.bool)
+    only_eos[0, eos] = False
+    held = [SamplingParams(temperature=0.0, min_tokens=5)]
+    assert sample_tokens(logits[:1], held, [None], eos_ids={eos},
+                         masks=TokenMasks((0,), only_eos, frozenset({0}))) == [eos]
