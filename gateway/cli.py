@@ -2,6 +2,7 @@
 
     radixgate serve [--config radixgate.toml] [--host H] [--port P] [--model PATH] [--tiny]
                     [--kv-cache-gb G] [--block-size B] [--policy lru|credit]
+                    [--kv-disk-dir DIR --kv-disk-gb G]   # the disk tier
                     [--max-model-len N] [--threads N] [--log-level L]
                     [--no-prefix-cache] [--page-rounded-match]   # baselines
     radixgate generate "prompt" [--chat] [--system S] [--max-tokens N] [--temperature T]
@@ -87,6 +88,13 @@ def _model_flags(p: argparse.ArgumentParser) -> None:
                    help="form the matmul weights are kept and computed in ([model] weights_dtype; "
                         "auto: int4 for Q4 GGUFs where torch's int4 op exists, else bf16 with "
                         "AVX512-BF16, else float32)")
+    p.add_argument("--kv-disk-dir", metavar="DIR",
+                   help="folder of the KV disk tier: evicted prefixes are kept there and "
+                        "loaded back instead of recomputed, also after a restart ([cache] "
+                        "disk_dir; needs --kv-disk-gb; one server per folder)")
+    p.add_argument("--kv-disk-gb", type=float, metavar="G",
+                   help="the disk tier's budget in GiB ([cache] disk_gb; least recently used "
+                        "blocks go first)")
     p.add_argument("--kv-dtype", choices=list(KV_DTYPES),
                    help="KV cache element type ([cache] kv_dtype; auto: the model's dtype; "
                         "int8 / fp8: 8-bit codes with a float16 scale per token and kv head, "
@@ -98,7 +106,9 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
                  "block_size": args.block_size, "max_model_len": args.max_model_len,
                  "policy": _policy_override(args), "threads": _threads_override(args.threads),
                  "weights_dtype": getattr(args, "weights_dtype", None),
-                 "kv_dtype": getattr(args, "kv_dtype", None)}
+                 "kv_dtype": getattr(args, "kv_dtype", None),
+                 "kv_disk_dir": getattr(args, "kv_disk_dir", None),
+                 "kv_disk_gb": getattr(args, "kv_disk_gb", None)}
     for name in ("host", "port", "log_level", "enable_prefix_cache", "page_rounded_match",
                  "body_timeout_s", "max_unsent_events", "stream_send_buffer_bytes"):
         overrides[name] = getattr(args, name, None)

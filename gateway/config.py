@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 from radixgate.radix_cache import PUBLIC_NAMESPACE, CacheConfig, CreditParams
-from radixgate.radix_cache.config import inactive_settings
 
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 MIN_QUEUE_SHARE = 8     # a tenant's default queue share never drops below this
@@ -120,6 +119,7 @@ _FLAG_FIELDS = {
     "weights_dtype": ("model", "weights_dtype"),
     "kv_cache_gb": ("cache", "kv_cache_gb"), "block_size": ("cache", "block_size"),
     "policy": ("cache", "policy"), "kv_dtype": ("cache", "kv_dtype"),
+    "kv_disk_dir": ("cache", "disk_dir"), "kv_disk_gb": ("cache", "disk_gb"),
     "enable_prefix_cache": ("cache", "enable_prefix_cache"),
     "page_rounded_match": ("cache", "page_rounded_match"),
 }
@@ -202,17 +202,14 @@ def _move_deprecated_keys(model: dict[str, Any], cache: dict[str, Any],
 
 def _cache_config(values: dict[str, Any], credit: dict[str, Any]) -> CacheConfig:
     """``[cache]`` and ``[cache.credit]`` (flags applied) as the one ``CacheConfig``;
-    refuses what nothing implements yet and credit parameters that no policy would read."""
+    refuses credit parameters that no policy would read. ``disk_dir`` is expanded (``~``)."""
     policy = values.get("policy", CacheConfig().policy)
     if credit and policy != "credit":
         raise ConfigError(f'[cache.credit] applies to policy = "credit" only (policy is '
                           f'{policy!r}): remove the table or the policy')
-    config = _build(CacheConfig, values, credit=_build(CreditParams, credit))
-    inactive = inactive_settings(config)
-    if inactive:
-        raise ConfigError(f"[cache] {'; '.join(inactive)}: not implemented yet (reserved for "
-                          "a later release): leave it unset")
-    return config
+    if isinstance(values.get("disk_dir"), str) and values["disk_dir"]:
+        values = {**values, "disk_dir": str(Path(str(values["disk_dir"])).expanduser())}
+    return _build(CacheConfig, values, credit=_build(CreditParams, credit))
 
 
 def _build(cls: type, values: dict[str, Any], **ready: Any):

@@ -41,7 +41,8 @@ class CacheConfig:
     ``"credit"`` (with ``credit``'s parameters); kv_dtype: the KV element type (``"auto"``:
     the model's dtype; ``int8`` / ``fp8`` keep
     a float16 scale per token and kv head: runtime/kv_cache.py); disk_dir, disk_gb: the disk
-    tier, reserved for a later issue: no tier is accepted today (``inactive_settings``);
+    tier below memory (runtime/kv_tier/: evicted blocks go there and come back on a hit;
+    both set, or neither; it needs the prefix cache, whole-token matching included);
     enable_prefix_cache / page_rounded_match: the baselines of the benchmarks (no reuse;
     reuse rounded down to whole blocks).
     """
@@ -63,20 +64,22 @@ class CacheConfig:
             raise ValueError(f"cache.kv_dtype must be one of {KV_DTYPES}, got {self.kv_dtype!r}")
         if self.block_size < 1 or self.kv_cache_gb <= 0 or self.disk_gb < 0:
             raise ValueError("cache.block_size >= 1, kv_cache_gb > 0 and disk_gb >= 0 required")
+        if bool(self.disk_dir) != (self.disk_gb > 0):
+            raise ValueError("cache.disk_dir and cache.disk_gb go together: a folder and a "
+                             f"budget > 0 for the disk tier (got {self.disk_dir!r}, "
+                             f"{self.disk_gb})")
+        if self.disk_dir and (not self.enable_prefix_cache or self.page_rounded_match):
+            raise ValueError("the disk tier (cache.disk_dir) needs the prefix cache with "
+                             "token-exact matching (enable_prefix_cache on, "
+                             "page_rounded_match off)")
 
     @property
     def kv_cache_bytes(self) -> int:
         return int(self.kv_cache_gb * (1 << 30))
 
-
-def inactive_settings(config: CacheConfig) -> list[str]:
-    """The settings of ``config`` that nothing implements yet (the disk tier comes with a
-    later issue). Callers refuse a config that sets any of them: a setting that is accepted
-    and then ignored is a bug."""
-    inactive = []
-    if config.disk_dir or config.disk_gb:
-        inactive.append("the disk tier (disk_dir, disk_gb)")
-    return inactive
+    @property
+    def disk_bytes(self) -> int:
+        return int(self.disk_gb * (1 << 30))
 
 
 def make_policy(config: CacheConfig) -> EvictionPolicy:

@@ -12,6 +12,7 @@ if TYPE_CHECKING:
     from .node import TreeNode
 
 EVICTION_REASONS = ("lru", "ttl", "flush")
+SPILL_REASONS = frozenset({"lru", "ttl"})   # evictions a lower tier keeps (a flush is not kept)
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,8 @@ from .packing import QueryPacker
 from .pins import Pins
 from .policy import CreditPolicy, EvictionPolicy
 from .pool import BlockPool
-from .stats import EVICTION_REASONS, InsertResult, MatchResult, PrefixInfo, Probe, TreeStats
+from .stats import (EVICTION_REASONS, SPILL_REASONS, InsertResult, MatchResult, PrefixInfo,
+                    Probe, TreeStats)
 
 
 class RadixTree:
@@ -42,6 +43,10 @@ class RadixTree:
     ``evictable_blocks`` (own blocks of unlocked nodes, pinned ones included), ``handles``
     (live lock handles), ``pinned_nodes``. ``version`` changes whenever a node is added,
     removed or trimmed (not at a split): a ``Probe`` is current while it is unchanged.
+    ``spill`` (a lower KV tier's hook, or None) is called as ``spill(node, start, end,
+    blocks)`` when eviction (``lru`` / ``ttl``, never a flush) is about to drop the blocks
+    ``blocks`` covering ``[start, end)`` of ``node``'s path: still held and unchanged, so the
+    hook can copy them out before they return to the pool. It must not raise or touch the tree.
     """
 
     def __init__(self, pool: BlockPool, clock: Callable[[], float] = time.monotonic,
@@ -65,6 +70,7 @@ class RadixTree:
         self.block_holders: dict[int, int] = {}    # block -> number of nodes holding it
         self.evictions = dict.fromkeys(EVICTION_REASONS, 0)
         self.evicted_tokens = dict.fromkeys(EVICTION_REASONS, 0)
+        self.spill: Callable[[TreeNode, int, int, list[int]], None] | None = None
 
     # ---- probe / match / insert -----------------------------------------------------
 
@@ -299,6 +305,8 @@ class RadixTree:
         """Take an unlocked leaf out of the tree: drop its references (and pin), update every
         counter, emit ``removed``, offer its parent for eviction, drop its namespace when this
         was the last node and nothing else holds it (namespaces.py). Returns blocks freed."""
+        if self.spill is not None and reason in SPILL_REASONS:
+            self.spill(node, node.start, node.end, node.blocks)
         parent = node.parent
         del parent.children[first_token(node.key)]
         freed = self._drop_references(node.blocks)
@@ -330,6 +338,8 @@ class RadixTree:
         new_end = (node.start // B + keep) * B
         dropped = node.blocks[keep:]
         old_end = node.end
+        if self.spill is not None and reason in SPILL_REASONS:
+            self.spill(node, new_end, old_end, dropped)
         self._count_node(node, -1)
         cut = (new_end - node.start) * TOKEN_BYTES
         self.policy.on_trim(node, first_token(node.key[cut:]))

@@ -17,6 +17,13 @@ Implements DESIGN.md sections 2-3 for one sequence at a time (the scheduler deci
   the node ending at them (with ``page_rounded``, as a hash-block cache, whole blocks only).
 - ``release``: insert what was computed (``tokens[:num_computed]``, i.e. prompt +
   output[:-1] after decoding), unlock, drop the request's references.
+- With a lower tier (``tier``, runtime/kv_tier/): ``admit`` asks it for the stored run
+  extending the memory match; when that saves at least a block of prefill, the request gets
+  fresh blocks for the run and everything after, the loader fills them (``seq.tier_load``)
+  while the request waits, and ``finish_load`` (the scheduler, once done) inserts what was
+  loaded into the tree, locks it and sets ``num_computed``. A record that fails its checks
+  ends the run there: the rest is computed. ``release`` of a loading request cancels the
+  load and waits for it first (the loader writes into its blocks).
 
 Only the engine thread calls these.
 """
@@ -27,8 +34,12 @@ from dataclasses import dataclass
 import torch
 
 from radixgate.radix_cache import PUBLIC_NAMESPACE, BlockPool, Probe, RadixTree
+from radixgate.radix_cache.tier_index import TierRun
 
 from .sequence import Sequence
+
+
+MEMORY_PIN_MAX_TTL_S = 3600.0   # with a lower tier, longer pins keep their blocks there
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -52,8 +63,10 @@ class SeqProbe:
 
 class BlockManager:
     def __init__(self, tree: RadixTree, pool: BlockPool, kv, *, enable_prefix_cache: bool = True,
-                 page_rounded: bool = False):
+                 page_rounded: bool = False, tier=None):
         self.tree = tree
+        self.tier = tier                          # a runtime.kv_tier.KVTier, or None
+        self.hit_tokens = {"memory": 0, "disk": 0}   # prompt tokens reused, by tier
         self.pool = pool
         self.kv = kv
         self.block_size = pool.block_size
@@ -145,6 +158,9 @@ class BlockManager:
         success its lock becomes seq.lock_handle; on failure (not enough blocks even after
         eviction; nothing is evicted then) or an exception it is released and seq is
         unchanged. Returns success."""
+        run = self._tier_run(seq, found)
+        if run is not None:
+            return self._admit_loading(seq, found, run)
         B = self.block_size
         matched = found.length if found is not None else 0
         reuse = self.reuse_length(matched, len(seq.tokens))
@@ -168,7 +184,76 @@ class BlockManager:
         seq.block_table = table
         seq.num_computed = reuse
         seq.lock_handle = found.handle if found is not None else None
+        self.hit_tokens["memory"] += reuse
         return True
+
+    # -- the lower tier -----------------------------------------------------------------
+    def _tier_run(self, seq: Sequence, found) -> TierRun | None:
+        """The tier's stored run past ``found`` when loading it saves at least one block
+        of prefill (None without a tier, a match or such a run)."""
+        tier = self.tier
+        if tier is None or found is None or not tier.holds_namespace(seq.namespace):
+            return None
+        n, B = len(seq.tokens), self.block_size
+        if seq.tier_chain is None or seq.tier_chain[0] != n:
+            seq.tier_chain = (n, tier.chain(seq.namespace, seq.tokens))
+        run = tier.find(seq.namespace, seq.tokens, found.length // B, seq.tier_chain[1])
+        if run is None or min(run.length, n - 1) - min(found.length, n - 1) < B:
+            return None
+        return run
+
+    def _admit_loading(self, seq: Sequence, found, run: TierRun) -> bool:
+        """``admit`` with ``run`` loaded from the tier: the match's whole blocks before the
+        run are kept, fresh blocks cover the rest; the load is queued (``seq.tier_load``)."""
+        first = run.first_index
+        need = _ceil_div(len(seq.tokens), self.block_size) - first
+        table = list(found.blocks[:first])
+        self.pool.decref_many(found.blocks[first:])
+        try:
+            if not self._room_for(need):
+                self._give_back(table, found)
+                return False
+            table += self.pool.allocate(need)
+            seq.tier_load = self.tier.load(run, table[first:first + len(run.records)])
+        except BaseException:
+            self._give_back(table, found)
+            raise
+        seq.block_table = table
+        seq.num_computed = first * self.block_size
+        seq.lock_handle = found.handle
+        return True
+
+    def finish_load(self, seq: Sequence) -> bool:
+        """False while seq's load runs; once done: what loaded is seq's reuse (inserted and
+        locked in the tree), and True."""
+        ticket = seq.tier_load
+        if ticket is None:
+            return True
+        if not ticket.done.is_set():
+            return False
+        seq.tier_load = None
+        memory_part = seq.num_computed
+        reuse = min(ticket.length, len(seq.tokens) - 1)
+        self.hit_tokens["memory"] += memory_part
+        if reuse > memory_part:
+            seq.num_computed = reuse
+            self.hit_tokens["disk"] += reuse - memory_part
+            self.tier.count_hit(reuse - memory_part)
+            result = self.tree.insert(seq.namespace, seq.tokens[:reuse],
+                                      seq.block_table[:_ceil_div(reuse, self.block_size)],
+                                      lock=True)
+            old, seq.lock_handle = seq.lock_handle, result.handle
+            if old is not None:
+                self.tree.unlock(old)
+        return True
+
+    def _abandon_load(self, seq: Sequence) -> None:
+        """seq ends or is preempted while loading: stop the load and wait until the loader
+        leaves its blocks (seq keeps its memory part only)."""
+        ticket, seq.tier_load = seq.tier_load, None
+        if ticket is not None:
+            ticket.cancel()
+            ticket.wait()
 
     def _give_back(self, table: list[int], found) -> None:
         """Drop the references in ``table`` and the lock of ``found`` (a failed admission)."""
@@ -231,6 +316,7 @@ class BlockManager:
 
     def release(self, seq: Sequence, cache: bool = True) -> None:
         """Return seq's blocks: insert its computed tokens (when ``cache``), unlock, decref."""
+        self._abandon_load(seq)
         n = self.cacheable(seq.num_computed)
         if cache and self.enable_prefix_cache and n > 0:
             self.tree.insert(seq.namespace, seq.tokens[:n],
@@ -251,5 +337,12 @@ class BlockManager:
         return num_computed
 
     def pin(self, seq: Sequence, offset: int, ttl_s: float) -> int:
-        return self.tree.pin(seq.namespace, seq.tokens[:offset], ttl_s, owner=seq.tenant)
+        """Pin seq's first ``offset`` tokens for ``ttl_s``. With a lower tier their blocks
+        are retained there for ``ttl_s`` and memory keeps them at most
+        ``MEMORY_PIN_MAX_TTL_S`` (a 24 h retention does not hold memory for a day)."""
+        prefix = seq.tokens[:offset]
+        if self.tier is not None:
+            self.tier.retain(seq.namespace, prefix, ttl_s)
+            ttl_s = min(ttl_s, MEMORY_PIN_MAX_TTL_S)
+        return self.tree.pin(seq.namespace, prefix, ttl_s, owner=seq.tenant)
 

@@ -27,6 +27,7 @@ from .block_manager import BlockManager
 from .detokenize import IncrementalDetokenizer, token_bytes_function
 from .engine_config import EngineConfig
 from .kv_cache import KVCache, resolve_kv_dtype
+from .kv_tier_glue import close_tier, open_tier
 from .output import (Finish, account_admission, account_pins, append_token, finished_event,
                      flush_text)
 from .pin_shares import log_pin_shares, pin_ceiling, pin_share, pinned_prefix
@@ -57,9 +58,10 @@ class EngineCore:
         cache = config.cache
         self.pool = BlockPool(self.kv.num_blocks, cache.block_size)
         self.tree = RadixTree(self.pool, policy=make_policy(cache))
+        self.tier = open_tier(loaded, config, self.kv, self.tree)
         self.blocks = BlockManager(self.tree, self.pool, self.kv,
                                    enable_prefix_cache=cache.enable_prefix_cache,
-                                   page_rounded=cache.page_rounded_match)
+                                   page_rounded=cache.page_rounded_match, tier=self.tier)
         self.scheduler = Scheduler(config, self.blocks)
         self.max_model_len = min(config.max_model_len or loaded.max_model_len, loaded.max_model_len)
         self.eos_ids = set(loaded.tokenizer.eos_token_ids) | set(loaded.config.eos_token_ids)
@@ -373,11 +375,28 @@ class EngineCore:
             self.faults.discard("*")
             self.faults.difference_update(c.seq.request_id for c in chunks)
 
+    # -- cache commands -------------------------------------------------------------------
+    def flush(self, namespace: str | None = None) -> int:
+        """Evicts every unlocked node of ``namespace`` (all when None) and purges its
+        blocks from the lower tier too; returns the memory blocks freed."""
+        freed = self.tree.flush(namespace)
+        if self.tier is not None:
+            self.tier.purge(namespace)
+        return freed
+
+    def close(self) -> None:
+        """The engine stopped: the lower tier keeps what the tree holds, then closes."""
+        if self.tier is not None:
+            close_tier(self.tier, self.tree)
+            self.tier = self.blocks.tier = self.tree.spill = None
+
     # -- reports --------------------------------------------------------------------------
     def snapshot(self):
         return take_snapshot(self.tree, self.pool, self.scheduler, self.counters,
                              top_n=self.config.top_prefixes, draining=self.draining,
-                             kv_dtype=self.kv.kv_dtype, kv_bytes_per_token=self.kv.bytes_per_token)
+                             kv_dtype=self.kv.kv_dtype, kv_bytes_per_token=self.kv.bytes_per_token,
+                             tier=self.tier.stats() if self.tier is not None else None,
+                             hit_tokens=self.blocks.hit_tokens)
 
     def check_integrity(self) -> dict:
         """Recounts tree and pool (raises IntegrityError); free + held == total; when idle,

@@ -53,6 +53,8 @@ class Engine:
         self._stopped = False
         self._thread: threading.Thread | None = None
         self._drain_deadline: float | None = None
+        if self.core.tier is not None:
+            self.core.tier.wake = self._wake
         self._snapshot = empty_snapshot(self.num_blocks, self.block_size, self.core.kv.kv_dtype,
                                         self.core.kv.bytes_per_token)
         self._last_publish = 0.0
@@ -69,6 +71,8 @@ class Engine:
         finish for up to ``grace_s`` seconds, aborts the rest, stops the thread."""
         if self._thread is None or not self._thread.is_alive():
             self._mark_stopped()
+            if self._thread is None:
+                self.core.close()
             return
         self._command(self._begin_drain, time.monotonic() + grace_s)
         self._thread.join()
@@ -135,8 +139,9 @@ class Engine:
 
     # -- commands -------------------------------------------------------------------------
     def flush(self, namespace: str | None = None) -> Future:
-        """Future[int]: evicts every unlocked node (pins included); returns freed blocks."""
-        return self._command(self.core.tree.flush, namespace)
+        """Future[int]: evicts every unlocked node (pins included) and purges the lower
+        tier's blocks of ``namespace`` (all when None); returns freed memory blocks."""
+        return self._command(self.core.flush, namespace)
 
     def pin(self, namespace: str, tokens: Sequence[int], ttl_s: float, owner: str = "") -> Future:
         """Future[int]: pins the longest cached prefix of tokens; returns the pinned length."""
@@ -178,6 +183,10 @@ class Engine:
     def debug_trace(self, request_id: str) -> RequestTrace | None:
         """Per-step top-2 gaps and logits of a finished request (``record_logits`` only)."""
         return self.core.traces.get(request_id)
+
+    def _wake(self) -> None:
+        """A tier load finished (loader thread): the engine thread looks again."""
+        self._commands.put((_nothing, (), None))
 
     def _command(self, fn: Callable, *args) -> Future:
         future: Future = Future()
@@ -276,11 +285,19 @@ class Engine:
         self.core.draining = True
         self.core.abort_all(Finish(FinishReason.ABORTED, message="the engine shut down"))
         self._apply_commands(block=False)   # late commands: requests get OVERLOADED
+        try:
+            self.core.close()
+        except Exception:  # noqa: BLE001 - stopping goes on
+            log.exception("closing the KV tier failed")
         self._publish()
 
     def _mark_stopped(self) -> None:
         with self._state_lock:
             self._stopped = True
+
+
+def _nothing() -> None:
+    pass
 
 
 class _CallbackSink:

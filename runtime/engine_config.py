@@ -4,7 +4,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from radixgate.radix_cache.config import CacheConfig, inactive_settings
+from radixgate.radix_cache.config import CacheConfig
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,9 +74,6 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.max_step_tokens <= 0 or self.max_num_seqs <= 0:
             raise ValueError("max_step_tokens and max_num_seqs must be positive")
-        inactive = inactive_settings(self.cache)
-        if inactive:
-            raise ValueError(f"not implemented yet: {', '.join(inactive)}")
         if not 0.0 <= self.pin_share <= 1.0:
             raise ValueError("pin_share must lie in [0, 1]")
 

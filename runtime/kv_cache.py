@@ -155,3 +155,27 @@ class KVCache:
         num_slots = num_slots.to(self.device, torch.int32)
         for layer, (k_cache, v_cache) in enumerate(zip(self.k, self.v)):
             _copy_blocks(k_cache, v_cache, pairs, num_slots, **self.layer_scales(layer))
+
+    # -- whole blocks as bytes (the KV tiers below memory: runtime/kv_tier/) ----------------
+    def block_parts(self) -> list[torch.Tensor]:
+        """K, V (and the 8-bit dtypes' scales) as bytes, each ``[layers, num_blocks,
+        block_size, bytes per slot]`` (views: writing them writes the cache)."""
+        return [t.view(torch.uint8).view(t.shape[0], t.shape[1], t.shape[2], -1)
+                for t in self._tensors]
+
+    def slot_bytes(self) -> list[int]:
+        """Bytes per (layer, slot) of each of ``block_parts``."""
+        return [part.shape[-1] for part in self.block_parts()]
+
+    def gather_blocks(self, blocks: list[int]) -> list[torch.Tensor]:
+        """A copy of ``blocks`` on the CPU, each part ``[len(blocks), layers, block_size,
+        bytes per slot]`` (contiguous: ``part[i]`` is block ``blocks[i]``'s bytes)."""
+        index = torch.tensor(blocks, dtype=torch.int64, device=self.device)
+        return [part.index_select(1, index).transpose(0, 1).contiguous().cpu()
+                for part in self.block_parts()]
+
+    def write_block(self, block: int, parts: list[torch.Tensor], num_slots: int) -> None:
+        """Slots ``[0, num_slots)`` of ``block`` in every layer from ``parts`` (uint8,
+        ``[layers, num_slots, bytes per slot]`` each, ``block_parts`` order)."""
+        for dest, src in zip(self.block_parts(), parts):
+            dest[:, block, :num_slots].copy_(src)

@@ -143,7 +143,7 @@ class Scheduler:
         for seq in self.running:
             if budget == 0:
                 break
-            if not seq.prefill_inserted:
+            if not seq.prefill_inserted and self.blocks.finish_load(seq):
                 n = min(seq.remaining_prefill, self._chunk_limit(seq), budget)
                 plan.chunks.append(Chunk(seq, n))
                 budget -= n
@@ -155,6 +155,8 @@ class Scheduler:
             seq = self._admit_next(held, plan)
             if seq is None:
                 return
+            if seq.tier_load is not None:
+                continue                # its prefix is loading: it computes once loaded
             n = min(seq.remaining_prefill, self._chunk_limit(seq), budget)
             plan.chunks.append(Chunk(seq, n))
             budget -= n

@@ -74,6 +74,9 @@ class EngineSnapshot:
         default_factory=lambda: MappingProxyType({}))
     kv_dtype: str = ""               # the KV cache's element type (runtime/kv_cache.py)
     kv_bytes_per_token: int = 0      # its bytes per token, every layer, K and V, scales included
+    tier: object = None              # the lower KV tier's TierStats (runtime/kv_tier/), or None
+    hit_tokens: Mapping[str, int] = field(     # prompt tokens reused, by tier: memory / disk
+        default_factory=lambda: MappingProxyType({"memory": 0, "disk": 0}))
 
 
 def empty_snapshot(total_blocks: int, block_size: int, kv_dtype: str = "",
@@ -105,7 +108,8 @@ class EngineCounters:
 
 
 def take_snapshot(tree, pool, scheduler, counters: EngineCounters, *, top_n: int,
-                  draining: bool, kv_dtype: str = "", kv_bytes_per_token: int = 0) -> EngineSnapshot:
+                  draining: bool, kv_dtype: str = "", kv_bytes_per_token: int = 0,
+                  tier=None, hit_tokens: Mapping[str, int] | None = None) -> EngineSnapshot:
     """Reads tree, pool and scheduler (engine thread only) into an immutable snapshot.
     Nothing here walks the tree or grows with the cache: tree counters are kept current
     (``block_counts``), each tenant's hottest prefixes come from a bounded search of its own
@@ -126,7 +130,8 @@ def take_snapshot(tree, pool, scheduler, counters: EngineCounters, *, top_n: int
         finished=counters.finished, errors=counters.errors, draining=draining,
         preemptions=counters.preemptions,
         step_time_s=counters.step_s, forward_time_s=counters.forward_s,
-        pins=tuple(_pin_entries(tree)), kv_dtype=kv_dtype, kv_bytes_per_token=kv_bytes_per_token)
+        pins=tuple(_pin_entries(tree)), kv_dtype=kv_dtype, kv_bytes_per_token=kv_bytes_per_token,
+        tier=tier, hit_tokens=MappingProxyType(dict(hit_tokens or {"memory": 0, "disk": 0})))
 
 
 def block_counts(tree, pool, running, stats) -> BlockCounts:

@@ -1,0 +1,29 @@
+"""KV tiers below memory: evicted blocks kept on disk (or host RAM) and loaded back.
+
+``open_disk_tier(cache, kv, fingerprint)`` builds the disk tier a ``CacheConfig`` asks for
+(``disk_dir``, ``disk_gb``); tier.py holds the tier, backends.py the storage, records.py the
+record format, fingerprint.py the model fingerprint.
+"""
+from __future__ import annotations
+
+from .backends import DiskBackend, MemoryBackend, TierBackend, TierFolderError
+from .fingerprint import model_fingerprint
+from .records import CorruptRecord
+from .tier import KVTier, LoadTicket, TierStats, space_key
+
+
+def open_disk_tier(cache, kv, fingerprint: bytes, description: str = "") -> KVTier:
+    """The disk tier of ``cache`` (a CacheConfig with ``disk_dir``) over ``kv``; raises
+    ``TierFolderError`` when its folder cannot be used (unwritable, held by another server)."""
+    backend = DiskBackend(cache.disk_dir, fingerprint, description)
+    try:
+        return KVTier(backend, kv, fingerprint, cache.disk_bytes, kind="disk",
+                      folder=str(cache.disk_dir))
+    except BaseException:
+        backend.close()
+        raise
+
+
+__all__ = ["CorruptRecord", "DiskBackend", "KVTier", "LoadTicket", "MemoryBackend",
+           "TierBackend", "TierFolderError", "TierStats", "model_fingerprint",
+           "open_disk_tier", "space_key"]

@@ -1,0 +1,480 @@
+"""KVTier: a KV tier below memory (disk or host RAM) that keeps evicted blocks and loads
+them back into memory blocks on a later hit.
+
+Engine thread (between or inside steps, never blocking on I/O):
+
+- ``spill(namespace, tokens, start, end, blocks)``: the tree is evicting ``blocks``
+  (``RadixTree.spill``); the ones the tier lacks are copied at once into a staging buffer
+  (the pool hands the blocks out again right after) and queued for the writer thread.
+  Within ``staging_bytes`` of queued copies; beyond, or while the folder is full, the blocks
+  are dropped (counted), never waited for.
+- ``chain`` / ``find``: the stored run extending a memory match (``TierIndex.longest_run``).
+- ``load(run, blocks)``: the loader thread reads, checks (records.py) and writes the run's
+  records into ``blocks`` (the admitted request's own, which nothing else reads or writes
+  meanwhile) and calls ``wake`` when done; the request waits, the engine steps on.
+- ``purge(namespace)`` (a flush), ``retain(namespace, tokens, ttl_s)`` (a pin), ``stats()``.
+
+Addresses are ``radix_cache.block_hash`` chains seeded with the model fingerprint
+(fingerprint.py): another model, dtype, layout or block size, and another namespace, finds
+nothing. A purge bumps its namespace's epoch, so a write staged before it never lands.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import queue
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Callable, Mapping
+
+import torch
+
+from radixgate.radix_cache.block_hash import block_hashes, root_hash
+from radixgate.radix_cache.tier_index import (BlockAddress, TierIndex, TierRecord, TierRun,
+                                              block_addresses)
+
+from .backends import FULL_ERRNOS, TierBackend
+from .records import PREFIX_BYTES, CorruptRecord, decode, encode_prefix
+
+log = logging.getLogger(__name__)
+
+DROP_REASONS = ("backlog", "disk_full", "too_large", "error", "corrupt", "missing")
+FULL_RETRY_S = 30.0          # after ENOSPC, writes stop this long, then are tried again
+DEFAULT_STAGING_BYTES = 256 << 20
+RETENTION_SAVE_S = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class TierStats:
+    """The tier at a moment (counters since start)."""
+
+    kind: str                     # "disk" or "memory"
+    folder: str
+    budget_bytes: int
+    blocks: int                   # records held (full blocks and tails)
+    bytes: int
+    retained_blocks: int          # held for an unexpired pin's retention
+    hit_tokens: int               # prompt tokens requests got from this tier
+    loads: int                    # load jobs (one per admitted request)
+    loaded_blocks: int
+    load_bytes: int
+    load_s: float                 # loader time (load_bytes / load_s: the read speed)
+    writes: int                   # records written
+    write_bytes: int
+    evicted: int                  # records removed for the budget
+    drops: Mapping[str, int]      # blocks not written / not served, by reason
+    full: bool                    # writes stopped: the folder's disk is full
+    staged_bytes: int             # copies waiting for the writer
+
+
+@dataclass(slots=True)
+class LoadTicket:
+    """One request's load: ``run``'s records into ``blocks``; ``loaded`` of them are in
+    (in order) once ``done`` is set. ``cancel()`` stops it at the next record."""
+
+    run: TierRun
+    blocks: list[int]
+    block_size: int
+    done: threading.Event = field(default_factory=threading.Event)
+    cancelled: bool = False
+    loaded: int = 0
+
+    @property
+    def length(self) -> int:
+        """Tokens from position 0 that are valid once done (memory part included)."""
+        return (self.run.first_index * self.block_size
+                + sum(r.count for r in self.run.records[:self.loaded]))
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return self.done.wait(timeout)
+
+
+@dataclass(slots=True)
+class _StagedWrite:
+    space: str
+    epoch: tuple[int, int]
+    addresses: list[BlockAddress]
+    parts: list[torch.Tensor]      # [n, layers, block_size, bytes per slot] each
+    nbytes: int
+
+
+@dataclass(slots=True)
+class _Purge:
+    space: str | None
+
+
+def space_key(namespace: str) -> str:
+    """A namespace's folder name: a hash (namespace strings are never stored in clear)."""
+    return hashlib.blake2b(namespace.encode(), digest_size=8).hexdigest()
+
+
+class KVTier:
+    def __init__(self, backend: TierBackend, kv, fingerprint: bytes, budget_bytes: int, *,
+                 kind: str = "disk", folder: str = "",
+                 staging_bytes: int = DEFAULT_STAGING_BYTES,
+                 clock: Callable[[], float] = time.time):
+        self.backend, self.kv, self.fingerprint = backend, kv, fingerprint
+        self.kind, self.folder, self.clock = kind, folder, clock
+        self.block_size = kv.block_size
+        self.staging_limit = max(1, min(staging_bytes, budget_bytes))
+        self.index = TierIndex(budget_bytes, self.block_size)
+        self.lock = threading.Lock()
+        self.room = threading.Condition(self.lock)
+        self.pending: set[bytes] = set()
+        self.staged_bytes = 0
+        self.epoch, self.epochs = 0, {}
+        self.full_until = 0.0
+        self.wake: Callable[[], None] | None = None
+        self.counts = dict.fromkeys(("hit_tokens", "loads", "loaded_blocks", "load_bytes",
+                                     "writes", "write_bytes", "evicted"), 0)
+        self.load_s = 0.0
+        self.drops = dict.fromkeys(DROP_REASONS, 0)
+        self._layers = kv.num_layers
+        self._slot_bytes = kv.slot_bytes()
+        self._roots: dict[str, bytes] = {}
+        self._retention_dirty = False
+        self._retention_saved = 0.0
+        self._learn_held()
+        self._writes: queue.SimpleQueue = queue.SimpleQueue()
+        self._loads: queue.SimpleQueue = queue.SimpleQueue()
+        self._threads = [threading.Thread(target=self._writer, name="radixgate-tier-writer",
+                                          daemon=True),
+                         threading.Thread(target=self._loader, name="radixgate-tier-loader",
+                                          daemon=True)]
+        for thread in self._threads:
+            thread.start()
+
+    def _learn_held(self) -> None:
+        """The index of what the backend holds (warm restart; record files are read only
+        when loaded), trimmed to the budget."""
+        for record in self.backend.scan():
+            if record.full:
+                record.count = self.block_size
+            self.index.add(record)
+        self.index.retention = self.backend.load_retention()
+        for record in self.index.victims(0, self.clock()):
+            self.index.remove(record.digest)
+            self.backend.delete(record)
+        if len(self.index):
+            log.info("KV %s tier %s: %d blocks (%.1f MiB) from an earlier run", self.kind,
+                     self.folder, len(self.index), self.index.nbytes / 2**20)
+
+    # ---- sizes and addresses ------------------------------------------------------------
+    def payload_bytes(self, count: int) -> int:
+        return self._layers * count * sum(self._slot_bytes)
+
+    def record_bytes(self, count: int) -> int:
+        return PREFIX_BYTES + self.payload_bytes(count)
+
+    def root(self, namespace: str) -> bytes:
+        root = self._roots.get(namespace)
+        if root is None:
+            if len(self._roots) > 4096:
+                self._roots.clear()
+            root = self._roots[namespace] = root_hash(self.fingerprint, namespace)
+        return root
+
+    def chain(self, namespace: str, tokens: Sequence[int]) -> list[bytes]:
+        """The full-block hashes of ``tokens`` in ``namespace``."""
+        n = len(tokens) // self.block_size * self.block_size
+        return block_hashes(self.root(namespace), tokens[:n], self.block_size)
+
+    def holds_namespace(self, namespace: str) -> bool:
+        with self.lock:
+            return self.index.has_space(space_key(namespace))
+
+    def find(self, namespace: str, tokens: Sequence[int], first_index: int,
+             chain: Sequence[bytes]) -> TierRun | None:
+        """The stored run from block ``first_index`` (``chain``: ``chain(namespace, tokens)``)."""
+        with self.lock:
+            return self.index.longest_run(chain, self.root(namespace), tokens, first_index)
+
+    # ---- engine thread: spill, load, purge, retain ----------------------------------------
+    def spill(self, namespace: str, tokens: Sequence[int], start: int, end: int,
+              blocks: Sequence[int], wait: bool = False) -> int:
+        """Stage the blocks of ``[start, end)`` the tier lacks (``tokens``: the path from
+        the namespace's root, at least ``end`` of them); returns how many were staged.
+        ``wait``: block while the staging buffer is full (shutdown) instead of dropping.
+        Never raises (a failure is logged and counted)."""
+        try:
+            return self._spill(namespace, tokens, start, end, blocks, wait)
+        except Exception:  # noqa: BLE001 - eviction must go on whatever the tier does
+            log.exception("KV %s tier: staging evicted blocks failed", self.kind)
+            with self.lock:
+                self.drops["error"] += len(blocks)
+            return 0
+
+    def _spill(self, namespace, tokens, start, end, blocks, wait) -> int:
+        if self.full_until > self.clock():
+            with self.lock:
+                self.drops["disk_full"] += len(blocks)
+            return 0
+        space = space_key(namespace)
+        addresses = block_addresses(self.root(namespace), tokens, start, end, self.block_size)
+        with self.lock:
+            todo = [(a, b) for a, b in zip(addresses, blocks)
+                    if a.digest not in self.index and a.digest not in self.pending]
+            if not todo:
+                return 0
+            nbytes = sum(self.record_bytes(a.count) for a, _ in todo)
+            if wait:
+                self.room.wait_for(lambda: self.staged_bytes + nbytes <= self.staging_limit
+                                   or not self.staged_bytes)
+            elif self.staged_bytes + nbytes > self.staging_limit:
+                self.drops["backlog"] += len(todo)
+                return 0
+            self.pending.update(a.digest for a, _ in todo)
+            self.staged_bytes += nbytes
+            epoch = (self.epoch, self.epochs.get(space, 0))
+        try:
+            parts = self.kv.gather_blocks([b for _, b in todo])
+        except BaseException:
+            self._release_staged([a.digest for a, _ in todo], nbytes)
+            raise
+        self._writes.put(_StagedWrite(space, epoch, [a for a, _ in todo], parts, nbytes))
+        return len(todo)
+
+    def load(self, run: TierRun, blocks: list[int]) -> LoadTicket:
+        """Queue ``run``'s records into ``blocks`` (one per record, the caller's own)."""
+        ticket = LoadTicket(run, list(blocks), self.block_size)
+        with self.lock:
+            self.counts["loads"] += 1
+        self._loads.put(ticket)
+        return ticket
+
+    def count_hit(self, tokens: int) -> None:
+        with self.lock:
+            self.counts["hit_tokens"] += tokens
+
+    def purge(self, namespace: str | None = None) -> int:
+        """Forget ``namespace``'s records (all when None) now and delete their files in
+        the writer's order (after the writes staged before); returns records forgotten."""
+        with self.lock:
+            if namespace is None:
+                self.epoch += 1
+                self.epochs.clear()
+                removed = self.index.clear()
+                self.index.retention.clear()
+                space = None
+            else:
+                space = space_key(namespace)
+                self.epochs[space] = self.epochs.get(space, 0) + 1
+                removed = self.index.remove_space(space)
+            self._retention_dirty = True
+        self._writes.put(_Purge(space))
+        return len(removed)
+
+    def retain(self, namespace: str, tokens: Sequence[int], ttl_s: float) -> None:
+        """A pin of ``tokens`` for ``ttl_s``: their blocks, stored now or later, stay in
+        the tier until ``ttl_s`` after their latest hit."""
+        if ttl_s <= 0 or not tokens:
+            return
+        addresses = block_addresses(self.root(namespace), tokens, 0, len(tokens),
+                                    self.block_size)
+        with self.lock:
+            self.index.retain([a.digest for a in addresses], ttl_s, self.clock())
+            self._retention_dirty = True
+
+    def stats(self) -> TierStats:
+        now = self.clock()
+        with self.lock:
+            return TierStats(
+                kind=self.kind, folder=self.folder, budget_bytes=self.index.budget_bytes,
+                blocks=len(self.index), bytes=self.index.nbytes,
+                retained_blocks=self.index.retained_count(now),
+                load_s=self.load_s, drops=MappingProxyType(dict(self.drops)),
+                full=self.full_until > now, staged_bytes=self.staged_bytes, **self.counts)
+
+    def persist(self, nodes, deadline_s: float = 60.0) -> int:
+        """Stage every node of ``nodes`` (``(namespace, tokens, start, end, blocks)``
+        tuples: a whole tree at shutdown), waiting for staging room; stops at the
+        deadline. Returns the blocks staged."""
+        stop = time.monotonic() + deadline_s
+        staged = 0
+        for namespace, tokens, start, end, blocks in nodes:
+            if time.monotonic() > stop:
+                log.warning("KV %s tier: persisting the cache ran past %.0f s; the rest is "
+                            "not kept", self.kind, deadline_s)
+                break
+            staged += self.spill(namespace, tokens, start, end, blocks, wait=True)
+        return staged
+
+    def close(self, timeout_s: float = 120.0) -> None:
+        """Finish the queued writes and loads, save the retention, release the folder."""
+        self._writes.put(None)
+        self._loads.put(None)
+        for thread in self._threads:
+            thread.join(timeout_s)
+        self._save_retention(force=True)
+        self.backend.close()
+
+    # ---- writer thread ------------------------------------------------------------------
+    def _writer(self) -> None:
+        while True:
+            job = self._writes.get()
+            if job is None:
+                return
+            try:
+                if isinstance(job, _Purge):
+                    self.backend.purge(job.space)
+                else:
+                    self._write(job)
+                self._save_retention()
+            except Exception:  # noqa: BLE001 - the writer must outlive one bad job
+                log.exception("KV %s tier: a write job failed", self.kind)
+
+    def _write(self, job: _StagedWrite) -> None:
+        try:
+            for i, address in enumerate(job.addresses):
+                if self.full_until > self.clock():
+                    with self.lock:
+                        self.drops["disk_full"] += len(job.addresses) - i
+                    return
+                self._write_one(job, i, address)
+        finally:
+            self._release_staged([a.digest for a in job.addresses], job.nbytes)
+
+    def _write_one(self, job: _StagedWrite, i: int, address: BlockAddress) -> None:
+        record = TierRecord(address.digest, job.space, address.parent, address.count,
+                            self.record_bytes(address.count), address.full)
+        victims = self._make_room(record, job.epoch)
+        if victims is None:
+            return
+        for victim in victims:
+            self.backend.delete(victim)
+        payload = [memoryview(part[i, :, :address.count].contiguous().numpy()).cast("B")
+                   for part in job.parts]
+        prefix = encode_prefix(self.fingerprint, record.digest, record.parent, record.count,
+                               record.full, payload)
+        try:
+            self.backend.put(record, prefix, payload)
+        except OSError as exc:
+            self._write_failed(exc)
+            return
+        with self.lock:
+            current = job.epoch == (self.epoch, self.epochs.get(job.space, 0))
+            if current:
+                self.index.add(record)
+                self.counts["writes"] += 1
+                self.counts["write_bytes"] += record.nbytes
+        if not current:
+            self.backend.delete(record)        # purged while it was being written
+
+    def _make_room(self, record: TierRecord, epoch: tuple[int, int]) -> list[TierRecord] | None:
+        """Under the lock: None when ``record`` is not to be written (purged since it was
+        staged, or larger than the whole budget), else the records evicted for it (already
+        out of the index; their files are the caller's to delete)."""
+        with self.lock:
+            if epoch != (self.epoch, self.epochs.get(record.space, 0)):
+                return None
+            if record.nbytes > self.index.budget_bytes:
+                self.drops["too_large"] += 1
+                return None
+            victims = self.index.victims(record.nbytes, self.clock())
+            for victim in victims:
+                self.index.remove(victim.digest)
+            self.counts["evicted"] += len(victims)
+            return victims
+
+    def _write_failed(self, exc: OSError) -> None:
+        now = self.clock()
+        with self.lock:
+            if exc.errno in FULL_ERRNOS:
+                first = self.full_until <= now
+                self.full_until = now + FULL_RETRY_S
+                self.drops["disk_full"] += 1
+            else:
+                first = True
+                self.drops["error"] += 1
+        if exc.errno in FULL_ERRNOS and first:
+            log.warning("KV %s tier %s: the disk is full (%s); writes stop for %.0f s, "
+                        "serving goes on", self.kind, self.folder, exc.strerror, FULL_RETRY_S)
+        elif first:
+            log.error("KV %s tier %s: a write failed: %r", self.kind, self.folder, exc)
+
+    def _release_staged(self, digests: list[bytes], nbytes: int) -> None:
+        with self.lock:
+            self.pending.difference_update(digests)
+            self.staged_bytes -= nbytes
+            self.room.notify_all()
+
+    def _save_retention(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if not self._retention_dirty or (not force and now - self._retention_saved
+                                         < RETENTION_SAVE_S):
+            return
+        with self.lock:
+            self.index.prune_retention(self.clock())
+            retention = dict(self.index.retention)
+            self._retention_dirty = False
+        self._retention_saved = now
+        try:
+            self.backend.save_retention(retention)
+        except OSError as exc:
+            log.warning("KV %s tier: saving the retention list failed: %r", self.kind, exc)
+
+    # ---- loader thread ------------------------------------------------------------------
+    def _loader(self) -> None:
+        while True:
+            ticket = self._loads.get()
+            if ticket is None:
+                return
+            started = time.perf_counter()
+            try:
+                self._load(ticket)
+            except Exception:  # noqa: BLE001 - the request recomputes what did not load
+                log.exception("KV %s tier: a load failed", self.kind)
+            finally:
+                with self.lock:
+                    self.load_s += time.perf_counter() - started
+                ticket.done.set()
+                if self.wake is not None:
+                    self.wake()
+
+    def _load(self, ticket: LoadTicket) -> None:
+        for record, block in zip(ticket.run.records, ticket.blocks):
+            if ticket.cancelled:
+                return
+            parts = self._read(record)
+            if parts is None:
+                return
+            self.kv.write_block(block, parts, record.count)
+            ticket.loaded += 1
+            self.backend.touch(record)
+            with self.lock:
+                self.index.touch(record.digest, self.clock())
+                self.counts["loaded_blocks"] += 1
+                self.counts["load_bytes"] += record.nbytes
+
+    def _read(self, record: TierRecord) -> list[torch.Tensor] | None:
+        """The record's parts (``[layers, count, bytes per slot]`` each), or None when it
+        is gone or fails its checks (then it is forgotten, its file deleted)."""
+        data = self.backend.read(record)
+        try:
+            if data is None:
+                raise FileNotFoundError(record.digest.hex())
+            payload = decode(data, self.fingerprint, record.digest, record.count,
+                             self.payload_bytes(record.count))
+        except (CorruptRecord, FileNotFoundError) as exc:
+            reason = "missing" if isinstance(exc, FileNotFoundError) else "corrupt"
+            if reason == "corrupt":
+                log.warning("KV %s tier: dropped a damaged record (%s)", self.kind, exc)
+            with self.lock:
+                self.drops[reason] += 1
+                if self.index.get(record.digest) is record:
+                    self.index.remove(record.digest)
+            self.backend.delete(record)
+            return None
+        flat = torch.frombuffer(payload, dtype=torch.uint8)
+        parts, offset = [], 0
+        for slot in self._slot_bytes:
+            size = self._layers * record.count * slot
+            parts.append(flat[offset:offset + size].view(self._layers, record.count, slot))
+            offset += size
+        return parts

@@ -1,0 +1,42 @@
+"""The engine's side of the lower KV tier: built from ``[cache] disk_dir`` / ``disk_gb``,
+fed by the tree's evictions (``RadixTree.spill``), given the whole tree at shutdown."""
+from __future__ import annotations
+
+import logging
+
+from .kv_tier import KVTier, model_fingerprint, open_disk_tier
+
+log = logging.getLogger(__name__)
+
+
+def open_tier(loaded, config, kv, tree) -> KVTier | None:
+    """The disk tier ``config.cache`` asks for (None without ``disk_dir``), wired to
+    ``tree``'s evictions."""
+    cache = config.cache
+    if not cache.disk_dir:
+        return None
+    tier = open_disk_tier(cache, kv, model_fingerprint(loaded, kv), description=loaded.name)
+    tree.spill = lambda node, start, end, blocks: tier.spill(
+        node.ns.name, node.path_tokens(), start, end, blocks)
+    log.info("KV disk tier at %s: %.2f GiB budget, %d blocks held", cache.disk_dir,
+             cache.disk_gb, tier.stats().blocks)
+    return tier
+
+
+def tree_nodes(tree):
+    """``(namespace, path tokens, start, end, blocks)`` of every node, parents first."""
+    for ns in list(tree.namespaces):
+        stack = list(ns.root.children.values())
+        while stack:
+            node = stack.pop()
+            yield ns.name, node.path_tokens(), node.start, node.end, list(node.blocks)
+            stack.extend(node.children.values())
+
+
+def close_tier(tier: KVTier, tree) -> None:
+    """Keep everything the tree holds in the tier (a restart finds it), then close it."""
+    try:
+        staged = tier.persist(tree_nodes(tree))
+        log.info("KV %s tier: %d blocks of the cache kept at shutdown", tier.kind, staged)
+    finally:
+        tier.close()
