@@ -9,7 +9,10 @@ scope, null for admin), ``prefill_tokens_per_s``, the 5m/1h split of ``cache_cre
 in every ``tokens``, ``requests.preemptions`` (server-wide, admin only), ``tree.namespaces``
 (live cache namespaces, admin only), a per-second ``history`` in each ``tenants.<name>`` entry,
 ``kv_dtype`` and ``capacity`` (blocks, tokens, bytes per token and bytes of the KV cache in
-that dtype: configuration, so a tenant sees it too).
+that dtype: configuration, so a tenant sees it too), ``tiers`` (the KV held in memory and
+in the disk tier: blocks, bytes, prompt tokens served from each, the disk tier's loads,
+writes, drops by reason and whether its disk is full; server-wide, so admin only: a tenant
+gets zeros, and ``enabled`` and the disk budget, which are configuration).
 """
 from __future__ import annotations
 
@@ -49,7 +52,35 @@ def build_stats(snapshot, book: UsageBook, *, model: str, tenant: str | None,
         "top_prefixes": _prefixes(snapshot, tenant, decode if admin else None),
         "history": book.history(tenant),
         "prefill_tokens_per_s": _prefill_rate(snapshot.prefill_tokens_per_s, admin),
+        "tiers": _tiers(snapshot, admin),
     }
+
+
+DISK_COUNTS = ("blocks", "bytes", "retained_blocks", "hit_tokens", "loads", "loaded_blocks",
+               "load_bytes", "writes", "write_bytes", "evicted")
+
+
+def _tiers(snapshot, admin: bool) -> dict:
+    """Memory and disk side by side (see the module docstring)."""
+    tier = snapshot.tier
+    hits = getattr(snapshot, "hit_tokens", None) or {}
+    held = snapshot.blocks.cached + snapshot.blocks.pinned
+    block_bytes = snapshot.block_size * snapshot.kv_bytes_per_token
+    memory = {"blocks": held, "bytes": held * block_bytes, "hit_tokens": hits.get("memory", 0)}
+    disk = {"enabled": tier is not None,
+            "budget_bytes": tier.budget_bytes if tier is not None else 0,
+            **{key: getattr(tier, key, 0) for key in DISK_COUNTS},
+            "load_gb_per_s": _rate(tier.load_bytes, tier.load_s) if tier is not None else None,
+            "drops": dict(tier.drops) if tier is not None else {},
+            "full": bool(tier is not None and tier.full)}
+    if not admin:
+        memory = dict.fromkeys(memory, 0)
+        disk.update({key: 0 for key in DISK_COUNTS}, drops={}, full=False, load_gb_per_s=None)
+    return {"memory": memory, "disk": disk}
+
+
+def _rate(nbytes: int, seconds: float) -> float | None:
+    return round(nbytes / seconds / 1e9, 3) if seconds > 0 and nbytes > 0 else None
 
 
 def _prefill_rate(rate: float, admin: bool) -> float:

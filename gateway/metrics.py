@@ -165,7 +165,48 @@ class _SnapshotCollector(Collector):
                                   "KV blocks (requeued; their prefix stays cached)",
                                   value=snap.preemptions)
         yield from _tenant_gauges(snap)
+        yield from _tier_series(snap)
         yield from _vllm_gauges(snap, usage, self._model_name())
+
+
+def _tier_series(snap):
+    """``radixgate_kv_tier_*``: the KV in memory and in the disk tier side by side."""
+    tier = snap.tier
+    held = snap.blocks.cached + snap.blocks.pinned
+    blocks = GaugeMetricFamily("radixgate_kv_tier_blocks", "KV blocks held per tier (memory: "
+                               "the tree's; disk: records)", labels=["tier"])
+    size = GaugeMetricFamily("radixgate_kv_tier_bytes", "Bytes of KV held per tier",
+                             labels=["tier"])
+    hits = CounterMetricFamily("radixgate_kv_tier_hit_tokens", "Prompt tokens reused, by the "
+                               "tier they came from", labels=["tier"])
+    blocks.add_metric(["memory"], held)
+    size.add_metric(["memory"], held * snap.block_size * snap.kv_bytes_per_token)
+    hit_tokens = getattr(snap, "hit_tokens", None) or {}
+    for name in ("memory", "disk"):
+        hits.add_metric([name], hit_tokens.get(name, 0))
+    if tier is not None:
+        blocks.add_metric(["disk"], tier.blocks)
+        size.add_metric(["disk"], tier.bytes)
+    yield from (blocks, size, hits)
+    if tier is None:
+        return
+    for name, doc, value in (
+            ("loads", "Requests whose prefix was loaded from the disk tier", tier.loads),
+            ("loaded_blocks", "KV blocks loaded from the disk tier", tier.loaded_blocks),
+            ("load_bytes", "Bytes loaded from the disk tier", tier.load_bytes),
+            ("writes", "KV blocks written to the disk tier", tier.writes),
+            ("write_bytes", "Bytes written to the disk tier", tier.write_bytes),
+            ("evictions", "Disk tier records removed for its budget", tier.evicted)):
+        yield CounterMetricFamily(f"radixgate_kv_tier_{name}", doc, value=value)
+    drops = CounterMetricFamily("radixgate_kv_tier_drops", "KV blocks the disk tier did not "
+                                "write or serve, by reason", labels=["reason"])
+    for reason, count in tier.drops.items():
+        drops.add_metric([reason], count)
+    yield drops
+    yield GaugeMetricFamily("radixgate_kv_tier_budget_bytes", "The disk tier's budget",
+                            value=tier.budget_bytes)
+    yield GaugeMetricFamily("radixgate_kv_tier_disk_full", "1 while the disk tier's disk is "
+                            "full (writes stopped)", value=int(tier.full))
 
 
 def _vllm_gauges(snap, usage: float, model: str):

@@ -43,7 +43,8 @@ from radixgate.gateway.tools import ToolCall, ToolCallParser, split_output
 from radixgate.runtime.api import Breakpoint, Finished, FinishReason, TextDelta, Usage
 
 STORE = web.AppKey("response_store", ResponseStore)
-RETENTION_PIN_TTL_S = 3600.0       # "24h" until a disk tier exists: a 1 h breakpoint
+RETENTION_PIN_TTL_S = 3600.0       # "24h" without a disk tier: a 1 h breakpoint
+DISK_RETENTION_TTL_S = 86400.0     # with one: kept 24 h on disk (memory keeps pins <= 1 h)
 _FAILED_CODES = {Kind.RATE_LIMIT: "rate_limit_exceeded", Kind.BAD_REQUEST: "invalid_prompt"}
 
 
@@ -98,11 +99,13 @@ async def _render_continuation(state, principal, stored: StoredTurn, turn: Respo
         timeout_s=state.config.server.request_timeout_s, room=room, reserved=reserved)
 
 
-def _retention_pin(body: ResponsesRequest, rendered: RenderedPrompt) -> tuple[Breakpoint, ...]:
+def _retention_pin(state, body: ResponsesRequest,
+                   rendered: RenderedPrompt) -> tuple[Breakpoint, ...]:
     end = len(rendered.tokens)
     if body.prompt_cache_retention != "24h" or any(b.offset == end for b in rendered.breakpoints):
         return rendered.breakpoints
-    return rendered.breakpoints + (Breakpoint(end, RETENTION_PIN_TTL_S),)
+    ttl_s = DISK_RETENTION_TTL_S if state.config.cache.disk_dir else RETENTION_PIN_TTL_S
+    return rendered.breakpoints + (Breakpoint(end, ttl_s),)
 
 
 async def create_response(request: web.Request) -> web.StreamResponse:
@@ -124,7 +127,7 @@ async def create_response(request: web.Request) -> web.StreamResponse:
         salt = body.cache_salt if body.cache_salt is not None or stored is None else (
             stored.cache_salt)
         engine_req = await engine_request(state, principal, request_id_of(request),
-                                          rendered.tokens, _retention_pin(body, rendered),
+                                          rendered.tokens, _retention_pin(state, body, rendered),
                                           sampling, salt, grammar)
     generation = Generation(state, request, principal, "responses", engine_req)
     builder = ResponseBuilder(body, turn)

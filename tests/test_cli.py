@@ -9,7 +9,6 @@ import pytest
 from radixgate.gateway.cli import build_parser, config_from_args, main
 from radixgate.gateway.config import ConfigError, config_from_dict
 from radixgate.radix_cache import CacheConfig, CreditParams
-from radixgate.radix_cache.config import inactive_settings
 
 
 def test_flags_override_the_config_file(tmp_path):
@@ -168,20 +167,28 @@ def test_an_old_key_and_its_new_place_both_set_is_an_error():
 
 
 @pytest.mark.parametrize("cache, fragment", [
-    ({"disk_dir": "/tmp/kv"}, "disk tier.*not implemented yet"),
-    ({"disk_gb": 10.0}, "disk tier.*not implemented yet"),
+    ({"disk_dir": "/tmp/kv"}, "disk_dir and cache.disk_gb go together"),
+    ({"disk_gb": 10.0}, "disk_dir and cache.disk_gb go together"),
+    ({"disk_dir": "/tmp/kv", "disk_gb": 1.0, "page_rounded_match": True}, "token-exact"),
+    ({"disk_dir": "/tmp/kv", "disk_gb": 1.0, "enable_prefix_cache": False}, "prefix cache"),
     ({"policy": "lru", "credit": {"branch_ticks": 8}}, "applies to policy"),
 ])
-def test_reserved_or_unread_cache_settings_are_refused_not_ignored(cache, fragment):
+def test_incomplete_or_unread_cache_settings_are_refused_not_ignored(cache, fragment):
     with pytest.raises(ConfigError, match=fragment):
         config_from_dict({"cache": cache})
 
 
-def test_the_engine_refuses_cache_settings_it_does_not_implement():
+def test_the_disk_tier_flags_and_cache_keys_reach_the_cache_config(tmp_path, monkeypatch):
     from radixgate.runtime.engine_config import EngineConfig
-    with pytest.raises(ValueError, match="not implemented yet"):
-        EngineConfig(cache=CacheConfig(disk_gb=1.0))
-    assert CacheConfig().kv_dtype == "auto" and not inactive_settings(CacheConfig())
+    monkeypatch.setenv("HOME", str(tmp_path))
+    flags = config_from_args(build_parser().parse_args(
+        ["serve", "--kv-disk-dir", "~/kv", "--kv-disk-gb", "2.5"]))
+    assert flags.cache.disk_dir == str(tmp_path / "kv") and flags.cache.disk_gb == 2.5
+    path = tmp_path / "radixgate.toml"
+    path.write_text('[cache]\ndisk_dir = "/srv/kv"\ndisk_gb = 4\n')
+    from_file = config_from_args(build_parser().parse_args(["serve", "--config", str(path)]))
+    assert (from_file.cache.disk_dir, from_file.cache.disk_bytes) == ("/srv/kv", 4 << 30)
+    assert EngineConfig(cache=from_file.cache).cache.disk_gb == 4
     assert EngineConfig(cache=CacheConfig(kv_dtype="fp8")).cache.kv_dtype == "fp8"
 
 

@@ -155,6 +155,11 @@ def expected_page_numbers(stats: dict) -> dict:
     out["cost.with_cache_usd"] = units * BASE_PRICE_PER_MTOK / 1e6
     out["cost.without_cache_usd"] = prompt * BASE_PRICE_PER_MTOK / 1e6
     out["cost.saved_usd"] = out["cost.without_cache_usd"] - out["cost.with_cache_usd"]
+    tiers = stats["tiers"]
+    out["tiers.memory.blocks"] = tiers["memory"]["blocks"]
+    out["tiers.memory.hit_tokens"] = tiers["memory"]["hit_tokens"]
+    for key in ("blocks", "hit_tokens", "loads", "writes"):        # "n/a" without a disk tier
+        out[f"tiers.disk.{key}"] = tiers["disk"][key] if tiers["disk"]["enabled"] else None
     return out
 
 

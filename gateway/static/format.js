@@ -36,6 +36,15 @@ export function fmtUsd(x) {
   return (x < 0 ? '-$' : '$') + a.toFixed(digits);
 }
 
+// Bytes in binary units: "512 B", "3.4 MiB", "1.25 GiB".
+export function fmtBytes(n) {
+  const units = ['B', 'KiB', 'MiB', 'GiB', 'TiB'];
+  let value = n;
+  let unit = 0;
+  while (value >= 1024 && unit < units.length - 1) { value /= 1024; unit += 1; }
+  return unit === 0 ? `${Math.round(value)} B` : `${value.toFixed(value < 10 ? 2 : 1)} ${units[unit]}`;
+}
+
 export function fmtRate(tokensPerS) {
   return fmtInt(tokensPerS) + ' tok/s';
 }

@@ -2,7 +2,7 @@
 // data-stat key (a dotted path into the stats JSON, or a derived name such as cost.relative);
 // the raw value goes into data-value and the formatted text into the element.
 import {
-  fmtInt, fmtPct, fmtMs, fmtSeconds, fmtUsd, fmtRate, tokenSplit, cacheCost,
+  fmtInt, fmtPct, fmtMs, fmtSeconds, fmtUsd, fmtRate, fmtBytes, tokenSplit, cacheCost,
   prefillSavedSeconds, historyPoints, escapeHtml,
 } from './format.js';
 import { chartWindow, drawHitChart, drawSparkline } from './charts.js';
@@ -164,11 +164,31 @@ function renderChart(doc, stats) {
   doc.getElementById('chart-window').textContent = `last ${fmtSeconds(tMax - tMin)}`;
 }
 
+// Memory and the disk tier side by side; without a disk tier its figures read "n/a".
+function renderTiers(doc, stats) {
+  const tiers = stats.tiers || {};
+  const memory = tiers.memory || {};
+  const disk = tiers.disk || {};
+  const on = !!disk.enabled;
+  setStat(doc, 'tiers.memory.blocks', memory.blocks ?? 0, fmtInt);
+  setStat(doc, 'tiers.memory.bytes', memory.bytes ?? 0, fmtBytes);
+  setStat(doc, 'tiers.memory.hit_tokens', memory.hit_tokens ?? 0, fmtInt);
+  for (const key of ['blocks', 'hit_tokens', 'loads', 'writes']) {
+    setStat(doc, `tiers.disk.${key}`, on ? disk[key] ?? 0 : null, fmtInt);
+  }
+  const dropped = Object.values(disk.drops || {}).reduce((a, b) => a + b, 0);
+  setStat(doc, 'tiers.disk.dropped', on ? dropped : null, fmtInt);
+  for (const key of ['bytes', 'budget_bytes']) setStat(doc, `tiers.disk.${key}`, on ? disk[key] ?? 0 : null, fmtBytes);
+  setStat(doc, 'tiers.disk.load_gb_per_s', on ? disk.load_gb_per_s : null, (v) => `${v.toFixed(2)} GB/s`);
+  setStat(doc, 'tiers.disk.full', on ? (disk.full ? 'yes' : 'no') : null, String);
+}
+
 // Render a snapshot. ctx: {basePrice: $/MTok, tenantHistory: name -> [{t, rate}]}.
 export function renderStats(doc, stats, ctx) {
   renderHeader(doc, stats);
   renderTokens(doc, stats, ctx.basePrice);
   renderGroups(doc, stats);
+  renderTiers(doc, stats);
   renderTenants(doc, stats, ctx.tenantHistory);
   renderPrefixes(doc, stats);
   renderChart(doc, stats);

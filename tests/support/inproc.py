@@ -20,11 +20,12 @@ from tests.support.server import ADMIN_KEY, tenant_key
 
 @contextlib.asynccontextmanager
 async def in_process_gateway(tenants=("acme", "beta", "gamma", "delta"), kv_cache_gb=0.002,
-                             max_model_len=512):
-    """Yields (base_url, app) once the engine is ready; shuts it down on exit."""
+                             max_model_len=512, cache: dict | None = None):
+    """Yields (base_url, app) once the engine is ready; shuts it down on exit. ``cache``:
+    more ``[cache]`` keys (a disk tier's ``disk_dir``, ``disk_gb``)."""
     config = config_from_dict({
         "model": {"tiny": True, "max_model_len": max_model_len},
-        "cache": {"kv_cache_gb": kv_cache_gb},
+        "cache": {"kv_cache_gb": kv_cache_gb, **(cache or {})},
         "admin": {"api_keys": [ADMIN_KEY]},
         "tenants": {t: {"api_keys": [tenant_key(t)], "requests_per_minute": 0,
                         "max_running": 64} for t in tenants}})

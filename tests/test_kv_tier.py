@@ -1,0 +1,351 @@
+"""The KV disk tier through the engine (tiny model): evicted prefixes come back from disk
+with the answers of a cold run, survive a restart, never cross a fingerprint or a
+namespace, and faults (a damaged record, a full disk, a held or unusable folder) cost
+reuse only. Every scenario ends with the integrity check."""
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+import stat
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from radixgate.runtime.engine import Engine
+from radixgate.runtime.kv_tier import TierFolderError
+from tests.support.engine import engine_config, tiny_model
+from tests.support.engine_compare import assert_clean, compare_greedy, greedy
+
+LOGIT_TOL = 1e-3
+NUM_BLOCKS = 40                     # 640 tokens of memory: three 300-token prompts evict
+PROMPT = list(range(100, 400))      # 300 tokens: 18 full blocks and a 12-token tail
+OTHERS = [list(range(1000 + k * 300, 1300 + k * 300)) for k in range(3)]
+
+
+def start(folder, **fields) -> Engine:
+    fields.setdefault("num_blocks", NUM_BLOCKS)
+    fields.setdefault("disk_gb", 0.01)
+    return Engine(tiny_model(), engine_config(disk_dir=str(folder), record_logits=True,
+                                              **fields)).start()
+
+
+@pytest.fixture(scope="module")
+def cold():
+    """Reference answers without any cache (another engine, nothing shared)."""
+    engine = Engine(tiny_model(), engine_config(num_blocks=NUM_BLOCKS, record_logits=True,
+                                                enable_prefix_cache=False)).start()
+    yield engine
+    engine.shutdown(grace_s=0)
+
+
+def tier_stats(engine: Engine):
+    return engine.request_snapshot().result(timeout=30).tier
+
+
+def evict_prompt(engine: Engine) -> None:
+    """Other prompts take the memory; the writer then has PROMPT's blocks on disk."""
+    for tokens in OTHERS:
+        engine.generate(greedy(tokens, max_tokens=2, namespace="ns-other"))
+    wait_written(engine)
+
+
+def wait_written(engine: Engine, timeout: float = 30) -> None:
+    stop = time.monotonic() + timeout
+    while tier_stats(engine).staged_bytes and time.monotonic() < stop:
+        time.sleep(0.02)
+
+
+def same_answer(engine, got, cold, tokens, namespace="ns-a"):
+    ref = cold.generate(greedy(tokens, namespace=namespace))
+    assert compare_greedy(engine, got, cold, ref, LOGIT_TOL).compared > 0
+
+
+def test_an_evicted_prefix_loads_back_from_disk_with_the_cold_answer(tmp_path, cold):
+    engine = start(tmp_path)
+    try:
+        first = engine.generate(greedy(PROMPT, namespace="ns-a"))
+        evict_prompt(engine)
+        assert tier_stats(engine).writes >= len(PROMPT) // 16
+        got = engine.generate(greedy(PROMPT, namespace="ns-a"))
+        assert first.usage.cache_read_tokens == 0
+        assert got.usage.cache_read_tokens == len(PROMPT) - 1     # all but the last token
+        snap = engine.request_snapshot().result(timeout=30)
+        assert snap.hit_tokens["disk"] == len(PROMPT) - 1
+        assert snap.tier.loaded_blocks == -(-len(PROMPT) // 16)  # 18 full blocks + the tail
+        same_answer(engine, got, cold, PROMPT)
+        assert got.output_token_ids == first.output_token_ids
+        assert_clean(engine)
+    finally:
+        engine.shutdown(grace_s=0)
+
+
+def test_a_restarted_server_serves_known_prefixes_from_disk(tmp_path, cold):
+    engine = start(tmp_path)
+    first = engine.generate(greedy(PROMPT, namespace="ns-a"))
+    engine.shutdown(grace_s=0)                  # the tree's content is kept at shutdown
+    files = [p for p in (tmp_path / "blocks").rglob("*") if p.is_file()]
+    assert files and all(stat.S_IMODE(p.stat().st_mode) == 0o600 for p in files)
+    engine = start(tmp_path)
+    try:
+        assert tier_stats(engine).blocks == len(files)
+        got = engine.generate(greedy(PROMPT, namespace="ns-a"))
+        assert got.usage.cache_read_tokens == len(PROMPT) - 1
+        assert got.output_token_ids == first.output_token_ids
+        same_answer(engine, got, cold, PROMPT)
+        other_ns = engine.generate(greedy(PROMPT, namespace="ns-b"))
+        assert other_ns.usage.cache_read_tokens == 0          # the namespace is in the key
+        assert_clean(engine)
+    finally:
+        engine.shutdown(grace_s=0)
+
+
+def test_another_fingerprint_reads_nothing(tmp_path, cold):
+    engine = start(tmp_path)
+    engine.generate(greedy(PROMPT, namespace="ns-a"))
+    engine.shutdown(grace_s=0)
+    engine = start(tmp_path, kv_dtype="float16")       # another KV layout: other addresses
+    try:
+        assert tier_stats(engine).blocks == 0
+        got = engine.generate(greedy(PROMPT, namespace="ns-a"))
+        assert got.usage.cache_read_tokens == 0
+        assert_clean(engine)
+    finally:
+        engine.shutdown(grace_s=0)
+
+
+def test_a_damaged_record_is_dropped_and_never_served(tmp_path, cold):
+    engine = start(tmp_path)
+    engine.generate(greedy(PROMPT, namespace="ns-a"))
+    engine.shutdown(grace_s=0)
+    records = sorted((tmp_path / "blocks").rglob("*.f"), key=lambda p: p.stat().st_mtime)
+    victim = records[len(records) // 2]
+    data = bytearray(victim.read_bytes())
+    data[-5] ^= 0xFF                                     # one flipped bit in the payload
+    victim.write_bytes(bytes(data))
+    torn = records[-1]
+    torn.write_bytes(torn.read_bytes()[:100])            # a torn write
+    engine = start(tmp_path)
+    try:
+        got = engine.generate(greedy(PROMPT, namespace="ns-a"))
+        stats = tier_stats(engine)
+        assert stats.drops["corrupt"] >= 1 and not victim.exists()
+        assert 0 < got.usage.cache_read_tokens < len(PROMPT) - 1   # the run ends before it
+        same_answer(engine, got, cold, PROMPT)
+        assert_clean(engine)
+    finally:
+        engine.shutdown(grace_s=0)
+
+
+def test_the_disk_budget_evicts_least_recently_used_blocks(tmp_path):
+    budget_gb = 40 * 8300 / 2**30                        # about 40 records of the tiny model
+    engine = start(tmp_path, disk_gb=budget_gb)
+    try:
+        for k in range(4):
+            engine.generate(greedy(list(range(3000 + k * 400, 3400 + k * 400)), max_tokens=2))
+        evict_prompt(engine)
+        stats = tier_stats(engine)
+        assert stats.evicted > 0 and stats.bytes <= stats.budget_bytes
+        on_disk = sum(p.stat().st_size for p in (tmp_path / "blocks").rglob("*") if p.is_file())
+        assert on_disk == stats.bytes
+        assert_clean(engine)
+    finally:
+        engine.shutdown(grace_s=0)
+
+
+def test_a_full_disk_stops_writes_and_the_server_keeps_serving(tmp_path, cold, caplog):
+    engine = start(tmp_path)
+    backend = engine.core.tier.backend
+
+    def no_space(*args):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    backend.put = no_space
+    try:
+        engine.generate(greedy(PROMPT, namespace="ns-a"))
+        evict_prompt(engine)
+        stats = tier_stats(engine)
+        assert stats.full and stats.drops["disk_full"] > 0 and stats.writes == 0
+        assert "disk is full" in caplog.text
+        got = engine.generate(greedy(PROMPT, namespace="ns-a"))
+        assert got.usage.cache_read_tokens == 0              # recomputed, same answer
+        same_answer(engine, got, cold, PROMPT)
+        assert_clean(engine)
+    finally:
+        engine.shutdown(grace_s=0)
+
+
+def test_a_second_server_on_the_same_folder_is_refused(tmp_path):
+    engine = start(tmp_path)
+    try:
+        with pytest.raises(TierFolderError, match="in use by another radixgate server"):
+            start(tmp_path)
+        start_sub = start(tmp_path / "replica-1")            # a replica's own subfolder
+        start_sub.shutdown(grace_s=0)
+    finally:
+        engine.shutdown(grace_s=0)
+    start(tmp_path).shutdown(grace_s=0)                      # free again once closed
+
+
+def test_an_unusable_folder_is_a_clear_error_at_start(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    with pytest.raises(TierFolderError, match="cannot be used"):
+        start(blocker / "kv")
+
+
+def test_a_flush_purges_the_namespace_on_disk(tmp_path):
+    engine = start(tmp_path)
+    try:
+        engine.generate(greedy(PROMPT, namespace="ns-a"))
+        engine.generate(greedy(PROMPT, namespace="ns-b"))
+        evict_prompt(engine)
+        engine.flush("ns-a").result(timeout=30)
+        wait_written(engine)
+        got_a = engine.generate(greedy(PROMPT, namespace="ns-a"))
+        got_b = engine.generate(greedy(PROMPT, namespace="ns-b"))
+        assert got_a.usage.cache_read_tokens == 0
+        assert got_b.usage.cache_read_tokens == len(PROMPT) - 1
+        assert_clean(engine)
+    finally:
+        engine.shutdown(grace_s=0)
+
+
+def test_a_request_aborted_while_loading_frees_its_blocks(tmp_path):
+    engine = start(tmp_path)
+    try:
+        engine.generate(greedy(PROMPT, namespace="ns-a"))
+        evict_prompt(engine)
+        backend = engine.core.tier.backend
+        reading, release = threading.Event(), threading.Event()
+        read = backend.read
+
+        def slow_read(record):
+            reading.set()
+            release.wait(30)
+            return read(record)
+
+        backend.read = slow_read
+        future = engine.submit_future(greedy(PROMPT, namespace="ns-a", request_id="slow"))
+        assert reading.wait(30)
+        other = engine.generate(greedy(OTHERS[0], max_tokens=2, namespace="ns-c"), timeout=60)
+        assert other.usage.prompt_tokens == len(OTHERS[0])    # others run while it loads
+        aborted = engine.abort("slow")
+        time.sleep(0.05)
+        release.set()
+        assert aborted.result(timeout=30) is True
+        assert future.result(timeout=30).reason.value == "aborted"
+        backend.read = read
+        assert_clean(engine)
+    finally:
+        engine.shutdown(grace_s=0)
+
+
+def test_files_are_private_to_the_server_user(tmp_path):
+    engine = start(tmp_path)
+    engine.generate(greedy(PROMPT, namespace="ns-a"))
+    engine.shutdown(grace_s=0)
+    for path in (tmp_path / "blocks").rglob("*"):
+        mode = stat.S_IMODE(path.stat().st_mode)
+        assert mode & 0o077 == 0, (path, oct(mode))
+    assert stat.S_IMODE(os.stat(Path(tmp_path) / "lock").st_mode) & 0o077 == 0
+
+
+async def test_stats_metrics_and_usage_show_the_disk_tier_over_http(tmp_path):
+    """A prompt evicted from a tiny memory budget comes back from disk: its usage counts the
+    disk hit as cache reads; /v1/cache/stats and /metrics show both tiers (admin)."""
+    import aiohttp
+
+    from tests.support import client as c
+    from tests.support.inproc import engine_of, in_process_gateway
+    from tests.support.server import ADMIN_KEY, tenant_key
+
+    acme = c.headers(tenant_key("acme"))
+    system = " ".join(f"rule{i} keeps answers short" for i in range(40))
+    async with in_process_gateway(tenants=("acme",), kv_cache_gb=0.0004,
+                                  cache={"disk_dir": str(tmp_path), "disk_gb": 0.01}
+                                  ) as (base, app):
+        async with aiohttp.ClientSession(base) as http:
+            body = c.anthropic_body("first question", system=system, max_tokens=2)
+            first = await (await http.post(c.ANTHROPIC_PATH, headers=acme, json=body)).json()
+            for k in range(4):                         # other prompts take the memory
+                other = c.anthropic_body(f"other {k} " + system.replace("rule", f"x{k}"),
+                                         max_tokens=2)
+                assert (await http.post(c.ANTHROPIC_PATH, headers=acme, json=other)).status == 200
+            await asyncio.sleep(0.3)                   # the writer catches up
+            again = await (await http.post(c.ANTHROPIC_PATH, headers=acme, json=body)).json()
+            assert first["usage"]["cache_read_input_tokens"] == 0
+            assert again["usage"]["cache_read_input_tokens"] > 0.9 * first["usage"]["input_tokens"]
+            assert again["content"] == first["content"]
+            _, stats = await c.get_json(http, base + "/v1/cache/stats", ADMIN_KEY)
+            disk = stats["tiers"]["disk"]
+            assert disk["enabled"] and disk["hit_tokens"] > 0 and disk["loads"] == 1
+            assert disk["writes"] > 0 and disk["bytes"] > 0 and not disk["full"]
+            assert stats["tiers"]["memory"]["blocks"] > 0
+            _, mine = await c.get_json(http, base + "/v1/cache/stats", tenant_key("acme"))
+            assert mine["tiers"]["disk"]["hit_tokens"] == 0 and mine["tiers"]["disk"]["enabled"]
+            text = await (await http.get("/metrics", headers=c.headers(ADMIN_KEY))).text()
+            assert 'radixgate_kv_tier_hit_tokens_total{tier="disk"}' in text
+            assert 'radixgate_kv_tier_blocks{tier="disk"}' in text
+            assert "radixgate_kv_tier_disk_full 0.0" in text
+            assert 'radixgate_kv_tier_drops_total{reason="disk_full"} 0.0' in text
+        assert_clean(engine_of(app))
+
+
+def test_pinned_prefixes_stay_in_the_tier_for_their_ttl_when_the_budget_is_short():
+    """Host-memory backend, same tier code: a retained prefix outlives LRU pressure; and
+    loading it back gives the bytes that were spilled."""
+    import torch
+
+    from radixgate.runtime.kv_cache import KVCache
+    from radixgate.runtime.kv_tier import KVTier, MemoryBackend
+
+    kv = KVCache(2, 64, 4, 2, 8, "float32")
+    for part in kv.block_parts():
+        part.copy_(torch.randint(0, 255, part.shape, dtype=torch.uint8))
+    tier = KVTier(MemoryBackend(), kv, b"f" * 16, budget_bytes=10 * 1000, kind="memory")
+    record = tier.record_bytes(4)                      # 512 payload bytes + the prefix
+    tier.index.budget_bytes = 6 * record               # room for six blocks
+    pinned = list(range(16))                           # 4 blocks
+    try:
+        tier.retain("ns", pinned, ttl_s=3600)
+        tier.spill("ns", pinned, 0, 16, [0, 1, 2, 3])
+        for k in range(5):                             # 20 more blocks push the budget
+            tokens = list(range(100 * (k + 1), 100 * (k + 1) + 16))
+            tier.spill("ns", tokens, 0, 16, [4 + 4 * k + i for i in range(4)])
+        tier.close()
+        stats = tier.stats()
+        assert stats.evicted > 0 and stats.bytes <= 6 * record
+        chain = tier.chain("ns", pinned)
+        assert all(digest in tier.index for digest in chain)    # the pinned prefix stayed
+        expected = [part[:, 0:4].clone() for part in kv.block_parts()]
+        tier2 = KVTier(tier.backend, kv, b"f" * 16, budget_bytes=10 * 1000, kind="memory")
+        tier2.index = tier.index
+        run = tier2.find("ns", pinned, 0, chain)
+        ticket = tier2.load(run, [40, 41, 42, 43])
+        assert ticket.wait(10) and ticket.loaded == 4 and ticket.length == 16
+        for want, part in zip(expected, kv.block_parts()):
+            assert torch.equal(part[:, 40:44], want)
+        tier2.close()
+    finally:
+        tier.close()
+
+
+def test_a_24h_breakpoint_holds_memory_at_most_an_hour_and_the_tier_for_a_day(tmp_path):
+    from radixgate.runtime.api import Breakpoint
+
+    engine = start(tmp_path)
+    try:
+        engine.generate(greedy(PROMPT, namespace="ns-a",
+                               breakpoints=(Breakpoint(len(PROMPT), 86400.0),)))
+        snap = engine.request_snapshot().result(timeout=30)
+        assert snap.pins and 3500 < snap.pins[0].pin_ttl_s <= 3600
+        index = engine.core.tier.index
+        chain = engine.core.tier.chain("ns-a", PROMPT)
+        now = time.time()
+        assert all(index.retained(d, now + 80000) for d in chain)
+        assert not index.retained(chain[0], now + 90000)
+    finally:
+        engine.shutdown(grace_s=0)
