@@ -16,8 +16,11 @@ $(VENV)/.installed: pyproject.toml
 
 install: $(VENV)/.installed
 
+KV_DISK_DIR ?= $(HOME)/.cache/radixgate/kv
+KV_DISK_GB ?= 4
+
 serve: install
-	$(VENV)/bin/radixgate serve $(ARGS)
+	$(VENV)/bin/radixgate serve --kv-disk-dir $(KV_DISK_DIR) --kv-disk-gb $(KV_DISK_GB) $(ARGS)
 
 browser-deps:
 	@command -v chromium >/dev/null 2>&1 || test -x /usr/bin/chromium || \

@@ -31,7 +31,9 @@ EngineFactory = Callable[[GatewayConfig], object]
 def default_engine_factory(config: GatewayConfig):
     """Loads the configured model and starts an Engine sized by the config."""
     from radixgate.runtime.engine import Engine
+    from radixgate.runtime.kv_tier import check_disk_folder
     from radixgate.runtime.loader import load_model
+    check_disk_folder(config.cache)        # a clear error before the model loads
     loaded = load_model(config.model.path, tiny=config.model.tiny,
                         max_model_len=config.model.max_model_len,
                         weights_dtype=config.model.weights_dtype)

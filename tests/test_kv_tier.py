@@ -182,6 +182,10 @@ def test_a_second_server_on_the_same_folder_is_refused(tmp_path):
     try:
         with pytest.raises(TierFolderError, match="in use by another radixgate server"):
             start(tmp_path)
+        from radixgate.radix_cache import CacheConfig
+        from radixgate.runtime.kv_tier import check_disk_folder
+        with pytest.raises(TierFolderError, match=f"pid {os.getpid()}"):
+            check_disk_folder(CacheConfig(disk_dir=str(tmp_path), disk_gb=1))
         start_sub = start(tmp_path / "replica-1")            # a replica's own subfolder
         start_sub.shutdown(grace_s=0)
     finally:
@@ -194,6 +198,11 @@ def test_an_unusable_folder_is_a_clear_error_at_start(tmp_path):
     blocker.write_text("not a folder")
     with pytest.raises(TierFolderError, match="cannot be used"):
         start(blocker / "kv")
+    from radixgate.radix_cache import CacheConfig
+    from radixgate.runtime.kv_tier import check_disk_folder
+    with pytest.raises(TierFolderError, match="cannot be used"):
+        check_disk_folder(CacheConfig(disk_dir=str(blocker / "kv"), disk_gb=1))
+    check_disk_folder(CacheConfig(disk_dir=str(tmp_path / "fine"), disk_gb=1))
 
 
 def test_a_flush_purges_the_namespace_on_disk(tmp_path):

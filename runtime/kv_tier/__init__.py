@@ -12,6 +12,13 @@ from .records import CorruptRecord
 from .tier import KVTier, LoadTicket, TierStats, space_key
 
 
+def check_disk_folder(cache) -> None:
+    """Before loading a model: ``TierFolderError`` now when ``cache``'s disk tier folder
+    cannot be used (unwritable, or held by another server); nothing without a tier."""
+    if cache.disk_dir:
+        DiskBackend.check_folder(cache.disk_dir)
+
+
 def open_disk_tier(cache, kv, fingerprint: bytes, description: str = "") -> KVTier:
     """The disk tier of ``cache`` (a CacheConfig with ``disk_dir``) over ``kv``; raises
     ``TierFolderError`` when its folder cannot be used (unwritable, held by another server)."""
@@ -24,6 +31,6 @@ def open_disk_tier(cache, kv, fingerprint: bytes, description: str = "") -> KVTi
         raise
 
 
-__all__ = ["CorruptRecord", "DiskBackend", "KVTier", "LoadTicket", "MemoryBackend",
+__all__ = ["CorruptRecord", "check_disk_folder", "DiskBackend", "KVTier", "LoadTicket", "MemoryBackend",
            "TierBackend", "TierFolderError", "TierStats", "model_fingerprint",
            "open_disk_tier", "space_key"]

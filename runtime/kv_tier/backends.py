@@ -116,6 +116,21 @@ class DiskBackend:
             self.close()
             raise
 
+    @staticmethod
+    def check_folder(folder: str | os.PathLike) -> None:
+        """Raise ``TierFolderError`` unless ``folder`` can be created, written and locked
+        now (the lock is released again)."""
+        path = Path(folder)
+        try:
+            path.mkdir(parents=True, exist_ok=True, mode=0o700)
+            os.close(_take_lock(path / "lock"))
+        except TierFolderError:
+            raise
+        except OSError as exc:
+            raise TierFolderError(f"the KV disk tier folder {path} cannot be used: "
+                                  f"{exc.strerror or exc} (set [cache] disk_dir / "
+                                  "--kv-disk-dir to a folder this user can write)") from exc
+
     # ---- start -------------------------------------------------------------------------
     def _check_manifest(self, fingerprint: bytes, description: str) -> None:
         manifest = self.folder / "tier.json"
