@@ -143,6 +143,11 @@ class Engine:
         tier's blocks of ``namespace`` (all when None); returns freed memory blocks."""
         return self._command(self.core.flush, namespace)
 
+    def evict(self, num_blocks: int) -> Future:
+        """Future[int]: evicts up to ``num_blocks`` unlocked blocks as memory pressure
+        would (into the lower tier, when there is one); returns the blocks freed."""
+        return self._command(self.core.tree.evict, num_blocks)
+
     def pin(self, namespace: str, tokens: Sequence[int], ttl_s: float, owner: str = "") -> Future:
         """Future[int]: pins the longest cached prefix of tokens; returns the pinned length."""
         return self._command(self.core.tree.pin, namespace, list(tokens), ttl_s, owner)

@@ -8,7 +8,9 @@ all). A waiting request whose prompt shares notably more with a prompt now being
 than with the tree waits for that prefill to be inserted, so a shared prefix is computed
 once. When a decoding sequence needs a block and eviction cannot free one, the newest
 running sequence is preempted: its computed prefix goes into the tree and it is requeued at
-the front of its tenant's queue.
+the front of its tenant's queue. A sequence admitted with its prefix loading from the lower
+KV tier (``seq.tier_load``) runs no chunk until the load is done (``BlockManager.finish_load``);
+the others go on meanwhile.
 """
 from __future__ import annotations
 

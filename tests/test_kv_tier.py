@@ -127,7 +127,10 @@ def test_a_damaged_record_is_dropped_and_never_served(tmp_path, cold):
     victim.write_bytes(bytes(data))
     torn = records[-1]
     torn.write_bytes(torn.read_bytes()[:100])            # a torn write
+    leftover = victim.with_name(victim.name + ".tmp")    # a kill -9 during a write
+    leftover.write_bytes(b"half a record")
     engine = start(tmp_path)
+    assert not leftover.exists()
     try:
         got = engine.generate(greedy(PROMPT, namespace="ns-a"))
         stats = tier_stats(engine)
@@ -358,3 +361,28 @@ def test_a_24h_breakpoint_holds_memory_at_most_an_hour_and_the_tier_for_a_day(tm
         assert not index.retained(chain[0], now + 90000)
     finally:
         engine.shutdown(grace_s=0)
+
+
+def test_a_spill_beyond_the_staging_room_keeps_what_fits_and_never_waits():
+    from radixgate.runtime.kv_cache import KVCache
+    from radixgate.runtime.kv_tier import KVTier, MemoryBackend
+
+    kv = KVCache(2, 32, 4, 2, 8, "float32")
+    backend = MemoryBackend()
+    gate = threading.Event()
+    put = backend.put
+    backend.put = lambda *args: (gate.wait(30), put(*args))
+    tier = KVTier(backend, kv, b"f" * 16, budget_bytes=1 << 20, kind="memory",
+                  staging_bytes=1500)                  # room for one record (1,072 bytes)
+    try:
+        started = time.monotonic()
+        staged = tier.spill("ns", list(range(16)), 0, 16, [0, 1, 2, 3])
+        assert time.monotonic() - started < 5            # the writer is stuck: no waiting
+        assert staged == 1 and tier.stats().drops["backlog"] == 3
+        gate.set()
+        assert tier.spill("ns", list(range(16)), 0, 16, [0, 1, 2, 3], wait=True) == 3
+        tier.close()
+        assert tier.stats().writes == 4 and len(backend.data) == 4
+    finally:
+        gate.set()
+        tier.close()

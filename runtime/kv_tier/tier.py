@@ -220,25 +220,46 @@ class KVTier:
         with self.lock:
             todo = [(a, b) for a, b in zip(addresses, blocks)
                     if a.digest not in self.index and a.digest not in self.pending]
-            if not todo:
-                return 0
-            nbytes = sum(self.record_bytes(a.count) for a, _ in todo)
+        staged = 0
+        for chunk in self._chunks(todo):
+            if not self._stage(space, chunk, wait):
+                with self.lock:
+                    self.drops["backlog"] += len(todo) - staged
+                break
+            staged += len(chunk)
+        return staged
+
+    def _chunks(self, todo: list) -> list[list]:
+        """``todo`` in pieces of at most a quarter of the staging buffer (at least one
+        block each), so a long evicted range is staged as room allows."""
+        limit = max(1, self.staging_limit // 4 // self.record_bytes(self.block_size))
+        return [todo[i:i + limit] for i in range(0, len(todo), limit)]
+
+    def _stage(self, space: str, chunk: list, wait: bool) -> bool:
+        """Copy ``chunk``'s blocks into a staging tensor and queue it; False when there is
+        no room (``wait``: until there is)."""
+        nbytes = sum(self.record_bytes(a.count) for a, _ in chunk)
+        with self.lock:
+            fits = lambda: (self.staged_bytes + nbytes <= self.staging_limit  # noqa: E731
+                            or not self.staged_bytes)
             if wait:
-                self.room.wait_for(lambda: self.staged_bytes + nbytes <= self.staging_limit
-                                   or not self.staged_bytes)
-            elif self.staged_bytes + nbytes > self.staging_limit:
-                self.drops["backlog"] += len(todo)
-                return 0
-            self.pending.update(a.digest for a, _ in todo)
+                self.room.wait_for(fits)
+            elif not fits():
+                return False
+            fresh = [(a, b) for a, b in chunk if a.digest not in self.pending]
+            self.pending.update(a.digest for a, _ in fresh)
+            nbytes = sum(self.record_bytes(a.count) for a, _ in fresh)
             self.staged_bytes += nbytes
             epoch = (self.epoch, self.epochs.get(space, 0))
+        if not fresh:
+            return True
         try:
-            parts = self.kv.gather_blocks([b for _, b in todo])
+            parts = self.kv.gather_blocks([b for _, b in fresh])
         except BaseException:
-            self._release_staged([a.digest for a, _ in todo], nbytes)
+            self._release_staged([a.digest for a, _ in fresh], nbytes)
             raise
-        self._writes.put(_StagedWrite(space, epoch, [a for a, _ in todo], parts, nbytes))
-        return len(todo)
+        self._writes.put(_StagedWrite(space, epoch, [a for a, _ in fresh], parts, nbytes))
+        return True
 
     def load(self, run: TierRun, blocks: list[int]) -> LoadTicket:
         """Queue ``run``'s records into ``blocks`` (one per record, the caller's own)."""
