@@ -12,7 +12,10 @@ in every ``tokens``, ``requests.preemptions`` (server-wide, admin only), ``tree.
 that dtype: configuration, so a tenant sees it too), ``tiers`` (the KV held in memory and
 in the disk tier: blocks, bytes, prompt tokens served from each, the disk tier's loads,
 writes, drops by reason and whether its disk is full; server-wide, so admin only: a tenant
-gets zeros, and ``enabled`` and the disk budget, which are configuration).
+gets zeros, and ``enabled`` and the disk budget, which are configuration), ``replicas``
+(scale-out: each
+engine replica's blocks, hit rate, running and waiting; the other counts are their sums;
+empty with one engine).
 """
 from __future__ import annotations
 
@@ -53,6 +56,7 @@ def build_stats(snapshot, book: UsageBook, *, model: str, tenant: str | None,
         "history": book.history(tenant),
         "prefill_tokens_per_s": _prefill_rate(snapshot.prefill_tokens_per_s, admin),
         "tiers": _tiers(snapshot, admin),
+        "replicas": _replicas(snapshot, admin),
     }
 
 
@@ -81,6 +85,20 @@ def _tiers(snapshot, admin: bool) -> dict:
 
 def _rate(nbytes: int, seconds: float) -> float | None:
     return round(nbytes / seconds / 1e9, 3) if seconds > 0 and nbytes > 0 else None
+
+
+def _replicas(snapshot, admin: bool) -> list[dict]:
+    """Scale-out (``--replicas N``): each engine replica, the others' sum above. A tenant
+    gets the list with capacity only, as for ``blocks``."""
+    out = []
+    for r in getattr(snapshot, "replicas", ()):
+        item = {"replica": r.replica, "blocks": _blocks_of(r.blocks, admin),
+                "hit_rate": r.hit_rate if admin else 0.0,
+                "running": r.running if admin else 0, "waiting": r.waiting if admin else 0}
+        if admin:
+            item.update(in_flight=r.in_flight, indexed_blocks=r.indexed_blocks)
+        out.append(item)
+    return out
 
 
 def _prefill_rate(rate: float, admin: bool) -> float:
@@ -115,7 +133,10 @@ def _capacity(snapshot) -> dict:
 
 
 def _blocks(snapshot, admin: bool) -> dict:
-    b = snapshot.blocks
+    return _blocks_of(snapshot.blocks, admin)
+
+
+def _blocks_of(b, admin: bool) -> dict:
     if not admin:
         return {"total": b.total, "free": 0, "cached": 0, "pinned": 0, "in_use": 0}
     return {"total": b.total, "free": b.free, "cached": b.cached, "pinned": b.pinned,

@@ -5,6 +5,7 @@
                     [--kv-disk-dir DIR --kv-disk-gb G]   # the disk tier
                     [--max-model-len N] [--threads N] [--log-level L]
                     [--no-prefix-cache] [--page-rounded-match]   # baselines
+                    [--replicas N] [--ray-address ADDR] [--kv-events-endpoint tcp://127.0.0.1:P]
     radixgate generate "prompt" [--chat] [--system S] [--max-tokens N] [--temperature T]
                     [--repeat K] [--tiny] [--model PATH] [--threads N]
     radixgate plan [planner args...]       # runtime/planner.py's CLI
@@ -58,6 +59,14 @@ def build_parser() -> argparse.ArgumentParser:
                        help="reuse cached prefixes in whole blocks only (benchmark baseline)")
     serve.add_argument("--plain-lru", action="store_true", default=None,
                        help="deprecated: use --policy lru")
+    serve.add_argument("--replicas", type=int, metavar="N",
+                       help="N engine replicas on Ray Serve behind the prefix router "
+                            "([cluster] replicas; 1: one engine in this process)")
+    serve.add_argument("--ray-address", metavar="ADDR",
+                       help="join this Ray cluster instead of starting a local one")
+    serve.add_argument("--kv-events-endpoint", metavar="tcp://127.0.0.1:PORT",
+                       help="publish KV cache events (vLLM's format, ZMQ PUB) here; a "
+                            "loopback address unless [server] kv_events_allow_remote")
     gen = sub.add_parser("generate", help="run one prompt through the engine (no HTTP)")
     gen.add_argument("prompt")
     gen.add_argument("--chat", action="store_true", help="render the prompt as a user message")
@@ -110,7 +119,8 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
                  "kv_disk_dir": getattr(args, "kv_disk_dir", None),
                  "kv_disk_gb": getattr(args, "kv_disk_gb", None)}
     for name in ("host", "port", "log_level", "enable_prefix_cache", "page_rounded_match",
-                 "body_timeout_s", "max_unsent_events", "stream_send_buffer_bytes"):
+                 "body_timeout_s", "max_unsent_events", "stream_send_buffer_bytes",
+                 "replicas", "ray_address", "kv_events_endpoint"):
         overrides[name] = getattr(args, name, None)
     return load_config(getattr(args, "config", None), overrides)
 

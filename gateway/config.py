@@ -43,6 +43,8 @@ class ServerConfig:
     stream_send_buffer_bytes: int = 262144   # kernel send buffer of a stream (0: the kernel's)
     shutdown_grace_s: float = 10.0
     log_level: str = "info"
+    kv_events_endpoint: str = ""     # publish KV events (vLLM format, ZMQ PUB) here; "" off
+    kv_events_allow_remote: bool = False   # bind kv_events_endpoint to a non-loopback host
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +69,25 @@ MOVED_MODEL_KEYS = {
 
 
 @dataclass(frozen=True, slots=True)
+class ClusterConfig:
+    """``[cluster]``: engine replicas on Ray Serve behind the prefix router (``cluster/``).
+    ``replicas`` 1 and no ``ray_address`` / ``max_replicas``: one engine in this process."""
+
+    replicas: int = 1
+    ray_address: str = ""            # join this Ray cluster ("": start a local one)
+    min_replicas: int = 0            # max_replicas > 0: Ray Serve autoscaling in [min, max]
+    max_replicas: int = 0
+    num_cpus: int = 0                # a local Ray cluster's CPUs (0: Ray's count)
+    balance_abs: int = 4             # routing: cache-aware while a replica's load is within
+    balance_rel: float = 1.5         # min + balance_abs or min x balance_rel ...
+    load_tokens: int = 256           # ... and a queued request weighs this many tokens
+
+    @property
+    def enabled(self) -> bool:
+        return self.replicas > 1 or bool(self.ray_address) or self.max_replicas > 0
+
+
+@dataclass(frozen=True, slots=True)
 class TenantConfig:
     name: str
     api_keys: tuple[str, ...] = ()
@@ -84,6 +105,7 @@ class GatewayConfig:
     server: ServerConfig = field(default_factory=ServerConfig)
     model: ModelSettings = field(default_factory=ModelSettings)
     cache: CacheConfig = field(default_factory=CacheConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
     admin_keys: tuple[str, ...] = ()
     tenants: tuple[TenantConfig, ...] = ()
 
@@ -122,6 +144,8 @@ _FLAG_FIELDS = {
     "kv_disk_dir": ("cache", "disk_dir"), "kv_disk_gb": ("cache", "disk_gb"),
     "enable_prefix_cache": ("cache", "enable_prefix_cache"),
     "page_rounded_match": ("cache", "page_rounded_match"),
+    "kv_events_endpoint": ("server", "kv_events_endpoint"),
+    "replicas": ("cluster", "replicas"), "ray_address": ("cluster", "ray_address"),
 }
 
 
@@ -142,7 +166,8 @@ def config_from_dict(raw: dict[str, Any], overrides: dict[str, Any] | None = Non
                      ) -> GatewayConfig:
     sections = {"server": _section(raw, "server", ServerConfig),
                 "model": _section(raw, "model", ModelSettings, moved=MOVED_MODEL_KEYS),
-                "cache": _section(raw, "cache", CacheConfig)}
+                "cache": _section(raw, "cache", CacheConfig),
+                "cluster": _section(raw, "cluster", ClusterConfig)}
     credit = _table(sections["cache"].pop("credit", {}), "cache.credit", CreditParams)
     _move_deprecated_keys(sections["model"], sections["cache"], credit)
     for flag, value in (overrides or {}).items():
@@ -155,7 +180,7 @@ def config_from_dict(raw: dict[str, Any], overrides: dict[str, Any] | None = Non
     admin = raw.get("admin", {})
     if set(admin) - {"api_keys"}:
         raise ConfigError(f"unknown keys in [admin]: {sorted(set(admin) - {'api_keys'})}")
-    unknown_sections = set(raw) - {"server", "model", "cache", "admin", "tenants"}
+    unknown_sections = set(raw) - {"server", "model", "cache", "cluster", "admin", "tenants"}
     if unknown_sections:
         raise ConfigError(f"unknown config sections: {sorted(unknown_sections)}")
     tenants = tuple(_tenant(name, body) for name, body in raw.get("tenants", {}).items())
@@ -163,6 +188,7 @@ def config_from_dict(raw: dict[str, Any], overrides: dict[str, Any] | None = Non
         server=_build(ServerConfig, sections["server"]),
         model=_build(ModelSettings, sections["model"]),
         cache=_cache_config(sections["cache"], credit),
+        cluster=_build(ClusterConfig, sections["cluster"]),
         admin_keys=tuple(_str_list(admin.get("api_keys", []), "admin.api_keys")),
         tenants=tenants)
     _validate(cfg)
@@ -267,6 +293,7 @@ def _validate(cfg: GatewayConfig) -> None:
     if s.body_timeout_s <= 0 or s.max_unsent_events < 1 or s.stream_send_buffer_bytes < 0:
         raise ConfigError("server.body_timeout_s must be > 0, max_unsent_events >= 1 and "
                           "stream_send_buffer_bytes >= 0 (0: the kernel's choice)")
+    _validate_cluster(cfg)
     seen: dict[str, str] = {k: "admin" for k in cfg.admin_keys}
     for t in cfg.tenants:
         if t.name in (PUBLIC_NAMESPACE, "admin") or not t.name:
@@ -282,3 +309,19 @@ def _validate(cfg: GatewayConfig) -> None:
             if key in seen:
                 raise ConfigError(f"an API key of tenant {t.name!r} is also used by {seen[key]!r}")
             seen[key] = t.name
+
+
+def _validate_cluster(cfg: GatewayConfig) -> None:
+    c = cfg.cluster
+    if c.replicas < 1 or c.min_replicas < 0 or c.num_cpus < 0:
+        raise ConfigError("cluster.replicas must be >= 1, min_replicas and num_cpus >= 0")
+    if c.max_replicas and not c.min_replicas <= c.replicas <= c.max_replicas:
+        raise ConfigError("cluster autoscaling needs min_replicas <= replicas <= max_replicas")
+    if c.balance_abs < 0 or c.balance_rel < 1.0 or c.load_tokens < 0:
+        raise ConfigError("cluster.balance_abs and load_tokens must be >= 0, balance_rel >= 1")
+    if cfg.server.kv_events_endpoint:
+        from radixgate.runtime.kv_events import EndpointError, check_endpoint
+        try:
+            check_endpoint(cfg.server.kv_events_endpoint, cfg.server.kv_events_allow_remote)
+        except EndpointError as e:
+            raise ConfigError(f"server.kv_events_endpoint: {e}") from None

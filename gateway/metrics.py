@@ -166,6 +166,7 @@ class _SnapshotCollector(Collector):
                                   value=snap.preemptions)
         yield from _tenant_gauges(snap)
         yield from _tier_series(snap)
+        yield from _replica_gauges(snap)
         yield from _vllm_gauges(snap, usage, self._model_name())
 
 
@@ -207,6 +208,29 @@ def _tier_series(snap):
                             value=tier.budget_bytes)
     yield GaugeMetricFamily("radixgate_kv_tier_disk_full", "1 while the disk tier's disk is "
                             "full (writes stopped)", value=int(tier.full))
+
+
+def _replica_gauges(snap):
+    """Scale-out: the same figures per engine replica (label ``replica``); none with one
+    engine."""
+    replicas = getattr(snap, "replicas", ())
+    if not replicas:
+        return
+    blocks = GaugeMetricFamily("radixgate_replica_kv_blocks", "KV blocks by state per "
+                               "replica", labels=["replica", "state"])
+    running = GaugeMetricFamily("radixgate_replica_requests_running", "Running requests per "
+                                "replica", labels=["replica"])
+    waiting = GaugeMetricFamily("radixgate_replica_requests_waiting", "Waiting requests per "
+                                "replica", labels=["replica"])
+    hit_rate = GaugeMetricFamily("radixgate_replica_hit_rate", "Cached / prompt tokens of "
+                                 "the requests a replica finished", labels=["replica"])
+    for r in replicas:
+        for state in ("free", "cached", "pinned", "in_use"):
+            blocks.add_metric([r.replica, state], getattr(r.blocks, state))
+        running.add_metric([r.replica], r.running)
+        waiting.add_metric([r.replica], r.waiting)
+        hit_rate.add_metric([r.replica], r.hit_rate)
+    yield from (blocks, running, waiting, hit_rate)
 
 
 def _vllm_gauges(snap, usage: float, model: str):

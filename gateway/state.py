@@ -29,7 +29,11 @@ EngineFactory = Callable[[GatewayConfig], object]
 
 
 def default_engine_factory(config: GatewayConfig):
-    """Loads the configured model and starts an Engine sized by the config."""
+    """Loads the configured model and starts an Engine sized by the config; with
+    ``[cluster]`` replicas, starts them on Ray Serve instead (gateway/scaleout.py)."""
+    if config.cluster.enabled:
+        from radixgate.gateway.scaleout import start_cluster_engine
+        return start_cluster_engine(config, engine_config(config))
     from radixgate.runtime.engine import Engine
     from radixgate.runtime.kv_tier import check_disk_folder
     from radixgate.runtime.loader import load_model
@@ -41,6 +45,7 @@ def default_engine_factory(config: GatewayConfig):
 
 
 def engine_config(config: GatewayConfig):
+    """The engine's config; with ``[server] kv_events_endpoint`` its KV events go there."""
     from radixgate.runtime.engine_config import EngineConfig, TenantQuota
     quotas = {t.name: TenantQuota(max_running=t.max_running, max_pinned_tokens=t.max_pinned_tokens,
                                   max_queued=config.queue_share(t),
@@ -50,7 +55,9 @@ def engine_config(config: GatewayConfig):
     return EngineConfig(cache=config.cache,
                         max_model_len=config.model.max_model_len,
                         max_queue=config.server.max_queue, tenant_quotas=quotas,
-                        max_unsent_events=config.server.max_unsent_events)
+                        max_unsent_events=config.server.max_unsent_events,
+                        kv_events_endpoint=config.server.kv_events_endpoint or None,
+                        kv_events_allow_remote=config.server.kv_events_allow_remote)
 
 
 def _warm_up(tokenizer) -> None:

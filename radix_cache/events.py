@@ -17,6 +17,10 @@ class CacheEvent:
     re-divide a stored range. When an extension lets a node swap its partial last block for
     the extending request's copy, the node emits ``removed`` (reason ``replaced``) and then
     ``stored`` for that block's part of its range.
+
+    ``tokens``: for a ``stored`` event of a new node, the packed int32 token ids of its whole
+    path ``[0, end)`` (what content addresses, ``block_hash.py``, are computed from; an
+    immutable bytes object the tree already had, so a sink may keep it); empty otherwise.
     """
 
     kind: Literal["stored", "removed"]
@@ -25,6 +29,7 @@ class CacheEvent:
     start: int
     end: int
     reason: str = ""  # for "removed": "lru", "ttl", "flush" or "replaced"
+    tokens: bytes = b""
 
 
 EventSink = Callable[[CacheEvent], None]

@@ -270,7 +270,8 @@ class RadixTree:
         self.version += 1
         self.policy.on_insert(parent, leaf, data)
         if self.on_event is not None:
-            self.on_event(CacheEvent("stored", parent.ns.name, tuple(taken), start, end))
+            self.on_event(CacheEvent("stored", parent.ns.name, tuple(taken), start, end,
+                                     tokens=data[:end * TOKEN_BYTES]))
         return leaf
 
     def _split(self, node: TreeNode, at: int) -> TreeNode:

@@ -58,6 +58,21 @@ class Engine:
         self._snapshot = empty_snapshot(self.num_blocks, self.block_size, self.core.kv.kv_dtype,
                                         self.core.kv.bytes_per_token)
         self._last_publish = 0.0
+        self.kv_events = self._kv_event_publisher()
+
+    def _kv_event_publisher(self):
+        """The KV-event publisher fed by the tree (``config.kv_events_endpoint``), or None."""
+        if self.config.kv_events_endpoint is None:
+            return None
+        from .kv_events import KVEventPublisher, hash_seed
+        seed = hash_seed(getattr(self.loaded, "name", "model"), self.core.kv.kv_dtype,
+                         self.block_size)
+        publisher = KVEventPublisher(self.config.kv_events_endpoint, seed, self.block_size,
+                                     rank=self.config.kv_events_rank,
+                                     topic=self.config.kv_events_topic,
+                                     allow_remote=self.config.kv_events_allow_remote)
+        self.core.tree.on_event = publisher.put
+        return publisher
 
     # -- lifecycle ------------------------------------------------------------------------
     def start(self) -> "Engine":
@@ -73,9 +88,17 @@ class Engine:
             self._mark_stopped()
             if self._thread is None:
                 self.core.close()
+            if self.kv_events is not None and self._thread is None:
+                self.kv_events.close()
             return
         self._command(self._begin_drain, time.monotonic() + grace_s)
         self._thread.join()
+
+    def is_running(self) -> bool:
+        """The engine thread is alive and admitting (not stopped or stopping)."""
+        with self._state_lock:
+            stopped = self._stopped
+        return not stopped and self._thread is not None and self._thread.is_alive()
 
     def __enter__(self) -> "Engine":
         return self.start()
@@ -295,6 +318,8 @@ class Engine:
         except Exception:  # noqa: BLE001 - stopping goes on
             log.exception("closing the KV tier failed")
         self._publish()
+        if self.kv_events is not None:
+            self.kv_events.close()
 
     def _mark_stopped(self) -> None:
         with self._state_lock:

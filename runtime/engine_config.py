@@ -51,6 +51,10 @@ class EngineConfig:
     (``None``: one block).
     ``jump_forward``: where a request's grammar allows exactly one continuation, append it
     without sampling and compute it in one step (``runtime/structured.py``).
+    ``kv_events_endpoint``: where the tree's KV events are published (vLLM's format over
+    ZMQ PUB, ``runtime/kv_events.py``; None: off); a loopback address unless
+    ``kv_events_allow_remote``. ``kv_events_rank``: the batches' ``data_parallel_rank``;
+    ``kv_events_topic``: the ZMQ topic frame of every message.
     """
 
     cache: CacheConfig = field(default_factory=CacheConfig)
@@ -70,6 +74,10 @@ class EngineConfig:
     max_unsent_events: int | None = None
     top_prefixes: int = 10
     jump_forward: bool = True
+    kv_events_endpoint: str | None = None
+    kv_events_allow_remote: bool = False
+    kv_events_rank: int | None = None
+    kv_events_topic: str = ""
 
     def __post_init__(self) -> None:
         if self.max_step_tokens <= 0 or self.max_num_seqs <= 0:

@@ -49,6 +49,19 @@ class PrefixEntry:
 
 
 @dataclass(frozen=True, slots=True)
+class ReplicaCounts:
+    """One engine replica of a scale-out deployment (``cluster/``), as the gateway sees it."""
+
+    replica: str
+    blocks: BlockCounts
+    hit_rate: float          # cached / prompt tokens of the requests it finished
+    running: int
+    waiting: int
+    in_flight: int = 0       # requests the router sent it that have not finished
+    indexed_blocks: int = 0  # its blocks in the router's prefix index (from its KV events)
+
+
+@dataclass(frozen=True, slots=True)
 class EngineSnapshot:
     time: float                      # time.monotonic() when taken
     block_size: int
@@ -77,6 +90,7 @@ class EngineSnapshot:
     tier: object = None              # the lower KV tier's TierStats (runtime/kv_tier/), or None
     hit_tokens: Mapping[str, int] = field(     # prompt tokens reused, by tier: memory / disk
         default_factory=lambda: MappingProxyType({"memory": 0, "disk": 0}))
+    replicas: tuple[ReplicaCounts, ...] = ()   # scale-out only: each replica (sums above)
 
 
 def empty_snapshot(total_blocks: int, block_size: int, kv_dtype: str = "",

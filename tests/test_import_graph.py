@@ -1,6 +1,6 @@
 """The import graph, as an import-graph tool (grimp) sees the package: every subpackage is
 visible through radixgate/ (a symlink per top-level folder), dependencies point downwards
-only (DESIGN.md section 1) and no modules import each other in a cycle."""
+only (ARCHITECTURE.md section 1: gateway -> cluster -> runtime -> kernels, radix_cache) and no modules import each other in a cycle."""
 from __future__ import annotations
 
 import grimp
@@ -8,7 +8,8 @@ import pytest
 
 from tests.support.graphs import import_cycles
 
-LAYERS = ("radixgate.gateway", "radixgate.runtime", "radixgate.kernels", "radixgate.radix_cache")
+LAYERS = ("radixgate.gateway", "radixgate.cluster", "radixgate.runtime", "radixgate.kernels",
+          "radixgate.radix_cache")
 
 
 @pytest.fixture(scope="module")

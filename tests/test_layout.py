@@ -19,7 +19,7 @@ import pytest
 from tests.support.graphs import import_cycles
 
 ROOT = Path(__file__).resolve().parent.parent
-FOLDERS = ("radix_cache", "runtime", "gateway", "kernels", "benchmarks")
+FOLDERS = ("radix_cache", "runtime", "cluster", "gateway", "kernels", "benchmarks")
 PACKAGE = "radixgate"
 
 

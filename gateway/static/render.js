@@ -123,6 +123,27 @@ function renderTenants(doc, stats, tenantHistory) {
   }
 }
 
+// Scale-out: one row per engine replica (the card stays hidden with one engine).
+function replicaRow(r) {
+  const blocks = r.blocks || {};
+  const rate = r.hit_rate ?? 0;
+  const cell = (key, value) => `<td class="num" data-stat="${key}" data-value="${value ?? 0}">${fmtInt(value ?? 0)}</td>`;
+  return `<tr data-replica="${escapeHtml(r.replica)}"><th>${escapeHtml(r.replica)}</th>`
+    + `<td data-stat="hit_rate" data-value="${rate}"><span class="meter"><i></i></span>`
+    + `<span class="meter-text">${fmtPct(rate)}</span></td>`
+    + cell('blocks.cached', blocks.cached) + cell('blocks.in_use', blocks.in_use)
+    + cell('blocks.free', blocks.free) + cell('running', r.running)
+    + cell('waiting', r.waiting) + '</tr>';
+}
+
+function renderReplicas(doc, stats) {
+  const replicas = stats.replicas || [];
+  doc.getElementById('replicas-card').hidden = replicas.length === 0;
+  const tbody = doc.querySelector('#replicas tbody');
+  tbody.innerHTML = replicas.map(replicaRow).join('');
+  applyMeterWidths(tbody);
+}
+
 // Preview text with the chat template's special tokens (<|im_start|> ...) dimmed.
 function previewHtml(text) {
   return text.split(/(<\|[^|<>]{1,40}\|>)/).map((part, i) => (
@@ -190,6 +211,7 @@ export function renderStats(doc, stats, ctx) {
   renderGroups(doc, stats);
   renderTiers(doc, stats);
   renderTenants(doc, stats, ctx.tenantHistory);
+  renderReplicas(doc, stats);
   renderPrefixes(doc, stats);
   renderChart(doc, stats);
 }

@@ -1,0 +1,267 @@
+"""``ClusterEngine``: the gateway's engine when the engines are Ray Serve replicas.
+
+It offers what the gateway uses of ``runtime.engine.Engine`` (``submit``, ``snapshot``,
+``request_snapshot``, ``flush``, ``pin``, ``unpin``, ``publish``, ``expect_continuation``,
+``check_integrity``, ``shutdown``, ``tokenizer``, ``max_model_len``, ``block_size``,
+``num_blocks``), so the HTTP layer is the same for one engine and for N.
+
+- **Routing**: every request goes through the deployment handle, whose router
+  (``serve_router.py``) picks the replica. Admin commands go to every replica
+  (``target=``); their results are combined (freed blocks summed, pinned length max).
+- **Tenants, once**: a tenant's ``max_running`` / ``max_queued`` and the server's
+  ``max_queue`` are enforced here for the whole deployment (``admission.py``); the replicas
+  run without those quotas. Pins: a request whose tenant already holds its
+  ``max_pinned_tokens`` across the replicas (their last reported counts) has its
+  breakpoints dropped, as one engine skips pins beyond the share.
+- **Faults**: a request whose replica dies before the first event is sent to another
+  replica (up to ``MAX_ATTEMPTS`` tries); one that had started streaming ends with an
+  ``internal`` error event. Ray Serve restarts the replica.
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+from concurrent.futures import Future
+
+from radixgate.runtime.api import ErrorKind, Finished, FinishReason, Request, Usage
+
+from .admission import TenantAdmission
+from .stats import merge_snapshots
+
+log = logging.getLogger(__name__)
+MAX_ATTEMPTS = 3
+REPLICA_FAILED = "the engine replica serving this request failed; retry the request"
+
+
+class ClusterEngine:
+    def __init__(self, handle, loaded, engine_config, *, started_ray: bool = True):
+        self.handle = handle
+        self.loaded = loaded
+        self.tokenizer = loaded.tokenizer
+        self.config = engine_config
+        self.block_size = engine_config.cache.block_size
+        self.max_model_len = min(engine_config.max_model_len or loaded.max_model_len,
+                                 loaded.max_model_len)
+        self.num_blocks = 0                  # per replica: learned from the first stats
+        self.admission = TenantAdmission(engine_config)
+        self.started_ray = started_ray
+        self.replica_usage: dict[str, list[int]] = {}    # replica -> [cached, prompt]
+        self.fresh: dict[str, object] = {}              # replica -> last requested snapshot
+        self._latest = merge_snapshots({}, {}, {}, self.block_size)
+        self._stopped = False
+
+    # -- requests -------------------------------------------------------------------------
+    def submit(self, request: Request) -> "ClusterHandle":
+        return ClusterHandle(self, self._within_pin_share(request))
+
+    def _within_pin_share(self, request: Request) -> Request:
+        if not request.breakpoints:
+            return request
+        quota = self.config.quota_for(request.tenant).max_pinned_tokens
+        if quota is None:
+            return request
+        pinned = sum(s.get("pinned_tokens", {}).get(request.tenant, 0)
+                     for s in self._router_stats())
+        if pinned < quota:
+            return request
+        return dataclasses.replace(request, breakpoints=())
+
+    def book(self, replica: str, finished: Finished) -> None:
+        if finished.usage is None:
+            return
+        booked = self.replica_usage.setdefault(replica, [0, 0])
+        booked[0] += finished.usage.cache_read_tokens
+        booked[1] += finished.usage.prompt_tokens
+
+    # -- stats ----------------------------------------------------------------------------
+    def snapshot(self):
+        """Every replica's latest snapshot (reported with its routing stats, at most
+        ``serve_app.STATS_PERIOD_S`` old, or the last one requested), summed."""
+        stats = self._router_stats()
+        snapshots = {}
+        for s in stats:
+            name = s["replica"]
+            snap = s.get("snapshot") or self.fresh.get(name)
+            fresher = self.fresh.get(name)
+            if fresher is not None and (snap is None or fresher.time > snap.time):
+                snap = fresher
+            if snap is not None:
+                snapshots[name] = snap
+        if snapshots:
+            self.num_blocks = min(s.blocks.total for s in snapshots.values())
+            self._latest = merge_snapshots(snapshots, self.hit_rates(),
+                                           {s["replica"]: s for s in stats}, self.block_size)
+        return self._latest
+
+    def hit_rates(self) -> dict[str, float]:
+        return {name: cached / prompt for name, (cached, prompt) in self.replica_usage.items()
+                if prompt}
+
+    def request_snapshot(self) -> Future:
+        async def fresh():
+            for name, snap in await self._broadcast("request_snapshot"):
+                self.fresh[name] = snap
+            return self.snapshot()
+        return self._future(fresh())
+
+    def _router_stats(self) -> list[dict]:
+        from .serve_router import routers
+        found = routers()
+        return found[0].replica_stats() if found else []
+
+    def replica_ids(self) -> list[str]:
+        from .serve_router import routers
+        found = routers()
+        return found[0].replica_ids() if found else []
+
+    # -- commands (every replica) ---------------------------------------------------------
+    def flush(self, namespace: str | None = None) -> Future:
+        return self._combined("flush", sum, namespace)
+
+    def pin(self, namespace, tokens, ttl_s: float, owner: str = "") -> Future:
+        return self._combined("pin", max, namespace, list(tokens), ttl_s, owner)
+
+    def unpin(self, namespace, tokens) -> Future:
+        return self._combined("unpin", any, namespace, list(tokens))
+
+    def expect_continuation(self, namespace, tokens) -> Future:
+        return self._combined("expect_continuation", max, namespace, list(tokens))
+
+    def publish(self, tokens, ttl_s: float, owner: str = "public") -> Future:
+        """Computes and pins ``tokens`` on every replica; the first failure, else the
+        first replica's Finished."""
+        async def run():
+            results = [r for _, r in await self._broadcast("publish", list(tokens), ttl_s, owner)]
+            failed = [r for r in results if r.reason is FinishReason.ERROR]
+            return (failed or results)[0]
+        return self._future(run())
+
+    def check_integrity(self) -> Future:
+        async def run():
+            return {name: result for name, result in await self._broadcast("check_integrity")}
+        return self._future(run())
+
+    def _combined(self, command: str, combine, *args) -> Future:
+        async def run():
+            return combine(r for _, r in await self._broadcast(command, *args))
+        return self._future(run())
+
+    async def _broadcast(self, command: str, *args) -> list[tuple[str, object]]:
+        calls = [self.handle.call.remote(command, *args, target=name)
+                 for name in self.replica_ids()]
+        return list(await asyncio.gather(*calls))
+
+    def _future(self, coroutine) -> Future:
+        """A concurrent Future for ``coroutine`` run on the running event loop."""
+        return asyncio.run_coroutine_threadsafe(coroutine, asyncio.get_running_loop())
+
+    # -- lifecycle ------------------------------------------------------------------------
+    def shutdown(self, grace_s: float = 10.0) -> None:
+        if self._stopped:
+            return
+        self._stopped = True
+        self.admission.close()
+        deadline = time.monotonic() + grace_s
+        while self.admission.in_flight and time.monotonic() < deadline:
+            time.sleep(0.05)
+        from .serve_app import stop_cluster
+        stop_cluster(self.started_ray)
+
+
+class ClusterHandle:
+    """One request's events (``async for``), like ``runtime.handle.RequestHandle``."""
+
+    def __init__(self, engine: ClusterEngine, request: Request):
+        self.engine = engine
+        self.request = request
+        self.request_id = request.request_id
+        self.finished: Finished | None = None
+        self.replica: str | None = None
+        self._events = self._run()
+        self._stream = None
+        self._aborted = False
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self):
+        if self.finished is not None:
+            raise StopAsyncIteration
+        event = await self._events.__anext__()
+        if isinstance(event, Finished):
+            self.finished = event
+        return event
+
+    def abort(self) -> None:
+        if self.finished is None and not self._aborted:
+            self._aborted = True
+            if self._stream is not None:
+                self._stream.cancel()
+
+    async def _run(self):
+        engine, request = self.engine, self.request
+        refusal = await engine.admission.enter(request)
+        if refusal is not None:
+            yield _failed(request, *refusal)
+            return
+        try:
+            async for event in self._attempts():
+                yield event
+        finally:
+            engine.admission.leave(request)
+
+    async def _attempts(self):
+        import ray.exceptions as rex
+        request = _for_replica(self.request)
+        for attempt in range(MAX_ATTEMPTS):
+            if self._aborted:
+                yield _aborted(request)
+                return
+            started = False
+            ttl = None if self.request.deadline is None else max(
+                0.0, self.request.deadline - time.monotonic())
+            self._stream = self.engine.handle.options(stream=True).generate.remote(request, ttl)
+            try:
+                async for replica, event in self._stream:
+                    started, self.replica = True, replica
+                    if isinstance(event, Finished):
+                        self.engine.book(replica, event)
+                    yield event
+                return
+            except (rex.RayActorError, rex.ActorUnavailableError) as e:
+                log.warning("replica failed under request %s (attempt %d, started=%s): %s",
+                            request.request_id, attempt + 1, started, e)
+                if started:
+                    yield _failed(request, ErrorKind.INTERNAL, REPLICA_FAILED)
+                    return
+            except asyncio.CancelledError:
+                self._stream.cancel()
+                raise
+            except Exception as e:  # noqa: BLE001 - the request fails, never the gateway
+                if self._aborted:
+                    yield _aborted(request)
+                    return
+                log.exception("request %s failed on its replica", request.request_id)
+                yield _failed(request, ErrorKind.INTERNAL, f"{type(e).__name__}")
+                return
+        yield _failed(request, ErrorKind.OVERLOADED, REPLICA_FAILED)
+
+
+def _for_replica(request: Request) -> Request:
+    """The request as it travels: no compiled stop automaton (the replica builds its own)
+    and no deadline (a monotonic time of this host; the remaining time goes along)."""
+    return dataclasses.replace(request, stop_automaton=None, deadline=None)
+
+
+def _failed(request: Request, kind: ErrorKind, message: str) -> Finished:
+    return Finished(FinishReason.ERROR, Usage(prompt_tokens=len(request.tokens),
+                                              uncached_tokens=len(request.tokens)),
+                    error_kind=kind, error_message=message, request_id=request.request_id)
+
+
+def _aborted(request: Request) -> Finished:
+    return Finished(FinishReason.ABORTED, Usage(prompt_tokens=len(request.tokens),
+                                                uncached_tokens=len(request.tokens)),
+                    error_message="aborted", request_id=request.request_id)

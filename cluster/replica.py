@@ -1,0 +1,112 @@
+"""One engine replica of the Ray Serve deployment (the class body; ``serve_app.py``
+wraps it in ``serve.deployment``).
+
+A replica loads the model, starts an ``Engine`` whose KV events go out on a loopback ZMQ
+endpoint with a free port (the replica's id is the topic), and answers:
+
+- ``generate(request, ttl_s)``: an async generator of ``(replica, event)``; a cancelled
+  stream (the gateway's client left) aborts the engine request;
+- ``call(command, *args, target=...)``: an engine command (flush, pin, unpin, publish,
+  expect_continuation, check_integrity, snapshot) on this replica; ``target`` is read by
+  the router only (``serve_router.py``: a call for one replica goes to that one);
+- ``record_routing_stats()``: what the router and the gateway's stats read (Ray Serve
+  polls it): the KV-event endpoint and hash seed, block size, running / waiting requests,
+  block counts, pinned tokens per tenant and the engine's latest snapshot;
+- ``check_health()``: raises once the engine thread has stopped, so Serve replaces it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from dataclasses import dataclass
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ReplicaSpec:
+    """Everything a replica needs to build its engine (plain values: pickled to Ray)."""
+
+    model_path: str = "default"
+    tiny: bool = False
+    max_model_len: int | None = None
+    weights_dtype: str = "auto"
+    threads: int = 0
+    engine_config: object = None          # runtime.engine_config.EngineConfig
+    events_host: str = "127.0.0.1"
+
+
+COMMANDS = ("flush", "pin", "unpin", "publish", "expect_continuation", "check_integrity",
+            "request_snapshot")
+
+
+class EngineReplica:
+    def __init__(self, spec: ReplicaSpec):
+        from radixgate.runtime.engine import Engine
+        from radixgate.runtime.loader import load_model, set_cpu_threads
+        self.name = _replica_name()
+        set_cpu_threads(spec.threads)
+        loaded = load_model(spec.model_path, tiny=spec.tiny, max_model_len=spec.max_model_len,
+                            weights_dtype=spec.weights_dtype)
+        config = dataclasses.replace(
+            spec.engine_config, kv_events_endpoint=f"tcp://{spec.events_host}:*",
+            kv_events_topic=self.name,
+            kv_events_allow_remote=spec.events_host not in ("127.0.0.1", "localhost", "::1"))
+        self.engine = Engine(loaded, config)
+        self.engine.start()
+        self.seed = self.engine.kv_events.tracker.seed
+        log.info("replica %s ready: KV events on %s", self.name,
+                 self.engine.kv_events.bound_endpoint)
+
+    async def generate(self, request, ttl_s: float | None = None, target: str | None = None):
+        deadline = None if ttl_s is None else time.monotonic() + ttl_s
+        request = dataclasses.replace(request, deadline=deadline)
+        handle = self.engine.submit(request)
+        try:
+            async for event in handle:
+                yield self.name, event
+        finally:
+            handle.abort()            # no-op once finished; a cancelled stream ends here
+
+    async def call(self, command: str, *args, target: str | None = None):
+        import asyncio
+        if command not in COMMANDS:
+            raise ValueError(f"unknown replica command {command!r}")
+        result = await asyncio.wrap_future(getattr(self.engine, command)(*args))
+        if command == "request_snapshot":
+            result = picklable_snapshot(result)
+        return self.name, result
+
+    def record_routing_stats(self) -> dict:
+        snap = self.engine.snapshot()
+        return {"replica": self.name, "kv_events_endpoint": self.engine.kv_events.bound_endpoint,
+                "seed": self.seed, "block_size": self.engine.block_size,
+                "running": snap.running, "waiting": snap.waiting,
+                "blocks_total": snap.blocks.total, "blocks_free": snap.blocks.free,
+                "blocks_cached": snap.blocks.cached, "blocks_in_use": snap.blocks.in_use,
+                "pinned_tokens": {t: c.pinned_tokens for t, c in snap.tenants.items()
+                                  if c.pinned_tokens},
+                "snapshot": picklable_snapshot(snap)}
+
+    def check_health(self) -> None:
+        if self.engine.core.draining or not self.engine.is_running():
+            raise RuntimeError(f"replica {self.name}: the engine is not running")
+
+    def __del__(self):
+        engine = getattr(self, "engine", None)
+        if engine is not None:
+            engine.shutdown(grace_s=0)
+
+
+def picklable_snapshot(snap):
+    """``snap`` with plain dicts for its read-only mappings (which do not pickle)."""
+    return dataclasses.replace(
+        snap, tenants=dict(snap.tenants), evictions=dict(snap.evictions),
+        tenant_prefixes=dict(snap.tenant_prefixes))
+
+
+def _replica_name() -> str:
+    """This replica's id as Ray Serve names it (the router's key for it)."""
+    from ray import serve
+    return serve.get_replica_context().replica_id.unique_id

@@ -1,0 +1,128 @@
+"""The Ray Serve request router: ``policy.PrefixRouter`` behind Serve's public router API.
+
+Ray Serve builds one router per deployment handle, in the handle's process (the
+gateway's), and asks ``choose_replicas`` for each request; it then sends the request to
+the first rank's replica unless that one is full (``max_ongoing_requests``), then the next.
+
+- Loads are this router's own requests in flight per replica (``on_request_routed`` /
+  ``on_request_completed``): exact, not a sampled queue length, since one gateway sends
+  everything.
+- The prefix index is fed by each replica's KV events (``subscriber.py``), at the endpoint
+  the replica reports in ``record_routing_stats``; a replica that dies or leaves is
+  forgotten, its index entries with it.
+- A call with ``target=<replica id>`` (the gateway's per-replica commands and stats) goes
+  to that replica only.
+
+The gateway finds its router through ``routers()`` (same process) to read the replicas'
+stats.
+"""
+from __future__ import annotations
+
+import threading
+import weakref
+
+from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
+
+from .policy import PrefixRouter, RoutingParams
+from .prefix_index import PrefixIndex
+from .subscriber import KVEventSubscriber
+
+_ROUTERS: weakref.WeakSet = weakref.WeakSet()
+
+
+def routers() -> list["RadixPrefixRouter"]:
+    return list(_ROUTERS)
+
+
+class RadixPrefixRouter(RequestRouter):
+    def initialize_state(self, **kwargs) -> None:
+        self.params = RoutingParams(**kwargs.get("params", {}))
+        self.lock = threading.Lock()
+        self.index = PrefixIndex(self.params.routed_ttl_s)
+        self.policy: PrefixRouter | None = None
+        self.subscriber = KVEventSubscriber(self.index, self.lock)
+        self.in_flight: dict[str, set[str]] = {}        # replica -> internal request ids
+        self.routed_by_reason: dict[str, int] = {}
+        _ROUTERS.add(self)
+
+    # -- choosing ---------------------------------------------------------------------
+    async def choose_replicas(self, candidate_replicas: list[RunningReplica],
+                              pending_request: PendingRequest | None = None
+                              ) -> list[list[RunningReplica]]:
+        by_id = {r.replica_id.unique_id: r for r in candidate_replicas}
+        self._follow(candidate_replicas)
+        target = (pending_request.kwargs.get("target") if pending_request is not None
+                  else None)
+        if target is not None:
+            return [[by_id[target]]] if target in by_id else []
+        request = _engine_request(pending_request)
+        if request is None or self.policy is None or not by_id:
+            return [sorted(candidate_replicas, key=lambda r: self.load(r.replica_id.unique_id))]
+        loads = {name: self.load(name) for name in by_id}
+        with self.lock:
+            decision = self.policy.rank(request.namespace, request.tokens, loads,
+                                        hint=pending_request.kwargs.get("hint"))
+        self.routed_by_reason[decision.reason] = self.routed_by_reason.get(decision.reason, 0) + 1
+        return [[by_id[decision.ranked[0]]], [by_id[name] for name in decision.ranked[1:]]]
+
+    def load(self, replica: str) -> int:
+        return len(self.in_flight.get(replica, ()))
+
+    def _follow(self, replicas: list[RunningReplica]) -> None:
+        """Subscribes to the KV events of replicas that reported their endpoint, and learns
+        the hash seed and block size from the first one."""
+        for replica in replicas:
+            stats = replica.routing_stats or {}
+            endpoint = stats.get("kv_events_endpoint")
+            if endpoint:
+                self.subscriber.follow(replica.replica_id.unique_id, endpoint)
+                if self.policy is None:
+                    self.policy = PrefixRouter(stats["seed"], stats["block_size"], self.params,
+                                               self.index)
+
+    # -- bookkeeping ------------------------------------------------------------------
+    def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID,
+                          result) -> None:
+        internal = pending_request.metadata.internal_request_id
+        self.in_flight.setdefault(replica_id.unique_id, set()).add(internal)
+
+    def on_request_completed(self, replica_id: ReplicaID, internal_request_id: str) -> None:
+        self.in_flight.get(replica_id.unique_id, set()).discard(internal_request_id)
+
+    def on_replica_actor_died(self, replica_id: ReplicaID) -> None:
+        super().on_replica_actor_died(replica_id)
+        self._forget(replica_id.unique_id)
+
+    def update_replicas(self, replicas: list[RunningReplica]) -> None:
+        super().update_replicas(replicas)
+        current = {r.replica_id.unique_id for r in replicas}
+        for name in list(self.in_flight):
+            if name not in current:
+                self._forget(name)
+
+    def _forget(self, replica: str) -> None:
+        self.in_flight.pop(replica, None)
+        self.subscriber.forget(replica)
+
+    # -- what the gateway reads -------------------------------------------------------
+    def replica_stats(self) -> list[dict]:
+        """Each current replica's last reported routing stats, plus this router's view."""
+        out = []
+        for name, replica in sorted(self.curr_replicas.items(), key=lambda kv: kv[0].unique_id):
+            stats = dict(replica.routing_stats or {})
+            stats["replica"] = name.unique_id
+            stats["in_flight"] = self.load(name.unique_id)
+            with self.lock:
+                stats["indexed_blocks"] = self.index.stored_blocks(name.unique_id)
+            out.append(stats)
+        return out
+
+    def replica_ids(self) -> list[str]:
+        return sorted(r.unique_id for r in self.curr_replicas)
+
+
+def _engine_request(pending_request: PendingRequest | None):
+    if pending_request is None or not pending_request.args:
+        return None
+    request = pending_request.args[0]
+    return request if hasattr(request, "tokens") and hasattr(request, "namespace") else None
