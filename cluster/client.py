@@ -32,6 +32,7 @@ from .stats import merge_snapshots
 
 log = logging.getLogger(__name__)
 MAX_ATTEMPTS = 3
+RETRY_PAUSE_S = 0.2
 REPLICA_FAILED = "the engine replica serving this request failed; retry the request"
 
 
@@ -95,6 +96,11 @@ class ClusterEngine:
                                            {s["replica"]: s for s in stats}, self.block_size)
         return self._latest
 
+    def request_done(self, replica: str, request_id: str) -> None:
+        from .registry import routers
+        for router in routers():
+            router.request_done(replica, request_id)
+
     def hit_rates(self) -> dict[str, float]:
         return {name: cached / prompt for name, (cached, prompt) in self.replica_usage.items()
                 if prompt}
@@ -107,12 +113,12 @@ class ClusterEngine:
         return self._future(fresh())
 
     def _router_stats(self) -> list[dict]:
-        from .serve_router import routers
+        from .registry import routers
         found = routers()
         return found[0].replica_stats() if found else []
 
     def replica_ids(self) -> list[str]:
-        from .serve_router import routers
+        from .registry import routers
         found = routers()
         return found[0].replica_ids() if found else []
 
@@ -182,6 +188,7 @@ class ClusterHandle:
         self._events = self._run()
         self._stream = None
         self._aborted = False
+        self._started = False
 
     def __aiter__(self):
         return self
@@ -219,34 +226,49 @@ class ClusterHandle:
             if self._aborted:
                 yield _aborted(request)
                 return
-            started = False
-            ttl = None if self.request.deadline is None else max(
-                0.0, self.request.deadline - time.monotonic())
-            self._stream = self.engine.handle.options(stream=True).generate.remote(request, ttl)
+            self._started = False
             try:
-                async for replica, event in self._stream:
-                    started, self.replica = True, replica
-                    if isinstance(event, Finished):
-                        self.engine.book(replica, event)
+                async for event in self._one_attempt(request):
                     yield event
                 return
             except (rex.RayActorError, rex.ActorUnavailableError) as e:
                 log.warning("replica failed under request %s (attempt %d, started=%s): %s",
-                            request.request_id, attempt + 1, started, e)
-                if started:
+                            request.request_id, attempt + 1, self._started, e)
+                if self._started:
                     yield _failed(request, ErrorKind.INTERNAL, REPLICA_FAILED)
                     return
+                await asyncio.sleep(RETRY_PAUSE_S)
             except asyncio.CancelledError:
-                self._stream.cancel()
                 raise
             except Exception as e:  # noqa: BLE001 - the request fails, never the gateway
                 if self._aborted:
                     yield _aborted(request)
                     return
                 log.exception("request %s failed on its replica", request.request_id)
-                yield _failed(request, ErrorKind.INTERNAL, f"{type(e).__name__}")
+                yield _failed(request, ErrorKind.INTERNAL, type(e).__name__)
                 return
         yield _failed(request, ErrorKind.OVERLOADED, REPLICA_FAILED)
+
+    async def _one_attempt(self, request: Request):
+        """The events of one try on the replica the router picks."""
+        ttl = None if self.request.deadline is None else max(
+            0.0, self.request.deadline - time.monotonic())
+        self._stream = self.engine.handle.options(stream=True).generate.remote(request, ttl)
+        try:
+            async for replica, event in self._stream:
+                self._started, self.replica = True, replica
+                if isinstance(event, Finished):
+                    self.engine.book(replica, event)
+                    async for _ in self._stream:     # its end: Serve counts it done
+                        pass
+                    self.engine.request_done(replica, request.request_id)
+                yield event
+        except asyncio.CancelledError:
+            self._stream.cancel()
+            raise
+        finally:
+            if self.replica is not None:
+                self.engine.request_done(self.replica, request.request_id)
 
 
 def _for_replica(request: Request) -> Request:

@@ -39,9 +39,9 @@ Replica = Hashable
 
 @dataclass(frozen=True, slots=True)
 class RoutingParams:
-    balance_abs: int = 4           # eligible while load <= min_load + balance_abs ...
+    balance_abs: int = 2           # eligible while load <= min_load + balance_abs ...
     balance_rel: float = 1.5       # ... or load <= min_load * balance_rel
-    load_tokens: int = 256         # a request in flight costs as much as this many uncached tokens
+    load_tokens: int = 128         # a request in flight costs as much as this many uncached tokens
     min_match_blocks: int = 1      # a shorter cached prefix counts as no match
     routed_ttl_s: float = 30.0     # how long a routed-but-unconfirmed prefix is believed
 

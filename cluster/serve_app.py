@@ -38,12 +38,12 @@ class ClusterSettings:
 
 def start_cluster(settings: ClusterSettings, spec: ReplicaSpec):
     """The deployment's handle, once every replica is up."""
-    import ray
-    from ray import serve
-    from ray.serve.config import RequestRouterConfig
     # Ray's native failure-signal handler would turn the gateway's SIGTERM (drain, then
     # exit) into an abort
     os.environ.setdefault("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", "1")
+    import ray
+    from ray import serve
+    from ray.serve.config import RequestRouterConfig
     if not ray.is_initialized():
         if settings.ray_address:
             ray.init(address=settings.ray_address, log_to_driver=False)
@@ -60,7 +60,8 @@ def start_cluster(settings: ClusterSettings, spec: ReplicaSpec):
         graceful_shutdown_timeout_s=5.0,
         request_router_config=RequestRouterConfig(
             request_router_class=ROUTER_CLASS,
-            request_router_kwargs={"params": asdict(settings.routing)},
+            request_router_kwargs={"params": asdict(settings.routing),
+                                   "block_size": spec.engine_config.cache.block_size},
             request_routing_stats_period_s=STATS_PERIOD_S,
             request_routing_stats_timeout_s=10.0),
         **_scaling(settings))

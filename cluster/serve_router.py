@@ -4,34 +4,30 @@ Ray Serve builds one router per deployment handle, in the handle's process (the
 gateway's), and asks ``choose_replicas`` for each request; it then sends the request to
 the first rank's replica unless that one is full (``max_ongoing_requests``), then the next.
 
-- Loads are this router's own requests in flight per replica (``on_request_routed`` /
-  ``on_request_completed``): exact, not a sampled queue length, since one gateway sends
-  everything.
+- Loads are this router's own requests in flight per replica (``on_request_routed``, and
+  ``request_done`` from the gateway when a stream ends or Serve's ``on_request_completed``):
+  exact, not a sampled queue length, since one gateway sends everything.
 - The prefix index is fed by each replica's KV events (``subscriber.py``), at the endpoint
   the replica reports in ``record_routing_stats``; a replica that dies or leaves is
   forgotten, its index entries with it.
 - A call with ``target=<replica id>`` (the gateway's per-replica commands and stats) goes
   to that replica only.
 
-The gateway finds its router through ``routers()`` (same process) to read the replicas'
-stats.
+The gateway finds its router through ``registry.routers()`` (same process) to read the
+replicas' stats.
 """
 from __future__ import annotations
 
 import threading
-import weakref
 
 from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
 
+from . import registry
 from .policy import PrefixRouter, RoutingParams
 from .prefix_index import PrefixIndex
 from .subscriber import KVEventSubscriber
 
-_ROUTERS: weakref.WeakSet = weakref.WeakSet()
-
-
-def routers() -> list["RadixPrefixRouter"]:
-    return list(_ROUTERS)
+PENDING_SEED = "radixgate-router-pending"
 
 
 class RadixPrefixRouter(RequestRouter):
@@ -39,11 +35,15 @@ class RadixPrefixRouter(RequestRouter):
         self.params = RoutingParams(**kwargs.get("params", {}))
         self.lock = threading.Lock()
         self.index = PrefixIndex(self.params.routed_ttl_s)
-        self.policy: PrefixRouter | None = None
+        # until a replica reports its hash seed, prompts are keyed by a provisional one:
+        # only the router's own routed notes match then (they expire), never a KV event
+        self.policy = PrefixRouter(PENDING_SEED, kwargs.get("block_size", 16), self.params,
+                                   self.index)
         self.subscriber = KVEventSubscriber(self.index, self.lock)
-        self.in_flight: dict[str, set[str]] = {}        # replica -> internal request ids
+        self.in_flight: dict[str, set[str]] = {}        # replica -> engine request ids
+        self.routed_ids: dict[str, tuple[str, str]] = {}  # Serve's id -> (replica, request id)
         self.routed_by_reason: dict[str, int] = {}
-        _ROUTERS.add(self)
+        registry.register(self)
 
     # -- choosing ---------------------------------------------------------------------
     async def choose_replicas(self, candidate_replicas: list[RunningReplica],
@@ -56,7 +56,7 @@ class RadixPrefixRouter(RequestRouter):
         if target is not None:
             return [[by_id[target]]] if target in by_id else []
         request = _engine_request(pending_request)
-        if request is None or self.policy is None or not by_id:
+        if request is None or not by_id:
             return [sorted(candidate_replicas, key=lambda r: self.load(r.replica_id.unique_id))]
         loads = {name: self.load(name) for name in by_id}
         with self.lock:
@@ -76,18 +76,28 @@ class RadixPrefixRouter(RequestRouter):
             endpoint = stats.get("kv_events_endpoint")
             if endpoint:
                 self.subscriber.follow(replica.replica_id.unique_id, endpoint)
-                if self.policy is None:
+                if self.policy.seed == PENDING_SEED:
                     self.policy = PrefixRouter(stats["seed"], stats["block_size"], self.params,
                                                self.index)
 
     # -- bookkeeping ------------------------------------------------------------------
     def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID,
                           result) -> None:
-        internal = pending_request.metadata.internal_request_id
-        self.in_flight.setdefault(replica_id.unique_id, set()).add(internal)
+        request = _engine_request(pending_request)
+        if request is not None:
+            self.in_flight.setdefault(replica_id.unique_id, set()).add(request.request_id)
+            self.routed_ids[pending_request.metadata.internal_request_id] = (
+                replica_id.unique_id, request.request_id)
 
     def on_request_completed(self, replica_id: ReplicaID, internal_request_id: str) -> None:
-        self.in_flight.get(replica_id.unique_id, set()).discard(internal_request_id)
+        replica, request_id = self.routed_ids.pop(internal_request_id, (None, None))
+        if replica is not None:
+            self.request_done(replica, request_id)
+
+    def request_done(self, replica: str, request_id: str) -> None:
+        """The gateway saw the request's stream end (Serve's own completion notice can come
+        later than the next routing decision)."""
+        self.in_flight.get(replica, set()).discard(request_id)
 
     def on_replica_actor_died(self, replica_id: ReplicaID) -> None:
         super().on_replica_actor_died(replica_id)

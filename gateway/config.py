@@ -78,9 +78,9 @@ class ClusterConfig:
     min_replicas: int = 0            # max_replicas > 0: Ray Serve autoscaling in [min, max]
     max_replicas: int = 0
     num_cpus: int = 0                # a local Ray cluster's CPUs (0: Ray's count)
-    balance_abs: int = 4             # routing: cache-aware while a replica's load is within
+    balance_abs: int = 2             # routing: cache-aware while a replica's load is within
     balance_rel: float = 1.5         # min + balance_abs or min x balance_rel ...
-    load_tokens: int = 256           # ... and a queued request weighs this many tokens
+    load_tokens: int = 128           # ... and a queued request weighs this many tokens
 
     @property
     def enabled(self) -> bool:

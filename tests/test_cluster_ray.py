@@ -1,0 +1,134 @@
+"""Scale-out on a local Ray cluster: ``radixgate serve --tiny --replicas 2`` behind the
+prefix router, over real HTTP. Repeats of a prefix read what one cache would, tenants stay
+isolated across replicas, the stats list the replicas, and a killed replica fails no new
+request (Ray Serve starts a new one)."""
+from __future__ import annotations
+
+import json
+import signal
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+
+import psutil
+import pytest
+
+from tests.support.server import ADMIN_KEY, ServerProcess, ServerSpec, tenant_key
+
+pytest.importorskip("ray.serve")
+
+SPEC = ServerSpec(kv_cache_gb=0.004, extra_args=("--replicas", "2", "--threads", "1"),
+                  tenants=("acme", "beta"))
+PREFIX_LEN = 96                         # 6 blocks of 16
+
+
+@pytest.fixture(scope="module")
+def server():
+    srv = ServerProcess(SPEC).start(timeout_s=240)
+    family = [srv.proc.pid] + [p.pid for p in psutil.Process(srv.proc.pid).children(recursive=True)]
+    try:
+        yield srv
+    finally:
+        srv.stop(timeout_s=60)
+        _end_leftovers(family)
+
+
+def _end_leftovers(pids: list[int]) -> None:
+    """Ray's processes started by the server end with it; whatever is left (a crash) is
+    ended here, by pid: only processes this test's server started."""
+    for pid in pids:
+        try:
+            proc = psutil.Process(pid)
+            proc.wait(timeout=5)
+        except psutil.NoSuchProcess:
+            continue
+        except psutil.TimeoutExpired:
+            proc.kill()
+
+
+def call(srv, path: str, key: str, body: dict | None = None):
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(srv.base_url + path, data=data, headers={
+        "content-type": "application/json", "authorization": f"Bearer {key}"})
+    try:
+        with urllib.request.urlopen(req, timeout=120) as r:
+            text = r.read().decode()
+            return r.status, (json.loads(text) if text.startswith("{") else text)
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def complete(srv, tenant: str, tokens: list[int]) -> tuple[int, int]:
+    """(status, cached prompt tokens) of a token-id completion."""
+    status, body = call(srv, "/v1/completions", tenant_key(tenant), {
+        "model": "gpt-4o-mini", "prompt": tokens, "max_tokens": 2, "temperature": 0})
+    assert status == 200, body
+    return status, body["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+
+def prompts(base: int, count: int) -> list[list[int]]:
+    prefix = list(range(base, base + PREFIX_LEN))
+    return [prefix + [base + PREFIX_LEN + 1 + i] for i in range(count)]
+
+
+def test_repeats_of_a_prefix_read_what_one_cache_would(server):
+    cached, one_cache = 0, 0
+    for base in (1000, 3000, 5000):
+        group = prompts(base, 6)
+        cached += complete(server, "acme", group[0])[1]
+        with ThreadPoolExecutor(2) as pool:           # two at once: routed together
+            cached += sum(c for _, c in pool.map(lambda p: complete(server, "acme", p),
+                                                 group[1:3]))
+        cached += sum(complete(server, "acme", p)[1] for p in group[3:])
+        one_cache += 5 * PREFIX_LEN
+    assert cached >= 0.85 * one_cache, (cached, one_cache)
+
+
+def test_tenants_stay_isolated_across_replicas(server):
+    group = prompts(7000, 4)
+    for p in group:
+        complete(server, "acme", p)
+    assert [complete(server, "beta", p)[1] for p in group[:1]] == [0]
+    status, stats = call(server, "/v1/cache/stats", tenant_key("beta"))
+    assert status == 200 and set(stats["tenants"]) == {"beta"}
+    assert all(r["running"] == 0 and r["blocks"]["cached"] == 0 for r in stats["replicas"])
+
+
+def test_stats_and_metrics_list_each_replica(server):
+    status, stats = call(server, "/v1/cache/stats", ADMIN_KEY)
+    assert status == 200
+    replicas = stats["replicas"]
+    assert len(replicas) == 2
+    assert sum(r["blocks"]["total"] for r in replicas) == stats["blocks"]["total"] > 0
+    for r in replicas:
+        assert {"hit_rate", "running", "waiting", "blocks", "in_flight"} <= set(r)
+    status, metrics = call(server, "/metrics", ADMIN_KEY)
+    assert status == 200
+    for r in replicas:
+        assert f'radixgate_replica_kv_blocks{{replica="{r["replica"]}"' in metrics
+
+
+def test_a_killed_replica_fails_no_new_request_and_is_replaced(server):
+    victims = [p for p in psutil.Process(server.proc.pid).children(recursive=True)
+               if "ServeReplica" in " ".join(_cmdline(p))]
+    assert len(victims) == 2, [_cmdline(p) for p in victims]
+    before = {r["replica"] for r in call(server, "/v1/cache/stats", ADMIN_KEY)[1]["replicas"]}
+    victims[0].send_signal(signal.SIGKILL)
+    for p in prompts(9000, 4) + prompts(11000, 4):
+        complete(server, "acme", p)                   # asserts 200
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        replicas = {r["replica"] for r in call(server, "/v1/cache/stats", ADMIN_KEY)[1]["replicas"]}
+        if len(replicas) == 2 and replicas != before:
+            break
+        time.sleep(1)
+    assert len(replicas) == 2 and replicas != before, (before, replicas)
+    complete(server, "acme", prompts(13000, 1)[0])
+
+
+def _cmdline(proc) -> list[str]:
+    try:
+        return proc.cmdline()
+    except psutil.Error:
+        return []
