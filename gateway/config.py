@@ -81,6 +81,7 @@ class ClusterConfig:
     balance_abs: int = 2             # routing: cache-aware while a replica's load is within
     balance_rel: float = 1.5         # min + balance_abs or min x balance_rel ...
     load_tokens: int = 128           # ... and a queued request weighs this many tokens
+    events_host: str = "127.0.0.1"   # replicas bind their KV-event endpoints here
 
     @property
     def enabled(self) -> bool:

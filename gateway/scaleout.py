@@ -35,7 +35,7 @@ def start_cluster_engine(config: GatewayConfig, gateway_engine):
                        max_model_len=config.model.max_model_len,
                        weights_dtype=config.model.weights_dtype,
                        threads=replica_threads(config.model.threads, c.replicas),
-                       engine_config=replica_engine)
+                       engine_config=replica_engine, events_host=c.events_host)
     settings = ClusterSettings(
         replicas=c.replicas, ray_address=c.ray_address, min_replicas=c.min_replicas,
         max_replicas=c.max_replicas, num_cpus=c.num_cpus or None,

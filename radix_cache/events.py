@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Literal
 
 
@@ -21,6 +21,7 @@ class CacheEvent:
     ``tokens``: for a ``stored`` event of a new node, the packed int32 token ids of its whole
     path ``[0, end)`` (what content addresses, ``block_hash.py``, are computed from; an
     immutable bytes object the tree already had, so a sink may keep it); empty otherwise.
+    Not part of equality or repr (it is the path's content, named by the range already).
     """
 
     kind: Literal["stored", "removed"]
@@ -29,7 +30,7 @@ class CacheEvent:
     start: int
     end: int
     reason: str = ""  # for "removed": "lru", "ttl", "flush" or "replaced"
-    tokens: bytes = b""
+    tokens: bytes = field(default=b"", compare=False, repr=False)
 
 
 EventSink = Callable[[CacheEvent], None]

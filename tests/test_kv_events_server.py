@@ -1,0 +1,74 @@
+"""``radixgate serve --kv-events-endpoint``: a single server publishes its cache's KV events
+(vLLM's format) to a real ZMQ SUB socket over loopback, addressed by the chained hashes of
+the prompt's full blocks in the tenant's namespace."""
+from __future__ import annotations
+
+import time
+
+import pytest
+import zmq
+
+from benchmarks.launch import free_port
+from radixgate.cluster.kv_decode import decode_batch
+from radixgate.gateway.auth import namespace_for
+from radixgate.radix_cache.kv_events import BlockRemoved, BlockStored, prompt_block_ids
+from radixgate.runtime.kv_events import hash_seed
+from tests.support.server import ADMIN_KEY, ServerProcess, ServerSpec
+from tests.test_cluster_ray import call, complete
+
+PORT = free_port()
+SPEC = ServerSpec(tenants=("acme",),
+                  extra_args=("--kv-events-endpoint", f"tcp://127.0.0.1:{PORT}"))
+PROMPT = list(range(2000, 2000 + 70))          # 4 full blocks of 16 and a partial one
+
+
+@pytest.fixture(scope="module")
+def server():
+    srv = ServerProcess(SPEC).start()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture
+def subscriber():
+    socket = zmq.Context.instance().socket(zmq.SUB)
+    socket.setsockopt(zmq.SUBSCRIBE, b"")
+    socket.connect(f"tcp://127.0.0.1:{PORT}")
+    time.sleep(0.5)                              # a SUB joins a few ms after connect
+    yield socket
+    socket.close(linger=0)
+
+
+def receive(socket, until, timeout_s: float = 20.0) -> list:
+    """Events until ``until(events)`` holds (or the timeout)."""
+    events: list = []
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and not until(events):
+        if socket.poll(200):
+            topic, sequence, payload = socket.recv_multipart()
+            assert len(sequence) == 8
+            events.extend(decode_batch(payload)[1])
+    return events
+
+
+def hashes(events, kind) -> set[int]:
+    return {h for e in events if isinstance(e, kind) for h in e.block_hashes}
+
+
+def test_a_prompt_s_full_blocks_are_published_by_content_and_removed_on_flush(server, subscriber):
+    status, stats = call(server, "/v1/cache/stats", ADMIN_KEY)
+    seed = hash_seed("tiny-random-llama", stats["kv_dtype"], 16)
+    expected = set(prompt_block_ids(seed, namespace_for("acme"), PROMPT, 16))
+    assert len(expected) == 4
+    complete(server, "acme", PROMPT)
+    events = receive(subscriber, lambda ev: expected <= hashes(ev, BlockStored))
+    assert expected <= hashes(events, BlockStored)
+    stored = [e for e in events if isinstance(e, BlockStored)]
+    assert all(e.block_size == 16 and len(e.token_ids) == 16 * len(e.block_hashes)
+               for e in stored)
+    first = next(e for e in stored if e.parent_block_hash is None)
+    assert list(first.token_ids) == PROMPT[:len(first.token_ids)]
+    status, _ = call(server, "/v1/cache/flush", ADMIN_KEY, {})
+    assert status == 200
+    events = receive(subscriber, lambda ev: expected <= hashes(ev, BlockRemoved))
+    assert expected <= hashes(events, BlockRemoved)
