@@ -103,7 +103,7 @@ def picklable_snapshot(snap):
     """``snap`` with plain dicts for its read-only mappings (which do not pickle)."""
     return dataclasses.replace(
         snap, tenants=dict(snap.tenants), evictions=dict(snap.evictions),
-        tenant_prefixes=dict(snap.tenant_prefixes))
+        tenant_prefixes=dict(snap.tenant_prefixes), hit_tokens=dict(snap.hit_tokens))
 
 
 def _replica_name() -> str:

@@ -1,7 +1,9 @@
 """One ``EngineSnapshot`` for a deployment: the replicas' snapshots summed, each listed.
 
-Counts (blocks, tree, requests, tenants, evictions, steps...) add up; the top prefixes
-are merged by hits; ``replicas`` lists each replica (``runtime.stats.ReplicaCounts``).
+Counts (blocks, tree, requests, tenants, evictions, tokens reused per tier, steps...) add
+up; the top prefixes are merged by hits; ``replicas`` lists each replica
+(``runtime.stats.ReplicaCounts``). A disk tier's own stats (``tier``) are per replica and
+not merged: the deployment's snapshot has none.
 """
 from __future__ import annotations
 
@@ -44,6 +46,7 @@ def merge_snapshots(snapshots: Mapping[str, EngineSnapshot], hit_rates: Mapping[
         pins=tuple(p for s in snaps for p in s.pins),
         tenant_prefixes=MappingProxyType(_tenant_prefixes(snaps)),
         kv_dtype=first.kv_dtype, kv_bytes_per_token=first.kv_bytes_per_token,
+        hit_tokens=MappingProxyType(_summed(s.hit_tokens for s in snaps)),
         replicas=tuple(ReplicaCounts(name, s.blocks, round(hit_rates.get(name, 0.0), 6),
                                      s.running, s.waiting,
                                      views.get(name, {}).get("in_flight", 0),
