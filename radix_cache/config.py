@@ -5,7 +5,7 @@ section or the CLI flags) and handed down to the engine and the tree.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from .policy import CreditPolicy, EvictionPolicy, LRUPolicy
 
@@ -80,6 +80,13 @@ class CacheConfig:
     @property
     def disk_bytes(self) -> int:
         return int(self.disk_gb * (1 << 30))
+
+    def for_replica(self, index: int) -> "CacheConfig":
+        """This config for replica ``index`` of a deployment: its disk tier in its own
+        subfolder ``disk_dir/replica-<index>`` (one server per folder), the budget each."""
+        if not self.disk_dir:
+            return self
+        return replace(self, disk_dir=f"{self.disk_dir.rstrip('/')}/replica-{index}")
 
 
 def make_policy(config: CacheConfig) -> EvictionPolicy:

@@ -386,3 +386,61 @@ def test_a_spill_beyond_the_staging_room_keeps_what_fits_and_never_waits():
     finally:
         gate.set()
         tier.close()
+
+
+KILLED_WRITER = """
+import sys, time
+from radixgate.runtime.engine import Engine
+from tests.support.engine import engine_config, tiny_model
+from tests.support.engine_compare import greedy
+engine = Engine(tiny_model(), engine_config(num_blocks=40, disk_dir=sys.argv[1],
+                                            disk_gb=0.01)).start()
+k = 0
+while True:
+    engine.generate(greedy(list(range(2000 + 300 * k, 2300 + 300 * k)), max_tokens=2,
+                           namespace="ns-a"))
+    if k == 3:
+        print("ready", flush=True)
+    k += 1
+"""
+
+
+def test_kill_9_while_writing_loses_only_unwritten_blocks_and_never_serves_wrong_kv(
+        tmp_path, cold):
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get(
+        "PYTHONPATH", "")])}
+    child = subprocess.Popen([sys.executable, "-c", KILLED_WRITER, str(tmp_path)], cwd=root,
+                             env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        time.sleep(0.3)                               # mid-stream of evictions and writes
+    finally:
+        child.kill()                                  # SIGKILL: no shutdown, no flush
+        child.wait(30)
+    engine = start(tmp_path)                          # the dead server's lock is gone
+    try:
+        assert tier_stats(engine).blocks > 0
+        reused = 0
+        for k in range(4):
+            tokens = list(range(2000 + 300 * k, 2300 + 300 * k))
+            got = engine.generate(greedy(tokens, namespace="ns-a"))
+            reused += got.usage.cache_read_tokens
+            same_answer(engine, got, cold, tokens)
+        assert reused > 0 and tier_stats(engine).drops["corrupt"] == 0
+        assert not list((tmp_path / "blocks").rglob("*.tmp"))
+        assert_clean(engine)
+    finally:
+        engine.shutdown(grace_s=0)
+
+
+def test_each_replica_gets_its_own_tier_folder():
+    from radixgate.radix_cache import CacheConfig
+
+    cache = CacheConfig(disk_dir="/srv/kv/", disk_gb=2)
+    assert [cache.for_replica(i).disk_dir for i in (0, 1)] == ["/srv/kv/replica-0",
+                                                              "/srv/kv/replica-1"]
+    assert CacheConfig().for_replica(3) == CacheConfig()
