@@ -1,8 +1,9 @@
 """KV tiers below memory: evicted blocks kept on disk (or host RAM) and loaded back.
 
 ``open_disk_tier(cache, kv, fingerprint)`` builds the disk tier a ``CacheConfig`` asks for
-(``disk_dir``, ``disk_gb``); tier.py holds the tier, backends.py the storage, records.py the
-record format, fingerprint.py the model fingerprint.
+(``disk_dir``, ``disk_gb``); tier.py holds the tier (its engine-thread side), writer.py and
+loader.py its two threads, backends.py the storage, records.py the record format,
+fingerprint.py the model fingerprint.
 """
 from __future__ import annotations
 

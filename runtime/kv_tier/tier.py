@@ -26,25 +26,22 @@ import queue
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Callable, Mapping
 
-import torch
-
 from radixgate.radix_cache.block_hash import block_hashes, root_hash
-from radixgate.radix_cache.tier_index import (BlockAddress, TierIndex, TierRecord, TierRun,
-                                              block_addresses)
+from radixgate.radix_cache.tier_index import TierIndex, TierRun, block_addresses
 
-from .backends import FULL_ERRNOS, TierBackend
-from .records import PREFIX_BYTES, CorruptRecord, decode, encode_prefix
+from .backends import TierBackend
+from .loader import LoadTicket, run_loader
+from .records import PREFIX_BYTES
+from .writer import Purge, StagedWrite, run_writer, save_retention
 
 log = logging.getLogger(__name__)
 
 DROP_REASONS = ("backlog", "disk_full", "too_large", "error", "corrupt", "missing")
-FULL_RETRY_S = 30.0          # after ENOSPC, writes stop this long, then are tried again
 DEFAULT_STAGING_BYTES = 256 << 20
-RETENTION_SAVE_S = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,45 +65,6 @@ class TierStats:
     drops: Mapping[str, int]      # blocks not written / not served, by reason
     full: bool                    # writes stopped: the folder's disk is full
     staged_bytes: int             # copies waiting for the writer
-
-
-@dataclass(slots=True)
-class LoadTicket:
-    """One request's load: ``run``'s records into ``blocks``; ``loaded`` of them are in
-    (in order) once ``done`` is set. ``cancel()`` stops it at the next record."""
-
-    run: TierRun
-    blocks: list[int]
-    block_size: int
-    done: threading.Event = field(default_factory=threading.Event)
-    cancelled: bool = False
-    loaded: int = 0
-
-    @property
-    def length(self) -> int:
-        """Tokens from position 0 that are valid once done (memory part included)."""
-        return (self.run.first_index * self.block_size
-                + sum(r.count for r in self.run.records[:self.loaded]))
-
-    def cancel(self) -> None:
-        self.cancelled = True
-
-    def wait(self, timeout: float | None = None) -> bool:
-        return self.done.wait(timeout)
-
-
-@dataclass(slots=True)
-class _StagedWrite:
-    space: str
-    epoch: tuple[int, int]
-    addresses: list[BlockAddress]
-    parts: list[torch.Tensor]      # [n, layers, block_size, bytes per slot] each
-    nbytes: int
-
-
-@dataclass(slots=True)
-class _Purge:
-    space: str | None
 
 
 def space_key(namespace: str) -> str:
@@ -135,18 +93,18 @@ class KVTier:
                                      "writes", "write_bytes", "evicted"), 0)
         self.load_s = 0.0
         self.drops = dict.fromkeys(DROP_REASONS, 0)
-        self._layers = kv.num_layers
-        self._slot_bytes = kv.slot_bytes()
+        self.num_layers = kv.num_layers
+        self.slot_bytes = kv.slot_bytes()
         self._roots: dict[str, bytes] = {}
-        self._retention_dirty = False
-        self._retention_saved = 0.0
+        self.retention_dirty = False
+        self.retention_saved = 0.0
         self._learn_held()
-        self._writes: queue.SimpleQueue = queue.SimpleQueue()
-        self._loads: queue.SimpleQueue = queue.SimpleQueue()
-        self._threads = [threading.Thread(target=self._writer, name="radixgate-tier-writer",
-                                          daemon=True),
-                         threading.Thread(target=self._loader, name="radixgate-tier-loader",
-                                          daemon=True)]
+        self.write_queue: queue.SimpleQueue = queue.SimpleQueue()
+        self.load_queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._threads = [threading.Thread(target=run_writer, args=(self,),
+                                          name="radixgate-tier-writer", daemon=True),
+                         threading.Thread(target=run_loader, args=(self,),
+                                          name="radixgate-tier-loader", daemon=True)]
         for thread in self._threads:
             thread.start()
 
@@ -167,7 +125,7 @@ class KVTier:
 
     # ---- sizes and addresses ------------------------------------------------------------
     def payload_bytes(self, count: int) -> int:
-        return self._layers * count * sum(self._slot_bytes)
+        return self.num_layers * count * sum(self.slot_bytes)
 
     def record_bytes(self, count: int) -> int:
         return PREFIX_BYTES + self.payload_bytes(count)
@@ -256,9 +214,9 @@ class KVTier:
         try:
             parts = self.kv.gather_blocks([b for _, b in fresh])
         except BaseException:
-            self._release_staged([a.digest for a, _ in fresh], nbytes)
+            self.release_staged([a.digest for a, _ in fresh], nbytes)
             raise
-        self._writes.put(_StagedWrite(space, epoch, [a for a, _ in fresh], parts, nbytes))
+        self.write_queue.put(StagedWrite(space, epoch, [a for a, _ in fresh], parts, nbytes))
         return True
 
     def load(self, run: TierRun, blocks: list[int]) -> LoadTicket:
@@ -266,7 +224,7 @@ class KVTier:
         ticket = LoadTicket(run, list(blocks), self.block_size)
         with self.lock:
             self.counts["loads"] += 1
-        self._loads.put(ticket)
+        self.load_queue.put(ticket)
         return ticket
 
     def count_hit(self, tokens: int) -> None:
@@ -287,8 +245,8 @@ class KVTier:
                 space = space_key(namespace)
                 self.epochs[space] = self.epochs.get(space, 0) + 1
                 removed = self.index.remove_space(space)
-            self._retention_dirty = True
-        self._writes.put(_Purge(space))
+            self.retention_dirty = True
+        self.write_queue.put(Purge(space))
         return len(removed)
 
     def retain(self, namespace: str, tokens: Sequence[int], ttl_s: float) -> None:
@@ -300,7 +258,7 @@ class KVTier:
                                     self.block_size)
         with self.lock:
             self.index.retain([a.digest for a in addresses], ttl_s, self.clock())
-            self._retention_dirty = True
+            self.retention_dirty = True
 
     def stats(self) -> TierStats:
         now = self.clock()
@@ -328,174 +286,15 @@ class KVTier:
 
     def close(self, timeout_s: float = 120.0) -> None:
         """Finish the queued writes and loads, save the retention, release the folder."""
-        self._writes.put(None)
-        self._loads.put(None)
+        self.write_queue.put(None)
+        self.load_queue.put(None)
         for thread in self._threads:
             thread.join(timeout_s)
-        self._save_retention(force=True)
+        save_retention(self, force=True)
         self.backend.close()
 
-    # ---- writer thread ------------------------------------------------------------------
-    def _writer(self) -> None:
-        while True:
-            job = self._writes.get()
-            if job is None:
-                return
-            try:
-                if isinstance(job, _Purge):
-                    self.backend.purge(job.space)
-                else:
-                    self._write(job)
-                self._save_retention()
-            except Exception:  # noqa: BLE001 - the writer must outlive one bad job
-                log.exception("KV %s tier: a write job failed", self.kind)
-
-    def _write(self, job: _StagedWrite) -> None:
-        try:
-            for i, address in enumerate(job.addresses):
-                if self.full_until > self.clock():
-                    with self.lock:
-                        self.drops["disk_full"] += len(job.addresses) - i
-                    return
-                self._write_one(job, i, address)
-        finally:
-            self._release_staged([a.digest for a in job.addresses], job.nbytes)
-
-    def _write_one(self, job: _StagedWrite, i: int, address: BlockAddress) -> None:
-        record = TierRecord(address.digest, job.space, address.parent, address.count,
-                            self.record_bytes(address.count), address.full)
-        victims = self._make_room(record, job.epoch)
-        if victims is None:
-            return
-        for victim in victims:
-            self.backend.delete(victim)
-        payload = [memoryview(part[i, :, :address.count].contiguous().numpy()).cast("B")
-                   for part in job.parts]
-        prefix = encode_prefix(self.fingerprint, record.digest, record.parent, record.count,
-                               record.full, payload)
-        try:
-            self.backend.put(record, prefix, payload)
-        except OSError as exc:
-            self._write_failed(exc)
-            return
-        with self.lock:
-            current = job.epoch == (self.epoch, self.epochs.get(job.space, 0))
-            if current:
-                self.index.add(record)
-                self.counts["writes"] += 1
-                self.counts["write_bytes"] += record.nbytes
-        if not current:
-            self.backend.delete(record)        # purged while it was being written
-
-    def _make_room(self, record: TierRecord, epoch: tuple[int, int]) -> list[TierRecord] | None:
-        """Under the lock: None when ``record`` is not to be written (purged since it was
-        staged, or larger than the whole budget), else the records evicted for it (already
-        out of the index; their files are the caller's to delete)."""
-        with self.lock:
-            if epoch != (self.epoch, self.epochs.get(record.space, 0)):
-                return None
-            if record.nbytes > self.index.budget_bytes:
-                self.drops["too_large"] += 1
-                return None
-            victims = self.index.victims(record.nbytes, self.clock())
-            for victim in victims:
-                self.index.remove(victim.digest)
-            self.counts["evicted"] += len(victims)
-            return victims
-
-    def _write_failed(self, exc: OSError) -> None:
-        now = self.clock()
-        with self.lock:
-            if exc.errno in FULL_ERRNOS:
-                first = self.full_until <= now
-                self.full_until = now + FULL_RETRY_S
-                self.drops["disk_full"] += 1
-            else:
-                first = True
-                self.drops["error"] += 1
-        if exc.errno in FULL_ERRNOS and first:
-            log.warning("KV %s tier %s: the disk is full (%s); writes stop for %.0f s, "
-                        "serving goes on", self.kind, self.folder, exc.strerror, FULL_RETRY_S)
-        elif first:
-            log.error("KV %s tier %s: a write failed: %r", self.kind, self.folder, exc)
-
-    def _release_staged(self, digests: list[bytes], nbytes: int) -> None:
+    def release_staged(self, digests: list[bytes], nbytes: int) -> None:
         with self.lock:
             self.pending.difference_update(digests)
             self.staged_bytes -= nbytes
             self.room.notify_all()
-
-    def _save_retention(self, force: bool = False) -> None:
-        now = time.monotonic()
-        if not self._retention_dirty or (not force and now - self._retention_saved
-                                         < RETENTION_SAVE_S):
-            return
-        with self.lock:
-            self.index.prune_retention(self.clock())
-            retention = dict(self.index.retention)
-            self._retention_dirty = False
-        self._retention_saved = now
-        try:
-            self.backend.save_retention(retention)
-        except OSError as exc:
-            log.warning("KV %s tier: saving the retention list failed: %r", self.kind, exc)
-
-    # ---- loader thread ------------------------------------------------------------------
-    def _loader(self) -> None:
-        while True:
-            ticket = self._loads.get()
-            if ticket is None:
-                return
-            started = time.perf_counter()
-            try:
-                self._load(ticket)
-            except Exception:  # noqa: BLE001 - the request recomputes what did not load
-                log.exception("KV %s tier: a load failed", self.kind)
-            finally:
-                with self.lock:
-                    self.load_s += time.perf_counter() - started
-                ticket.done.set()
-                if self.wake is not None:
-                    self.wake()
-
-    def _load(self, ticket: LoadTicket) -> None:
-        for record, block in zip(ticket.run.records, ticket.blocks):
-            if ticket.cancelled:
-                return
-            parts = self._read(record)
-            if parts is None:
-                return
-            self.kv.write_block(block, parts, record.count)
-            ticket.loaded += 1
-            self.backend.touch(record)
-            with self.lock:
-                self.index.touch(record.digest, self.clock())
-                self.counts["loaded_blocks"] += 1
-                self.counts["load_bytes"] += record.nbytes
-
-    def _read(self, record: TierRecord) -> list[torch.Tensor] | None:
-        """The record's parts (``[layers, count, bytes per slot]`` each), or None when it
-        is gone or fails its checks (then it is forgotten, its file deleted)."""
-        data = self.backend.read(record)
-        try:
-            if data is None:
-                raise FileNotFoundError(record.digest.hex())
-            payload = decode(data, self.fingerprint, record.digest, record.count,
-                             self.payload_bytes(record.count))
-        except (CorruptRecord, FileNotFoundError) as exc:
-            reason = "missing" if isinstance(exc, FileNotFoundError) else "corrupt"
-            if reason == "corrupt":
-                log.warning("KV %s tier: dropped a damaged record (%s)", self.kind, exc)
-            with self.lock:
-                self.drops[reason] += 1
-                if self.index.get(record.digest) is record:
-                    self.index.remove(record.digest)
-            self.backend.delete(record)
-            return None
-        flat = torch.frombuffer(payload, dtype=torch.uint8)
-        parts, offset = [], 0
-        for slot in self._slot_bytes:
-            size = self._layers * record.count * slot
-            parts.append(flat[offset:offset + size].view(self._layers, record.count, slot))
-            offset += size
-        return parts

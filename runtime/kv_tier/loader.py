@@ -1,0 +1,107 @@
+"""The loader thread of a ``KVTier`` (tier.py): a request's stored run read back into
+its own memory blocks, record by record, each checked first (records.py); a record that is
+gone or fails its checks ends the run there (and is forgotten, its file deleted).
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from radixgate.radix_cache.tier_index import TierRecord, TierRun
+
+from .records import CorruptRecord, decode
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class LoadTicket:
+    """One request's load: ``run``'s records into ``blocks``; ``loaded`` of them are in
+    (in order) once ``done`` is set. ``cancel()`` stops it at the next record."""
+
+    run: TierRun
+    blocks: list[int]
+    block_size: int
+    done: threading.Event = field(default_factory=threading.Event)
+    cancelled: bool = False
+    loaded: int = 0
+
+    @property
+    def length(self) -> int:
+        """Tokens from position 0 that are valid once done (memory part included)."""
+        return (self.run.first_index * self.block_size
+                + sum(r.count for r in self.run.records[:self.loaded]))
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return self.done.wait(timeout)
+
+
+def run_loader(tier) -> None:
+    """The loader thread of ``tier``: one ticket at a time; ``None`` ends it. Each ticket
+    ends with ``done`` set and ``tier.wake()``."""
+    while True:
+        ticket = tier.load_queue.get()
+        if ticket is None:
+            return
+        started = time.perf_counter()
+        try:
+            load(tier, ticket)
+        except Exception:  # noqa: BLE001 - the request recomputes what did not load
+            log.exception("KV %s tier: a load failed", tier.kind)
+        finally:
+            with tier.lock:
+                tier.load_s += time.perf_counter() - started
+            ticket.done.set()
+            if tier.wake is not None:
+                tier.wake()
+
+
+def load(tier, ticket: LoadTicket) -> None:
+    for record, block in zip(ticket.run.records, ticket.blocks):
+        if ticket.cancelled:
+            return
+        parts = read(tier, record)
+        if parts is None:
+            return
+        tier.kv.write_block(block, parts, record.count)
+        ticket.loaded += 1
+        tier.backend.touch(record)
+        with tier.lock:
+            tier.index.touch(record.digest, tier.clock())
+            tier.counts["loaded_blocks"] += 1
+            tier.counts["load_bytes"] += record.nbytes
+
+
+def read(tier, record: TierRecord) -> list[torch.Tensor] | None:
+    """The record's parts (``[layers, count, bytes per slot]`` each), or None when it
+    is gone or fails its checks (then it is forgotten, its file deleted)."""
+    data = tier.backend.read(record)
+    try:
+        if data is None:
+            raise FileNotFoundError(record.digest.hex())
+        payload = decode(data, tier.fingerprint, record.digest, record.count,
+                         tier.payload_bytes(record.count))
+    except (CorruptRecord, FileNotFoundError) as exc:
+        reason = "missing" if isinstance(exc, FileNotFoundError) else "corrupt"
+        if reason == "corrupt":
+            log.warning("KV %s tier: dropped a damaged record (%s)", tier.kind, exc)
+        with tier.lock:
+            tier.drops[reason] += 1
+            if tier.index.get(record.digest) is record:
+                tier.index.remove(record.digest)
+        tier.backend.delete(record)
+        return None
+    flat = torch.frombuffer(payload, dtype=torch.uint8)
+    parts, offset = [], 0
+    for slot in tier.slot_bytes:
+        size = tier.num_layers * record.count * slot
+        parts.append(flat[offset:offset + size].view(tier.num_layers, record.count, slot))
+        offset += size
+    return parts
