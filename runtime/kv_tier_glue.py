@@ -40,3 +40,22 @@ def close_tier(tier: KVTier, tree) -> None:
         log.info("KV %s tier: %d blocks of the cache kept at shutdown", tier.kind, staged)
     finally:
         tier.close()
+
+
+def block_tiers(tree, tier: KVTier | None, namespace: str, tokens) -> list[str]:
+    """Where each block of the cached prefix of ``tokens`` lives: ``"memory"`` (a tree
+    node holds it), ``"disk"`` (the tier's index holds its record) or ``"both"``; the list
+    ends at the first block cached in neither. Reads only (no lock, hit or LRU touch)."""
+    B = tree.block_size
+    memory = tree.peek_length(namespace, tokens)
+    run = None
+    if tier is not None and tier.holds_namespace(namespace):
+        run = tier.find(namespace, tokens, 0, tier.chain(namespace, tokens))
+    on_disk = len(run.records) if run is not None else 0
+    out = []
+    for index in range(-(-len(tokens) // B)):
+        where = (("memory",) if index * B < memory else ()) + (("disk",) if index < on_disk else ())
+        if not where:
+            break
+        out.append("both" if len(where) == 2 else where[0])
+    return out

@@ -52,6 +52,12 @@ def evict_prompt(engine: Engine) -> None:
     wait_written(engine)
 
 
+def where(engine: Engine, tokens, namespace: str = "ns-a") -> list[str]:
+    from radixgate.runtime.kv_tier_glue import block_tiers
+    core = engine.core
+    return engine._command(block_tiers, core.tree, core.tier, namespace, tokens).result(30)
+
+
 def wait_written(engine: Engine, timeout: float = 30) -> None:
     stop = time.monotonic() + timeout
     while tier_stats(engine).staged_bytes and time.monotonic() < stop:
@@ -67,9 +73,13 @@ def test_an_evicted_prefix_loads_back_from_disk_with_the_cold_answer(tmp_path, c
     engine = start(tmp_path)
     try:
         first = engine.generate(greedy(PROMPT, namespace="ns-a"))
+        blocks = -(-len(PROMPT) // 16)
+        assert where(engine, PROMPT) == ["memory"] * blocks
         evict_prompt(engine)
         assert tier_stats(engine).writes >= len(PROMPT) // 16
+        assert where(engine, PROMPT) == ["disk"] * blocks
         got = engine.generate(greedy(PROMPT, namespace="ns-a"))
+        assert where(engine, PROMPT) == ["both"] * blocks
         assert first.usage.cache_read_tokens == 0
         assert got.usage.cache_read_tokens == len(PROMPT) - 1     # all but the last token
         snap = engine.request_snapshot().result(timeout=30)
