@@ -337,12 +337,21 @@ class BlockManager:
         return num_computed
 
     def pin(self, seq: Sequence, offset: int, ttl_s: float) -> int:
-        """Pin seq's first ``offset`` tokens for ``ttl_s``. With a lower tier their blocks
-        are retained there for ``ttl_s`` and memory keeps them at most
-        ``MEMORY_PIN_MAX_TTL_S`` (a 24 h retention does not hold memory for a day)."""
-        prefix = seq.tokens[:offset]
-        if self.tier is not None:
-            self.tier.retain(seq.namespace, prefix, ttl_s)
-            ttl_s = min(ttl_s, MEMORY_PIN_MAX_TTL_S)
-        return self.tree.pin(seq.namespace, prefix, ttl_s, owner=seq.tenant)
+        """Pin seq's first ``offset`` tokens for ``ttl_s`` (``pin_prefix``)."""
+        return self.pin_prefix(seq.namespace, seq.tokens[:offset], ttl_s, seq.tenant)
 
+    def pin_prefix(self, namespace: str, tokens, ttl_s: float, owner: str = "") -> int:
+        """Pin the cached prefix of ``tokens`` for ``ttl_s`` (``RadixTree.pin``). With a
+        lower tier their blocks are retained there for ``ttl_s`` and memory keeps them at
+        most ``MEMORY_PIN_MAX_TTL_S`` (a 24 h retention does not hold memory for a day)."""
+        if self.tier is not None:
+            self.tier.retain(namespace, tokens, ttl_s)
+            ttl_s = min(ttl_s, MEMORY_PIN_MAX_TTL_S)
+        return self.tree.pin(namespace, tokens, ttl_s, owner=owner)
+
+    def unpin_prefix(self, namespace: str, tokens) -> bool:
+        """Remove the deepest pin on the cached path of ``tokens`` (and the tier's
+        retention of ``tokens``' blocks)."""
+        if self.tier is not None:
+            self.tier.release(namespace, tokens)
+        return self.tree.unpin(namespace, tokens)

@@ -172,8 +172,9 @@ class Engine:
         return self._command(self.core.tree.evict, num_blocks)
 
     def pin(self, namespace: str, tokens: Sequence[int], ttl_s: float, owner: str = "") -> Future:
-        """Future[int]: pins the longest cached prefix of tokens; returns the pinned length."""
-        return self._command(self.core.tree.pin, namespace, list(tokens), ttl_s, owner)
+        """Future[int]: pins the longest cached prefix of tokens; returns the pinned length
+        (with a disk tier: kept there for ``ttl_s``, in memory at most an hour)."""
+        return self._command(self.core.blocks.pin_prefix, namespace, list(tokens), ttl_s, owner)
 
     def expect_continuation(self, namespace: str, tokens: Sequence[int]) -> Future:
         """Future[int]: a request extending ``tokens`` is expected soon (the response ends
@@ -182,7 +183,7 @@ class Engine:
         return self._command(self.core.tree.expect_continuation, namespace, list(tokens))
 
     def unpin(self, namespace: str, tokens: Sequence[int]) -> Future:
-        return self._command(self.core.tree.unpin, namespace, list(tokens))
+        return self._command(self.core.blocks.unpin_prefix, namespace, list(tokens))
 
     def publish(self, tokens: Sequence[int], ttl_s: float, owner: str = PUBLIC_NAMESPACE) -> Future:
         """Future[Finished]: computes ``tokens`` into the ``public`` namespace and pins them

@@ -369,6 +369,11 @@ def test_a_24h_breakpoint_holds_memory_at_most_an_hour_and_the_tier_for_a_day(tm
         now = time.time()
         assert all(index.retained(d, now + 80000) for d in chain)
         assert not index.retained(chain[0], now + 90000)
+        assert engine.unpin("ns-a", PROMPT).result(timeout=30)
+        assert not any(index.retained(d, now) for d in chain)
+        assert engine.pin("ns-a", PROMPT, 7200.0, "admin").result(timeout=30) == len(PROMPT)
+        snap = engine.request_snapshot().result(timeout=30)
+        assert snap.pins[0].pin_ttl_s <= 3600 and index.retained(chain[-1], now + 7000)
     finally:
         engine.shutdown(grace_s=0)
 

@@ -260,6 +260,15 @@ class KVTier:
             self.index.retain([a.digest for a in addresses], ttl_s, self.clock())
             self.retention_dirty = True
 
+    def release(self, namespace: str, tokens: Sequence[int]) -> None:
+        """An unpin: ``tokens``' blocks are no longer retained (ordinary LRU records)."""
+        addresses = block_addresses(self.root(namespace), tokens, 0, len(tokens),
+                                    self.block_size)
+        with self.lock:
+            for address in addresses:
+                self.index.retention.pop(address.digest, None)
+            self.retention_dirty = True
+
     def stats(self) -> TierStats:
         now = self.clock()
         with self.lock:
