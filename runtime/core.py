@@ -68,7 +68,7 @@ class EngineCore:
         self.vocab_size = loaded.config.vocab_size
         self._token_bytes = token_bytes_function(loaded.tokenizer)
         self._token_bytes(0)   # builds the tokenizer's byte table now, not in a first request
-        self.grammar_masks = MaskWorker(self.vocab_size)   # constrained rows' masks
+        self.grammar_masks = MaskWorker(self.vocab_size, self.kv.device)   # constrained rows' masks
         self.sequences: dict[str, Sequence] = {}
         self.counters = EngineCounters()
         self.traces: dict[str, RequestTrace] = {}

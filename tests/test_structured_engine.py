@@ -153,3 +153,21 @@ def test_masks_touch_only_constrained_rows_and_exempt_ends_from_min_tokens(compi
     held = [SamplingParams(temperature=0.0, min_tokens=5)]
     assert sample_tokens(logits[:1], held, [None], eos_ids={eos},
                          masks=TokenMasks((0,), only_eos, frozenset({0}))) == [eos]
+
+
+def test_the_mask_worker_thread_gives_the_masks_computed_inline(compiler):
+    from types import SimpleNamespace
+    from radixgate.runtime.structured import MaskWorker
+    pick = compiler.compile(choice_grammar(["alpha", "beta"]))
+    vocab = tiny_model().config.vocab_size
+    rows = [SimpleNamespace(request=SimpleNamespace(grammar=g))
+            for g in (None, pick.matcher(), None, pick.matcher())]
+    worker = MaskWorker(vocab)
+    worker.overlap = True                     # as on an accelerator / with a spare core
+    try:
+        masks = worker.start(rows).result()
+    finally:
+        worker.close()
+    banned, _ = compute_masks([pick.matcher()], vocab)
+    assert masks.rows == (1, 3) and torch.equal(masks.banned[0], banned[0])
+    assert torch.equal(masks.banned[1], banned[0]) and MaskWorker(vocab).start(rows[:1]) is None
