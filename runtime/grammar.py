@@ -145,11 +145,9 @@ class GrammarCompiler:
         with self._lock:
             tokenizer = self.ll_tokenizer
         limits = llguidance.LLParserLimits(**LIMITS, verbose_errors=False)
-        failed, messages = llguidance.LLMatcher.validate_grammar_with_warnings(
-            source, tokenizer, limits=limits)
-        if failed:
-            raise GrammarError(_first_line(messages[0]))
         matcher = llguidance.LLMatcher(tokenizer, source, log_level=0, limits=limits)
+        if matcher.is_error():
+            raise GrammarError(_first_line(matcher.get_error()))
         probe = RequestGrammar(matcher.deep_copy())
         probe.matcher.compute_bitmask()              # builds the first lexer states now
         if probe.error or matcher.is_error():
