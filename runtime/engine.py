@@ -26,6 +26,8 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 
+import torch
+
 from radixgate.radix_cache import PUBLIC_NAMESPACE
 
 from .api import Breakpoint, ErrorKind, Event, Finished, FinishReason, Request, SamplingParams, Usage
@@ -76,8 +78,11 @@ class Engine:
 
     # -- lifecycle ------------------------------------------------------------------------
     def start(self) -> "Engine":
+        """Starts the engine thread with the caller's torch thread count (runtime/cpu_threads.py:
+        it should be the process's only thread holding torch's worker threads)."""
         if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="radixgate-engine", daemon=True)
+            self._thread = threading.Thread(target=self._run, args=(torch.get_num_threads(),),
+                                            name="radixgate-engine", daemon=True)
             self._thread.start()
         return self
 
@@ -227,7 +232,8 @@ class Engine:
         return future
 
     # -- the engine thread ----------------------------------------------------------------
-    def _run(self) -> None:
+    def _run(self, threads: int) -> None:
+        torch.set_num_threads(threads)
         core = self.core
         try:
             while True:

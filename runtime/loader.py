@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 from radixgate.runtime.config import ModelConfig
+from radixgate.runtime.cpu_threads import run_on_fresh_thread
 from radixgate.runtime.linear import resolve_weights_dtype
 from radixgate.runtime.model import LlamaModel
 from radixgate.runtime.tokenizer import Tokenizer
@@ -125,7 +126,14 @@ def load_model(path: str = "default", *, tiny: bool = False, device: str | None 
     ``path``'s (default: SmolLM2's) tokenizer. ``max_model_len`` caps the context window.
     ``weights_dtype``: ``auto | float32 | bfloat16 | int8 | int4``, the form the matmul weights
     are kept and computed in (``auto``: runtime/linear.py's table); activations stay ``dtype``.
+    Built on a thread of its own that ends with the build (runtime/cpu_threads.py).
     """
+    return run_on_fresh_thread(_load, path, tiny, device, dtype, max_model_len, seed,
+                               weights_dtype)
+
+
+def _load(path: str, tiny: bool, device: str | None, dtype, max_model_len: int | None, seed: int,
+          weights_dtype: str) -> LoadedModel:
     start = time.perf_counter()
     p = resolve_path(path)
     dev, dt = default_device_dtype(device, dtype)

@@ -1,0 +1,56 @@
+"""runtime/cpu_threads.py: work run on a fresh thread leaves no torch worker thread behind."""
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import pytest
+import torch
+
+from radixgate.runtime.cpu_threads import run_on_fresh_thread
+
+
+def _os_threads(at_most: int | None = None) -> int:
+    """The process's OS threads; with ``at_most``, waits up to 2 s for the count to drop to
+    it (ended workers leave asynchronously)."""
+    deadline = time.monotonic() + 2.0
+    while True:
+        count = len(os.listdir("/proc/self/task"))
+        if at_most is None or count <= at_most or time.monotonic() > deadline:
+            return count
+        time.sleep(0.01)
+
+
+def _parallel_sum() -> float:
+    return float(torch.ones(4_000_000).sum())         # far above the parallel grain
+
+
+def _threads_left_by(run, wait: bool) -> int:
+    """OS threads added while a long-lived thread (2 torch threads) runs ``run`` once
+    (``wait``: give ending threads up to 2 s to leave)."""
+    result: dict = {}
+
+    def body() -> None:
+        torch.set_num_threads(2)
+        before = _os_threads()
+        result["value"] = run(_parallel_sum)
+        result["added"] = _os_threads(at_most=before if wait else None) - before
+
+    worker = threading.Thread(target=body)
+    worker.start()
+    worker.join()
+    assert result["value"] == 4_000_000
+    return result["added"]
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="needs /proc")
+def test_fresh_thread_takes_its_worker_threads_with_it():
+    assert _threads_left_by(lambda fn: fn(), wait=False) >= 1            # run in place: a pool stays
+    assert _threads_left_by(run_on_fresh_thread, wait=True) == 0
+
+
+def test_fresh_thread_returns_and_raises():
+    assert run_on_fresh_thread(lambda a, b=0: a + b, 2, b=3) == 5
+    with pytest.raises(ValueError, match="boom"):
+        run_on_fresh_thread(lambda: (_ for _ in ()).throw(ValueError("boom")))
