@@ -163,9 +163,10 @@ def reference_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: t
 class AttentionPlan:
     """Index work of one step, shared by every layer (tables and lengths are the same in each).
 
-    Decode rows (q_len == 1) read ``decode_blocks`` (int64 [n * nb], -1 padding read as block 0;
-    a ``slice``, read in place, for a lone decode row on consecutive blocks) under
-    ``decode_mask`` (bool [n, 1, 1, nb * bs]). Each extend sequence is
+    Decode rows (q_len == 1) read ``decode_blocks`` (int64 [n * nb], -1 padding read as block 0)
+    under ``decode_mask`` (bool [n, 1, 1, nb * bs]); a lone decode row on consecutive blocks
+    reads its positions in place instead: ``decode_blocks`` is then a ``slice`` of the flat
+    slots (``block * bs + slot``), exactly its length, and ``decode_mask`` is None. Each extend sequence is
     ``(first row, q_len, total, blocks)`` where blocks is a ``slice`` when its table is a run of
     consecutive block ids (read as a view) or an int64 tensor of block ids (gathered).
     """
@@ -206,7 +207,9 @@ def plan_attention(block_tables: torch.Tensor, cu_q_lens: torch.Tensor, seq_lens
         mask = (positions[None, :] < lengths[:, None])[:, None, None, :]              # [n, 1, 1, L]
         if len(decode) == 1:
             run = _extend_blocks(tables[0], num_blocks)
-            blocks = run if isinstance(run, slice) else blocks
+            if isinstance(run, slice):
+                first = run.start * block_size
+                blocks, mask = slice(first, first + lens[decode[0]]), None
     if len(decode) == len(q_lens):
         return AttentionPlan(num_tokens, block_size, None, blocks, mask, ())
     starts = cu_q_lens.tolist()
@@ -252,11 +255,13 @@ def _gather(cache: torch.Tensor, scales: torch.Tensor | None, blocks: torch.Tens
 
 def _decode_read(cache: torch.Tensor, scales: torch.Tensor | None, plan: AttentionPlan, name: str,
                  dtype: torch.dtype) -> torch.Tensor:
-    """The decode rows' blocks of one cache as ``dtype``: [len(blocks), bs, Hkv, D], a view of
-    the cache for a slice (when already in ``dtype``), else gathered into the plan's buffer."""
+    """The decode rows' positions of one cache as ``dtype``: [len(blocks), bs, Hkv, D] gathered
+    into the plan's buffer, or for a slot slice [length, Hkv, D], a view of the cache (when
+    already in ``dtype``)."""
     blocks = plan.decode_blocks
     if isinstance(blocks, slice):
-        return dequantize_kv(cache[blocks], None if scales is None else scales[blocks], dtype)
+        return dequantize_kv(cache.flatten(0, 1)[blocks],
+                             None if scales is None else scales.flatten(0, 1)[blocks], dtype)
     return _gather(cache, scales, blocks, dtype, plan.gather_buffer(name, cache))
 
 
@@ -265,7 +270,8 @@ def _decode_attention(q, caches, plan: AttentionPlan, scale: float) -> torch.Ten
     k_cache, v_cache, k_scale, v_scale = caches
     n, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
-    length = plan.decode_mask.shape[-1]
+    blocks = plan.decode_blocks
+    length = plan.decode_mask.shape[-1] if plan.decode_mask is not None else blocks.stop - blocks.start
     k = _decode_read(k_cache, k_scale, plan, "k", q.dtype).view(n, length, num_kv_heads, head_dim)
     v = _decode_read(v_cache, v_scale, plan, "v", q.dtype).view(n, length, num_kv_heads, head_dim)
     grouped = q.reshape(n, num_kv_heads, num_heads // num_kv_heads, head_dim)  # [n, Hkv, G, D]

@@ -18,6 +18,10 @@ lm_head [49152, 576], 1 / 16 rows: f32 packed 3.3 / 7.5 ms, bf16 packed 1.6 / 3.
 scalar code, 20-100x slower); oneDNN's packed layout beats F.linear even at one row, so it is the
 only copy of a dense weight (a tied head shares the embedding's plain table instead).
 
+``native(x)`` returns the product in the op's own dtype (bfloat16 for int8 / int4 / bf16
+weights), for a caller whose next op casts or promotes anyway; calling the layer casts it
+back to ``x``'s dtype.
+
 Per call: int4 runs the int4 op up to ``INT4_OP_MAX_ROWS`` rows and above that dequantizes the
 layer to bf16 (from the packed codes) for one bf16 GEMM; int8 runs its op up to
 ``INT8_OP_MAX_ROWS`` and a bf16 GEMM over the converted codes above.
@@ -129,12 +133,14 @@ class DenseLinear:
             self.weight = None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return self.native(x).to(x.dtype)
+
+    def native(self, x: torch.Tensor) -> torch.Tensor:
+        """The product in the weight's dtype (no cast back to ``x``'s)."""
         xw = x.to(self.dtype)
         if self.packed is None:
-            out = F.linear(xw, self.weight, None if self.bias is None else self.bias.to(self.dtype))
-            return out.to(x.dtype)
+            return F.linear(xw, self.weight, None if self.bias is None else self.bias.to(self.dtype))
         out = torch.ops.mkldnn._linear_pointwise(xw.contiguous(), self.packed, None, "none", [], "")
-        out = out.to(x.dtype)
         return out if self.bias is None else out + self.bias
 
     @property
@@ -153,12 +159,15 @@ class Int8Linear:
         self.shape, self.dtype = tuple(codes.shape), torch.int8
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return self.native(x).to(x.dtype)
+
+    def native(self, x: torch.Tensor) -> torch.Tensor:
+        """The product in bfloat16, the op's own dtype (float32 with a float32 bias)."""
         xb = x.to(torch.bfloat16).contiguous()             # [M, K]
         if x.shape[0] <= INT8_OP_MAX_ROWS:
             out = torch.ops.aten._weight_int8pack_mm(xb, self.codes, self.scale)
         else:
             out = F.linear(xb, self.codes.to(torch.bfloat16)) * self.scale
-        out = out.to(x.dtype)
         return out if self.bias is None else out + self.bias
 
     @property
@@ -189,13 +198,16 @@ class Int4Linear:
             .contiguous().to(torch.bfloat16)                           # [K/32, N, 2]
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return self.native(x).to(x.dtype)
+
+    def native(self, x: torch.Tensor) -> torch.Tensor:
+        """The product in bfloat16, the op's own dtype (float32 with a float32 bias)."""
         xb = x.to(torch.bfloat16).contiguous()                          # [M, K]
         if x.shape[0] <= INT4_OP_MAX_ROWS or self.shape[0] % _INT4_TILE:
             out = torch.ops.aten._weight_int4pack_mm_for_cpu(xb, self.packed, GROUP,
                                                              self.scales_and_zeros)
         else:
             out = xb @ self.dequantized_t()                              # [M, N]
-        out = out.to(x.dtype)
         return out if self.bias is None else out + self.bias
 
     def dequantized_t(self) -> torch.Tensor:

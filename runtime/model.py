@@ -24,7 +24,9 @@ __all__ = ["LlamaModel", "ForwardBatch", "build_forward_batch", "rms_norm"]
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """HF LlamaRMSNorm: normalise in fp32, cast back, scale."""
+    """HF LlamaRMSNorm: normalise in fp32, cast back, scale (float32: torch's fused op)."""
+    if x.dtype == torch.float32 and weight.dtype == torch.float32:
+        return F.rms_norm(x, weight.shape, weight, eps)
     x32 = x.to(torch.float32)
     x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
     return weight * x32.to(x.dtype)
@@ -97,7 +99,7 @@ class LlamaModel:
         eps = self.config.rms_norm_eps
         plan = attention_plan(batch.block_tables, batch.cu_q_lens, batch.seq_lens, kv.block_size,
                               batch.num_tokens, quantized=kv.quantized)  # shared by every layer
-        for i, layer in enumerate(self.layers):
+        for i, layer in enumerate(self.layers):   # residual adds promote bf16 outputs to x's dtype
             h = rms_norm(x, layer.attn_norm, eps)
             x = x + self._attention(layer, h, cos, sin, batch, plan, kv.k[i], kv.v[i],
                                     kv.layer_scales(i))
@@ -122,11 +124,12 @@ class LlamaModel:
         store_kv(k, v, k_cache, v_cache, batch.slot_mapping, **scales)
         out = paged_attention(q, k_cache, v_cache, batch.block_tables, batch.cu_q_lens,
                               batch.seq_lens, self.scale, plan=plan, **scales)  # [T, Hq, D]
-        return layer.o_proj(out.reshape(tokens, self.q_size))        # [T, H]
+        return layer.o_proj.native(out.reshape(tokens, self.q_size))  # [T, H]
 
     def _mlp(self, layer: DecoderLayer, h: torch.Tensor) -> torch.Tensor:
-        gate, up = layer.gate_up(h).chunk(2, dim=-1)             # [T, I] each
-        return layer.down(F.silu(gate) * up)                     # [T, H]
+        """In the matmuls' own dtype (bf16 for quantized weights): down takes bf16 anyway."""
+        gate, up = layer.gate_up.native(h).chunk(2, dim=-1)      # [T, I] each
+        return layer.down.native(F.silu(gate) * up)              # [T, H]
 
     def num_parameters(self) -> int:
         matmuls = [self.logits_proj] + [m for layer in self.layers

@@ -42,14 +42,18 @@ def _llama3_scale(inv_freq: torch.Tensor, s: dict) -> torch.Tensor:
 
 
 def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype):
-    """positions int64 [T] -> cos, sin of shape [T, 1, D] (broadcast over heads)."""
+    """positions int64 [T] -> cos, sin of shape [T, 1, D] (broadcast over heads); ``sin``'s
+    first half is negated, so that ``apply_rope`` rotates with a swap of the two halves."""
     freqs = positions.to(torch.float32)[:, None] * inv_freq[None, :]      # [T, D/2]
     emb = torch.cat((freqs, freqs), dim=-1)[:, None, :]                   # [T, 1, D]
-    return emb.cos().to(dtype), emb.sin().to(dtype)
+    sin = emb.sin()
+    sin[..., :freqs.shape[-1]].neg_()
+    return emb.cos().to(dtype), sin.to(dtype)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [T, H, D] -> x * cos + rotate_half(x) * sin."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)          # [T, H, D]
-    return x * cos + rotated * sin
+    """x [T, H, D] -> x * cos + rotate_half(x) * sin, with ``rotate_half(x) = cat(-x2, x1)``
+    computed as ``cat(x2, x1) * sin`` from ``rope_cos_sin``'s sign-folded ``sin`` (3 ops)."""
+    t, heads, dim = x.shape
+    swapped = x.view(t, heads, 2, dim // 2).flip(2).view(t, heads, dim)   # cat(x2, x1)
+    return torch.addcmul(x * cos, swapped, sin)
