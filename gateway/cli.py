@@ -156,6 +156,18 @@ def apply_threads(config: GatewayConfig) -> None:
     logging.getLogger("radixgate.gateway").info("torch CPU threads: %d", n)
 
 
+def _check_disk_tier(config: GatewayConfig) -> None:
+    """An unusable disk tier folder (unwritable, held by another server) is a ConfigError
+    before anything loads."""
+    if not config.cache.disk_dir:
+        return
+    from radixgate.runtime.kv_tier import TierFolderError, check_disk_folder
+    try:
+        check_disk_folder(config.cache)
+    except TierFolderError as exc:
+        raise ConfigError(str(exc)) from None
+
+
 # subcommands whose arguments belong to another module's own parser
 DELEGATES = {"plan": "radixgate.runtime.planner", "bench": "benchmarks.run_all"}
 
@@ -180,6 +192,7 @@ def serve(config: GatewayConfig) -> int:
     from radixgate.gateway.app import create_app
     from radixgate.gateway.http_util import STATE
     config.check_host_allowed()
+    _check_disk_tier(config)
     _setup_logging(config.server.log_level)
     apply_threads(config)
     logging.getLogger("radixgate.gateway").info(

@@ -490,3 +490,14 @@ def test_random_prefix_traffic_through_a_small_memory_and_the_tier_answers_as_co
         assert_clean(engine)
     finally:
         engine.shutdown(grace_s=0)
+
+
+def test_serve_refuses_a_held_tier_folder_before_loading_anything(tmp_path, capsys):
+    from radixgate.gateway.cli import main
+
+    engine = start(tmp_path)
+    try:
+        assert main(["serve", "--tiny", "--kv-disk-dir", str(tmp_path), "--kv-disk-gb", "1"]) == 2
+        assert "in use by another radixgate server" in capsys.readouterr().err
+    finally:
+        engine.shutdown(grace_s=0)
