@@ -89,21 +89,49 @@ def tool_calls(param: str, tools: list[ToolSpec], forced: str | None,
     """The grammar of the text after ``forced_call_prefill(forced)``: the rest of one call
     (to ``forced``, or to any of ``tools`` when None), then, when ``parallel``, more calls
     (to the same tool when one is forced), each after a newline."""
-    return constraint(param, _tool_calls_source, tools, forced, parallel)
+    return constraint(param, _forced_calls_source, tools, forced, parallel)
 
 
-def _tool_calls_source(tools: list[ToolSpec], forced: str | None, parallel: bool) -> str:
+def strict_tool_calls(param: str, tools: list[ToolSpec], strict: set[str],
+                      parallel: bool) -> Constraint:
+    """``tool_choice`` auto with strict tools: free text (without ``<tool_call>``), or text
+    then calls; a strict tool's arguments match its schema, another's are any object."""
+    return constraint(param, _auto_calls_source, tools, strict, parallel)
+
+
+NAME_OPEN = CALL_OPEN + '{"name": "'     # what forced_call_prefill(None) prefills
+FREE_TEXT = "/(?s:.*)/ & ~/(?s:.*" + CALL_OPEN + ".*)/"
+
+
+def _forced_calls_source(tools: list[ToolSpec], forced: str | None, parallel: bool) -> str:
     callable_ = [t for t in tools if forced is None or t.name == forced]
-    after_name = '", "arguments": '
-    next_call = "\n" + CALL_OPEN + '{"name": "'
-    rules = [f"tool_{i}: {lark_literal(t.name + after_name)} args_{i} close"
-             for i, t in enumerate(callable_)]
-    rules += [f"args_{i}: {lark_json(t.input_schema)}" for i, t in enumerate(callable_)]
     first = "args_0 close" if forced is not None else "named"
-    more = f" ({lark_literal(next_call)} named)*" if parallel else ""
-    return "\n".join([f"start: {first}{more}",
-                      "named: " + " | ".join(f"tool_{i}" for i in range(len(callable_))),
-                      f"close: {lark_literal('}' + CALL_CLOSE)}", *rules])
+    return "\n".join([f"start: {first}{_more_calls(parallel)}",
+                      *_call_rules(callable_, {t.name for t in callable_})])
+
+
+def _auto_calls_source(tools: list[ToolSpec], strict: set[str], parallel: bool) -> str:
+    return "\n".join([
+        f"start: FREE | text {lark_literal(NAME_OPEN[len(CALL_OPEN):])} named"
+        f"{_more_calls(parallel)}",
+        f"FREE: {FREE_TEXT}", f"text[suffix={lark_literal(CALL_OPEN)}]: /(?s:.*)/",
+        *_call_rules(tools, strict)])
+
+
+def _more_calls(parallel: bool) -> str:
+    return f" ({lark_literal(chr(10) + NAME_OPEN)} named)*" if parallel else ""
+
+
+def _call_rules(tools: list[ToolSpec], strict: set[str]) -> list[str]:
+    """``named``: the rest of a call after NAME_OPEN, to one of ``tools``; arguments match
+    the schema of the tools in ``strict``, any JSON object for the others."""
+    after_name = '", "arguments": '
+    rules = [f"tool_{i}: {lark_literal(t.name + after_name)} args_{i} close"
+             for i, t in enumerate(tools)]
+    rules += [f"args_{i}: {lark_json(t.input_schema if t.name in strict else {'type': 'object'})}"
+              for i, t in enumerate(tools)]
+    return ["named: " + " | ".join(f"tool_{i}" for i in range(len(tools))),
+            f"close: {lark_literal('}' + CALL_CLOSE)}", *rules]
 
 
 # -- compiling, cached per tenant ----------------------------------------------------------

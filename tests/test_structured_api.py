@@ -251,3 +251,50 @@ async def test_compiled_grammars_are_cached_per_tenant(gateway):
         await openai_client(base_url, tenant).chat.completions.create(
             model=MODEL, messages=chat("x"), max_tokens=30, response_format=fmt)
     assert app[STATE].grammars.compiles == 2
+
+
+async def test_strict_tools_with_auto_choice_give_text_or_valid_calls(gateway):
+    """Strict tools under ``auto``: the answer is free text or text then calls whose
+    arguments match (the tiny model may take either way; both are checked)."""
+    base_url = gateway[0]
+    openai_tools = [{"type": "function", "function": {"name": "get_weather", "strict": True,
+                                                      "parameters": WEATHER}}]
+    for prompt, sampling in zip(PROMPTS, SAMPLING):
+        done = await openai_client(base_url).chat.completions.create(
+            model=MODEL, messages=chat(prompt), max_tokens=40, tools=openai_tools,
+            parallel_tool_calls=False, **sampling)
+        message = done.choices[0].message
+        for call in message.tool_calls or []:
+            jsonschema.validate(json.loads(call.function.arguments), WEATHER)
+        assert "<tool_call>" not in (message.content or "")
+    for prompt, sampling in zip(PROMPTS[:2], ANTHROPIC_SAMPLING[1:]):
+        done = await anthropic_client(base_url).messages.create(
+            model=MODEL, messages=chat(prompt), max_tokens=40, tools=ANTHROPIC_TOOLS,
+            extra_body=sampling)
+        for block in done.content:
+            if block.type == "tool_use" and block.name == "get_weather":
+                jsonschema.validate(block.input, WEATHER)
+            if block.type == "text":
+                assert "<tool_call>" not in block.text
+
+
+@pytest.mark.parametrize("text, allowed", [
+    ('Let me check. <tool_call>{"name": "get_time", "arguments": {"zone": "CET"}}</tool_call>',
+     True),
+    ("Just text, a < b, no call.", True),
+    ('<tool_call>{"name": "get_weather", "arguments": {"any": "thing"}}</tool_call>', True),
+    ('Hi <tool_call>{"name": "get_time", "arguments": {"zone": "XXX"}}</tool_call>', False),
+    ('Hi <tool_call>{"name": "other", "arguments": {}}</tool_call>', False),
+])
+def test_strict_auto_grammar_admits_text_and_valid_calls_only(text, allowed):
+    from radixgate.gateway.structured import strict_tool_calls
+    from radixgate.gateway.tools import ToolSpec
+    from radixgate.runtime.grammar import GrammarCompiler
+    from tests.support.engine import tiny_model
+    model = tiny_model()
+    specs = [ToolSpec("get_weather", None, WEATHER), ToolSpec("get_time", None, TIME)]
+    source = strict_tool_calls("tools", specs, {"get_time"}, parallel=False).source
+    grammar = GrammarCompiler(model.tokenizer, model.config.vocab_size).compile(source).matcher()
+    ids = model.tokenizer.encode(text)
+    accepted = grammar.matcher.validate_tokens(ids) == len(ids)
+    assert accepted == allowed
