@@ -12,7 +12,9 @@ prefilled (``tools.forced_call_prefill``) and the grammar covers the rest of the
 
     <tool_call>{"name": "NAME", "arguments": {...}}</tool_call>
 
-further calls (parallel ones) follow after a newline, and nothing else.
+further calls (parallel ones) follow after a newline, and nothing else. Strict tools under
+``tool_choice`` auto get free text (that never contains ``<tool_call>``) or text followed by
+such calls.
 """
 from __future__ import annotations
 
