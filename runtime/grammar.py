@@ -7,9 +7,10 @@ vocabulary (the tokenizer's own ``tokenizer.json``; no download) and returns a
 ``CompiledGrammar``, a template whose ``matcher()`` is one request's ``RequestGrammar``.
 
 Work is bounded by llguidance's own fuel limits (``LIMITS``): building the lexer and each
-next-token mask stop with an error when they run out, so no grammar can hold a thread for
-long; a grammar that runs out while compiling, names an unknown rule or a JSON-schema
-keyword llguidance does not implement raises ``GrammarError`` (a 400 at the API).
+next-token mask stop with an error when they run out; a grammar that runs out while
+compiling, names an unknown rule or a JSON-schema keyword llguidance does not implement,
+or whose first mask (computed again after the lexer is built) costs over ``MAX_MASK_S``,
+raises ``GrammarError`` (a 400 at the API).
 
 JSON is generated compactly with the prompt format's separators (``", "`` and ``": "``) and
 no other whitespace, so a model can never loop on spaces or newlines.
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from functools import cached_property
 
 import llguidance
@@ -30,6 +32,7 @@ import llguidance
 JSON_FORMAT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 MAX_GRAMMAR_BYTES = 256 * 1024   # a grammar's text (schemas included)
 MAX_REGEX_CHARS = 4096
+MAX_MASK_S = 0.02         # a grammar whose next-token mask costs more is refused
 LIMITS = {"initial_lexer_fuel": 1_000_000, "step_lexer_fuel": 200_000, "step_max_items": 50_000,
           "max_lexer_states": 100_000, "max_grammar_size": 200_000}
 
@@ -148,11 +151,25 @@ class GrammarCompiler:
         matcher = llguidance.LLMatcher(tokenizer, source, log_level=0, limits=limits)
         if matcher.is_error():
             raise GrammarError(_first_line(matcher.get_error()))
-        probe = RequestGrammar(matcher.deep_copy())
-        probe.matcher.compute_bitmask()              # builds the first lexer states now
-        if probe.error or matcher.is_error():
-            raise GrammarError(_first_line(probe.error or matcher.get_error()))
+        self._probe(matcher)
         return CompiledGrammar(matcher, source)
+
+    @staticmethod
+    def _probe(matcher) -> None:
+        """Computes the first mask twice on a copy: the first builds the lexer states (its
+        errors are the grammar's), the second is what every step would pay. Some grammars
+        (nested repetitions) stay within llguidance's fuel yet cost far more than a step
+        should: over ``MAX_MASK_S`` they are refused, since masks run on the engine's step."""
+        probe = matcher.deep_copy()
+        probe.compute_bitmask()
+        started = time.perf_counter()
+        probe.compute_bitmask()
+        elapsed = time.perf_counter() - started
+        if probe.is_error() or matcher.is_error():
+            raise GrammarError(_first_line(probe.get_error() or matcher.get_error()))
+        if elapsed > MAX_MASK_S:
+            raise GrammarError(f"the grammar is too complex: one next-token mask takes "
+                               f"{1e3 * elapsed:.0f} ms (at most {1e3 * MAX_MASK_S:.0f} ms)")
 
 
 def _first_line(message: str) -> str:

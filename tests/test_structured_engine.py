@@ -171,3 +171,8 @@ def test_the_mask_worker_thread_gives_the_masks_computed_inline(compiler):
     banned, _ = compute_masks([pick.matcher()], vocab)
     assert masks.rows == (1, 3) and torch.equal(masks.banned[0], banned[0])
     assert torch.equal(masks.banned[1], banned[0]) and MaskWorker(vocab).start(rows[:1]) is None
+
+
+def test_a_grammar_whose_masks_cost_too_much_is_refused(compiler):
+    with pytest.raises(GrammarError, match="too complex|too many"):
+        compiler.compile(regex_grammar("((a{100}){100}){100}"))
