@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import random
 import statistics
 import time
@@ -158,26 +159,42 @@ def _common(a: array, b: array, limit: int) -> int:
     return limit
 
 
-def scaled_sessions(templates: list[list[tuple]], num_sessions: int,
-                    sessions_per_tenant: int) -> list[list[tuple]]:
-    """``num_sessions`` sessions: clone ``k`` of a template keeps its tenant's shared prefix
-    (in the clone's own tenant namespace) and shifts every later token id by its own offset,
-    so clones share with each other exactly what real sessions of one tenant share."""
-    by_tenant: dict[str, list] = {}
-    for steps in templates:
-        by_tenant.setdefault(steps[0][0], []).append(steps)
-    groups = list(by_tenant.values())
-    prefixes = [shared_prefix(g) for g in groups]
-    out = []
-    for k in range(num_sessions):
-        tenant = k // sessions_per_tenant
-        g = tenant % len(groups)
-        steps = groups[g][k % len(groups[g])]
-        cut, offset = prefixes[g], 1 + k
-        namespace = f"tenant{tenant}"
-        out.append([(namespace, _shifted(tokens, cut, offset), max_tokens)
-                    for _, tokens, max_tokens in steps])
-    return out
+class ScaledSessions:
+    """``num_sessions`` sessions built from ``templates`` on demand (``sessions[k][step]``):
+    clone ``k`` of a template keeps its tenant's shared prefix (in the clone's own tenant
+    namespace) and shifts every later token id by its own offset, so clones share with
+    each other exactly what real sessions of one tenant share."""
+
+    def __init__(self, templates: list[list[tuple]], num_sessions: int,
+                 sessions_per_tenant: int):
+        by_tenant: dict[str, list] = {}
+        for steps in templates:
+            by_tenant.setdefault(steps[0][0], []).append(steps)
+        self.groups = list(by_tenant.values())
+        self.prefixes = [shared_prefix(g) for g in self.groups]
+        self.num_sessions = num_sessions
+        self.sessions_per_tenant = sessions_per_tenant
+
+    def __len__(self) -> int:
+        return self.num_sessions
+
+    def __getitem__(self, k: int) -> "ScaledSession":
+        tenant = k // self.sessions_per_tenant
+        g = tenant % len(self.groups)
+        return ScaledSession(self.groups[g][k % len(self.groups[g])], f"tenant{tenant}",
+                             self.prefixes[g], 1 + k)
+
+
+class ScaledSession:
+    def __init__(self, steps, namespace: str, cut: int, offset: int):
+        self.steps, self.namespace, self.cut, self.offset = steps, namespace, cut, offset
+
+    def __len__(self) -> int:
+        return len(self.steps)
+
+    def __getitem__(self, step: int) -> tuple[str, array, int]:
+        _, tokens, max_tokens = self.steps[step]
+        return self.namespace, _shifted(tokens, self.cut, self.offset), max_tokens
 
 
 def _shifted(tokens: array, cut: int, offset: int) -> array:
@@ -187,36 +204,44 @@ def _shifted(tokens: array, cut: int, offset: int) -> array:
 
 # ---- measuring -------------------------------------------------------------------------
 
-def reference_hit_rate(arrivals, total_blocks: int, block_size: int) -> float:
-    """One cache of the whole budget, fed the same requests in the same order."""
-    pool = BlockPool(total_blocks, block_size)
-    tree = RadixTree(pool)
-    hit = total = 0
-    for req in arrivals:
-        n = len(req.tokens)
-        match = tree.match(req.namespace, req.tokens)
+class OneCache:
+    """One cache of the whole budget, fed the same requests in the same order (each as the
+    engine admits it: match, reuse ``min(match, len - 1)``, allocate, insert, release)."""
+
+    def __init__(self, total_blocks: int, block_size: int):
+        self.pool = BlockPool(total_blocks, block_size)
+        self.tree = RadixTree(self.pool)
+        self.block_size = block_size
+        self.hit = self.total = 0
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hit / max(1, self.total)
+
+    def feed(self, namespace: str, tokens) -> None:
+        pool, tree, B, n = self.pool, self.tree, self.block_size, len(tokens)
+        match = tree.match(namespace, tokens)
         reuse = min(match.length, n - 1)
-        keep = reuse // block_size
+        keep = reuse // B
         pool.decref_many(match.blocks[keep:])
-        need = -(-n // block_size) - keep
+        need = -(-n // B) - keep
         if pool.num_free() < need:
             tree.evict(need - pool.num_free())
-        hit, total = hit + reuse, total + n
+        self.hit, self.total = self.hit + reuse, self.total + n
         if pool.num_free() >= need:
             blocks = list(match.blocks[:keep]) + pool.allocate(need)
-            tree.insert(req.namespace, req.tokens, blocks)
+            tree.insert(namespace, tokens, blocks)
             pool.decref_many(blocks)
         else:
             pool.decref_many(match.blocks[:keep])
         tree.unlock(match.handle)
-    return hit / max(1, total)
 
 
 def measure(cluster: Cluster) -> dict:
     reqs = cluster.arrivals
     ttfts = sorted(r.ttft for r in reqs)
     busy = [r.busy_s for r in cluster.replicas]
-    return {"hit_rate": sum(r.hit for r in reqs) / max(1, sum(len(r.tokens) for r in reqs)),
+    return {"hit_rate": sum(r.hit for r in reqs) / max(1, sum(r.num_tokens for r in reqs)),
             "imbalance": max(busy) / max(1e-9, statistics.fmean(busy)),
             "ttft_p50": _quantile(ttfts, 0.5), "ttft_p99": _quantile(ttfts, 0.99),
             "requests": len(reqs)}
@@ -226,36 +251,41 @@ def _quantile(sorted_values: list[float], q: float) -> float:
     return sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))]
 
 
-def run_point(sessions, name: str, n: int, args, rates: Rates, params: RoutingParams) -> dict:
+_TEMPLATES: dict = {}       # workload -> template sessions (shared with forked workers)
+
+
+def run_point(job) -> dict:
+    workload, n, name, args, rates, params = job
+    started = time.perf_counter()
+    sessions = ScaledSessions(_TEMPLATES[workload], args.sessions_per_replica * n,
+                              args.sessions_per_tenant)
     router = make_router(name, args.block_size, params)
-    open_rate = n * args.sessions_per_s_per_replica
+    reference = OneCache(n * args.blocks_per_replica, args.block_size) if name == "prefix" else None
     cluster = Cluster(sessions, router, n, args.blocks_per_replica, args.block_size, rates,
-                      open_rate, kv_events=(name == "prefix")).run()
-    result = measure(cluster)
-    if name == "prefix":
-        result["reference_hit_rate"] = reference_hit_rate(
-            cluster.arrivals, n * args.blocks_per_replica, args.block_size)
-    return result
+                      n * args.sessions_per_s_per_replica, kv_events=(name == "prefix"),
+                      on_arrival=reference.feed if reference is not None else None).run()
+    point = {"workload": workload, "replicas": n, "router": name, "sessions": len(sessions),
+             **measure(cluster)}
+    if reference is not None:
+        point["reference_hit_rate"] = reference.hit_rate
+    point["wall_s"] = round(time.perf_counter() - started, 1)
+    return point
 
 
 def run(args) -> dict:
     rates = Rates(prefill_tok_s=args.prefill_tok_s)
     params = RoutingParams(balance_abs=args.balance_abs, balance_rel=args.balance_rel,
                            load_tokens=args.load_tokens)
-    templates = template_sessions(args.quick, args.workloads)
-    results: dict = {"args": {k: str(v) for k, v in vars(args).items()}, "rates": vars(rates), "points": []}
-    for workload, tmpl in templates.items():
-        for n in args.replicas:
-            sessions = scaled_sessions(tmpl, args.sessions_per_replica * n,
-                                       args.sessions_per_tenant)
-            for name in args.routers:
-                started = time.perf_counter()
-                point = {"workload": workload, "replicas": n, "router": name,
-                         "sessions": len(sessions),
-                         **run_point(sessions, name, n, args, rates, params)}
-                point["wall_s"] = round(time.perf_counter() - started, 1)
-                results["points"].append(point)
-                print(json.dumps(point), flush=True)
+    _TEMPLATES.update(template_sessions(args.quick, args.workloads))
+    jobs = [(w, n, name, args, rates, params) for w in args.workloads for n in args.replicas
+            for name in args.routers]
+    jobs.sort(key=lambda j: -j[1] * (3 if j[2] == "prefix" else 1))   # longest first
+    results: dict = {"args": {k: str(v) for k, v in vars(args).items()}, "rates": vars(rates),
+                     "points": []}
+    with multiprocessing.get_context("fork").Pool(args.jobs) as pool:
+        for point in pool.imap_unordered(run_point, jobs):
+            results["points"].append(point)
+            print(json.dumps(point), flush=True)
     return results
 
 
@@ -325,6 +355,7 @@ def parse_args(argv):
     p.add_argument("--prefill-tok-s", type=float, default=Rates().prefill_tok_s)
     p.add_argument("--balance-abs", type=int, default=RoutingParams().balance_abs)
     p.add_argument("--balance-rel", type=float, default=RoutingParams().balance_rel)
+    p.add_argument("--jobs", type=int, default=2, help="simulations run at once (processes)")
     p.add_argument("--load-tokens", type=int, default=RoutingParams().load_tokens)
     p.add_argument("--out", type=Path, default=OUT_DIR)
     args = p.parse_args(argv)

@@ -40,6 +40,7 @@ class SimRequest:
     tokens: array
     max_tokens: int
     arrival: float = 0.0
+    num_tokens: int = 0
     replica: int = -1
     hit: int = 0
     ttft: float = 0.0
@@ -99,8 +100,9 @@ class Cluster:
 
     def __init__(self, sessions, router, num_replicas: int, blocks_per_replica: int,
                  block_size: int, rates: Rates, open_rate: float, seed: int = 0,
-                 kv_events: bool = False):
+                 kv_events: bool = False, on_arrival=None):
         self.sessions = sessions
+        self.on_arrival = on_arrival      # (namespace, tokens) of each request as it arrives
         self.router = router
         self.rates = rates
         self.rng = random.Random(seed)
@@ -141,7 +143,10 @@ class Cluster:
         namespace, tokens, max_tokens = self.sessions[session][step]
         req = SimRequest(session, step, namespace, tokens, max_tokens, arrival=self.now)
         req.replica = self.router.choose(req, self.loads())
+        req.num_tokens = len(tokens)
         self.arrivals.append(req)
+        if self.on_arrival is not None:
+            self.on_arrival(namespace, tokens)
         replica = self.replicas[req.replica]
         replica.in_flight += 1
         replica.queue.append(req)
@@ -170,6 +175,7 @@ class Cluster:
 
     def _finished(self, replica: Replica, req: SimRequest) -> None:
         replica.finish(req)
+        req.tokens = None                 # only its counts are kept
         replica.decoding -= 1
         replica.in_flight -= 1
         replica.served += 1

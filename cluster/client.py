@@ -272,9 +272,10 @@ class ClusterHandle:
 
 
 def _for_replica(request: Request) -> Request:
-    """The request as it travels: no compiled stop automaton (the replica builds its own)
-    and no deadline (a monotonic time of this host; the remaining time goes along)."""
-    return dataclasses.replace(request, stop_automaton=None, deadline=None)
+    """The request as it travels: no compiled stop automaton or grammar state (the replica
+    builds its own, from ``grammar_source``) and no deadline (a monotonic time of this
+    host; the remaining time goes along)."""
+    return dataclasses.replace(request, stop_automaton=None, grammar=None, deadline=None)
 
 
 def _failed(request: Request, kind: ErrorKind, message: str) -> Finished:

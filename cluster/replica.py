@@ -5,7 +5,8 @@ A replica loads the model, starts an ``Engine`` whose KV events go out on a loop
 endpoint with a free port (the replica's id is the topic), and answers:
 
 - ``generate(request, ttl_s)``: an async generator of ``(replica, event)``; a cancelled
-  stream (the gateway's client left) aborts the engine request;
+  stream (the gateway's client left) aborts the engine request; a structured-output
+  request's grammar is compiled here from its source (a grammar state does not pickle);
 - ``call(command, *args, target=...)``: an engine command (flush, pin, unpin, publish,
   expect_continuation, check_integrity, snapshot) on this replica; ``target`` is read by
   the router only (``serve_router.py``: a call for one replica goes to that one);
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
 import time
 from dataclasses import dataclass
 
@@ -37,6 +39,7 @@ class ReplicaSpec:
     events_host: str = "127.0.0.1"
 
 
+GRAMMAR_CACHE = 64
 COMMANDS = ("flush", "pin", "unpin", "publish", "expect_continuation", "check_integrity",
             "request_snapshot")
 
@@ -56,18 +59,40 @@ class EngineReplica:
         self.engine = Engine(loaded, config)
         self.engine.start()
         self.seed = self.engine.kv_events.tracker.seed
+        self._compiler = None
+        self._grammars: dict = {}
+        self._grammar_lock = threading.Lock()
         log.info("replica %s ready: KV events on %s", self.name,
                  self.engine.kv_events.bound_endpoint)
 
     async def generate(self, request, ttl_s: float | None = None, target: str | None = None):
+        import asyncio
         deadline = None if ttl_s is None else time.monotonic() + ttl_s
-        request = dataclasses.replace(request, deadline=deadline)
+        grammar = None
+        if request.grammar_source:
+            compiled = await asyncio.to_thread(self._compiled, request.grammar_source)
+            grammar = compiled.matcher()
+        request = dataclasses.replace(request, deadline=deadline, grammar=grammar)
         handle = self.engine.submit(request)
         try:
             async for event in handle:
                 yield self.name, event
         finally:
             handle.abort()            # no-op once finished; a cancelled stream ends here
+
+    def _compiled(self, source: str):
+        """The grammar compiled against this replica's vocabulary (the gateway validated
+        it already), the last ``GRAMMAR_CACHE`` of them kept."""
+        from radixgate.runtime.grammar import GrammarCompiler
+        with self._grammar_lock:
+            if self._compiler is None:
+                loaded = self.engine.loaded
+                self._compiler = GrammarCompiler(loaded.tokenizer, loaded.config.vocab_size)
+            compiled = self._grammars.pop(source, None) or self._compiler.compile(source)
+            self._grammars[source] = compiled
+            while len(self._grammars) > GRAMMAR_CACHE:
+                self._grammars.pop(next(iter(self._grammars)))
+            return compiled
 
     async def call(self, command: str, *args, target: str | None = None):
         import asyncio

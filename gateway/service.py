@@ -124,7 +124,8 @@ async def engine_request(state: GatewayState, principal: Principal, request_id: 
                    breakpoints=breakpoints, deadline=time.monotonic() + timeout,
                    use_public=principal.limits.use_public_prefixes, request_id=request_id,
                    stop_automaton=automaton,
-                   grammar=grammar.matcher() if grammar is not None else None)
+                   grammar=grammar.matcher() if grammar is not None else None,
+                   grammar_source=grammar.source if grammar is not None else "")
 
 
 class Generation:

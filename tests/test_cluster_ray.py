@@ -109,6 +109,18 @@ def test_stats_and_metrics_list_each_replica(server):
         assert f'radixgate_replica_kv_blocks{{replica="{r["replica"]}"' in metrics
 
 
+def test_structured_output_is_compiled_on_the_replica(server):
+    schema = {"type": "object", "additionalProperties": False, "required": ["unit"],
+              "properties": {"unit": {"enum": ["celsius", "fahrenheit"]}}}
+    status, body = call(server, "/v1/chat/completions", tenant_key("acme"), {
+        "model": "gpt-4o-mini", "max_tokens": 40, "temperature": 0,
+        "messages": [{"role": "user", "content": "weather?"}],
+        "response_format": {"type": "json_schema",
+                            "json_schema": {"name": "w", "schema": schema, "strict": True}}})
+    assert status == 200, body
+    assert json.loads(body["choices"][0]["message"]["content"])["unit"] in ("celsius", "fahrenheit")
+
+
 def test_a_killed_replica_fails_no_new_request_and_is_replaced(server):
     victims = [p for p in psutil.Process(server.proc.pid).children(recursive=True)
                if "ServeReplica" in " ".join(_cmdline(p))]

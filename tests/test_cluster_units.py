@@ -1,0 +1,96 @@
+"""Scale-out pieces that need no Ray: the gateway's deployment-wide tenant admission, the
+summed snapshot, the [cluster] config and flags."""
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+
+import pytest
+
+from radixgate.cluster.admission import TenantAdmission
+from radixgate.cluster.stats import merge_snapshots
+from radixgate.gateway.cli import build_parser, config_from_args
+from radixgate.gateway.config import ConfigError, config_from_dict
+from radixgate.runtime.api import ErrorKind, Request
+from radixgate.runtime.engine_config import EngineConfig, TenantQuota
+from radixgate.runtime.stats import BlockCounts, TenantCounts, empty_snapshot
+
+
+def admission(max_running: int, max_queued: int, max_queue: int = 256) -> TenantAdmission:
+    quota = TenantQuota(max_running=max_running, max_queued=max_queued)
+    return TenantAdmission(EngineConfig(tenant_quotas={"acme": quota}, max_queue=max_queue))
+
+
+async def test_a_tenant_s_running_and_queued_quotas_hold_for_the_whole_deployment():
+    gate = admission(max_running=1, max_queued=1)
+    first, second, third = (Request([1], tenant="acme") for _ in range(3))
+    assert await gate.enter(first) is None
+    waiting = asyncio.ensure_future(gate.enter(second))
+    await asyncio.sleep(0)
+    assert not waiting.done()
+    refusal = await gate.enter(third)
+    assert refusal is not None and refusal[0] is ErrorKind.OVER_CAPACITY
+    gate.leave(first)
+    assert await waiting is None and gate.running == {"acme": 1}
+    gate.leave(second)
+    assert gate.running == {} and gate.num_waiting == 0
+
+
+async def test_the_server_queue_bound_counts_every_tenant_s_waiters():
+    gate = admission(max_running=1, max_queued=10, max_queue=1)
+    assert await gate.enter(Request([1], tenant="acme")) is None
+    waiting = asyncio.ensure_future(gate.enter(Request([1], tenant="acme")))
+    await asyncio.sleep(0)
+    refusal = await gate.enter(Request([1], tenant="acme"))
+    assert refusal is not None and refusal[0] is ErrorKind.OVERLOADED
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    assert gate.num_waiting == 0
+
+
+async def test_a_cancelled_waiter_gives_its_place_back():
+    gate = admission(max_running=1, max_queued=1)
+    first = Request([1], tenant="acme")
+    assert await gate.enter(first) is None
+    waiting = asyncio.ensure_future(gate.enter(Request([1], tenant="acme")))
+    await asyncio.sleep(0)
+    waiting.cancel()
+    await asyncio.sleep(0)
+    gate.leave(first)
+    assert gate.running == {} and gate.num_waiting == 0
+
+
+def test_replica_snapshots_sum_and_are_listed():
+    def snap(free: int, running: int, pinned: int):
+        return replace(empty_snapshot(100, 16), blocks=BlockCounts(100, free, 100 - free, 0, 0), running=running,
+                       tenants={"acme": TenantCounts(running, 0, pinned)})
+    merged = merge_snapshots({"r1": snap(60, 2, 10), "r0": snap(90, 1, 5)},
+                             {"r0": 0.5}, {"r1": {"in_flight": 3}}, 16)
+    assert merged.blocks == BlockCounts(200, 150, 50, 0, 0) and merged.running == 3
+    assert merged.tenants["acme"] == TenantCounts(3, 0, 15)
+    assert [(r.replica, r.hit_rate, r.in_flight) for r in merged.replicas] == [
+        ("r0", 0.5, 0), ("r1", 0.0, 3)]
+
+
+def test_replicas_and_kv_events_come_from_flags_and_the_config_file():
+    args = build_parser().parse_args(["serve", "--replicas", "4", "--kv-events-endpoint",
+                                      "tcp://127.0.0.1:5557"])
+    config = config_from_args(args)
+    assert config.cluster.replicas == 4 and config.cluster.enabled
+    assert config.server.kv_events_endpoint == "tcp://127.0.0.1:5557"
+    assert not config_from_dict({}).cluster.enabled
+    scaled = config_from_dict({"cluster": {"replicas": 2, "min_replicas": 1, "max_replicas": 8}})
+    assert scaled.cluster.max_replicas == 8
+
+
+@pytest.mark.parametrize("raw, problem", [
+    ({"cluster": {"replicas": 0}}, "replicas"),
+    ({"cluster": {"replicas": 9, "max_replicas": 4}}, "autoscaling"),
+    ({"cluster": {"balance_rel": 0.5}}, "balance_rel"),
+    ({"server": {"kv_events_endpoint": "tcp://0.0.0.0:5557"}}, "loopback"),
+    ({"cluster": {"replica": 2}}, "unknown keys"),
+])
+def test_bad_cluster_settings_are_config_errors(raw, problem):
+    with pytest.raises(ConfigError, match=problem):
+        config_from_dict(raw)
