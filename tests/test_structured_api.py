@@ -298,3 +298,14 @@ def test_strict_auto_grammar_admits_text_and_valid_calls_only(text, allowed):
     ids = model.tokenizer.encode(text)
     accepted = grammar.matcher.validate_tokens(ids) == len(ids)
     assert accepted == allowed
+
+
+async def test_openai_json_schema_with_n_choices_and_logprobs(gateway):
+    client = openai_client(gateway[0])
+    fmt = {"type": "json_schema", "json_schema": {"name": "time", "schema": TIME}}
+    done = await client.chat.completions.create(
+        model=MODEL, messages=chat("What time is it?"), max_tokens=40, n=2, temperature=1.0,
+        seed=5, logprobs=True, response_format=fmt)
+    for choice in done.choices:
+        jsonschema.validate(json.loads(choice.message.content), TIME)
+        assert "".join(t.token for t in choice.logprobs.content) == choice.message.content
