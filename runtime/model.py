@@ -26,7 +26,7 @@ __all__ = ["LlamaModel", "ForwardBatch", "build_forward_batch", "rms_norm"]
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """HF LlamaRMSNorm: normalise in fp32, cast back, scale (float32: torch's fused op)."""
     if x.dtype == torch.float32 and weight.dtype == torch.float32:
-        return F.rms_norm(x, weight.shape, weight, eps)
+        return torch.rms_norm(x, weight.shape, weight, eps)
     x32 = x.to(torch.float32)
     x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
     return weight * x32.to(x.dtype)
@@ -116,11 +116,11 @@ class LlamaModel:
         cfg = self.config
         tokens = h.shape[0]
         qkv = layer.qkv(h)                                       # [T, (Hq + 2Hkv) D]
-        qk, v = qkv.split([self.q_size + self.kv_size, self.kv_size], dim=-1)
+        qk_size = self.q_size + self.kv_size                     # slices: Tensor.split costs more
         heads = cfg.num_heads + cfg.num_kv_heads                 # q and k rotated in one pass
-        qk = apply_rope(qk.view(tokens, heads, cfg.head_dim), cos, sin)            # [T, Hq + Hkv, D]
-        q, k = qk.split([cfg.num_heads, cfg.num_kv_heads], dim=1)  # [T, Hq, D], [T, Hkv, D]
-        v = v.view(tokens, cfg.num_kv_heads, cfg.head_dim)                         # [T, Hkv, D]
+        qk = apply_rope(qkv[:, :qk_size].view(tokens, heads, cfg.head_dim), cos, sin)  # [T, Hq + Hkv, D]
+        q, k = qk[:, :cfg.num_heads], qk[:, cfg.num_heads:]      # [T, Hq, D], [T, Hkv, D]
+        v = qkv[:, qk_size:].view(tokens, cfg.num_kv_heads, cfg.head_dim)         # [T, Hkv, D]
         store_kv(k, v, k_cache, v_cache, batch.slot_mapping, **scales)
         out = paged_attention(q, k_cache, v_cache, batch.block_tables, batch.cu_q_lens,
                               batch.seq_lens, self.scale, plan=plan, **scales)  # [T, Hq, D]
@@ -128,7 +128,9 @@ class LlamaModel:
 
     def _mlp(self, layer: DecoderLayer, h: torch.Tensor) -> torch.Tensor:
         """In the matmuls' own dtype (bf16 for quantized weights): down takes bf16 anyway."""
-        gate, up = layer.gate_up.native(h).chunk(2, dim=-1)      # [T, I] each
+        gate_up = layer.gate_up.native(h)                        # [T, 2I]
+        half = gate_up.shape[-1] // 2
+        gate, up = gate_up[:, :half], gate_up[:, half:]          # [T, I] each
         return layer.down.native(F.silu(gate) * up)              # [T, H]
 
     def num_parameters(self) -> int:
