@@ -46,8 +46,9 @@ def _threads_left_by(run, wait: bool) -> int:
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="needs /proc")
 def test_fresh_thread_takes_its_worker_threads_with_it():
+    # fresh first: an ended thread's workers leave asynchronously and could be counted as gone
+    assert _threads_left_by(run_on_fresh_thread, wait=True) <= 0
     assert _threads_left_by(lambda fn: fn(), wait=False) >= 1            # run in place: a pool stays
-    assert _threads_left_by(run_on_fresh_thread, wait=True) == 0
 
 
 def test_fresh_thread_returns_and_raises():
