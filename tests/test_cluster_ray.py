@@ -5,6 +5,7 @@ request (Ray Serve starts a new one)."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import time
 import urllib.error
@@ -15,6 +16,7 @@ import psutil
 import pytest
 
 from tests.support.server import ADMIN_KEY, ServerProcess, ServerSpec, tenant_key
+from tests.test_dashboard_browser import CHROMIUM, browser, open_with_key, page  # noqa: F401
 
 pytest.importorskip("ray.serve")
 
@@ -107,6 +109,21 @@ def test_stats_and_metrics_list_each_replica(server):
     assert status == 200
     for r in replicas:
         assert f'radixgate_replica_kv_blocks{{replica="{r["replica"]}"' in metrics
+
+
+@pytest.mark.browser
+@pytest.mark.skipif(not os.path.exists(CHROMIUM), reason=f"chromium not installed at {CHROMIUM}")
+def test_the_dashboard_shows_each_replica(server, page):
+    open_with_key(page, server.base_url, ADMIN_KEY)
+    page.wait_for_selector("#replicas tr[data-replica]", timeout=15000)
+    shown = page.eval_on_selector_all(
+        "#replicas tr[data-replica]",
+        "rows => rows.map(r => [r.dataset.replica, Number(r.querySelector("
+        "'[data-stat=\"replica.hit_rate\"]').dataset.value)])")
+    stats = call(server, "/v1/cache/stats", ADMIN_KEY)[1]
+    assert sorted(name for name, _ in shown) == sorted(r["replica"] for r in stats["replicas"])
+    assert all(0.0 <= rate <= 1.0 for _, rate in shown)
+    assert page.errors == []
 
 
 def test_structured_output_is_compiled_on_the_replica(server):

@@ -127,9 +127,9 @@ function renderTenants(doc, stats, tenantHistory) {
 function replicaRow(r) {
   const blocks = r.blocks || {};
   const rate = r.hit_rate ?? 0;
-  const cell = (key, value) => `<td class="num" data-stat="${key}" data-value="${value ?? 0}">${fmtInt(value ?? 0)}</td>`;
+  const cell = (key, value) => `<td class="num" data-stat="replica.${key}" data-value="${value ?? 0}">${fmtInt(value ?? 0)}</td>`;
   return `<tr data-replica="${escapeHtml(r.replica)}"><th>${escapeHtml(r.replica)}</th>`
-    + `<td data-stat="hit_rate" data-value="${rate}"><span class="meter"><i></i></span>`
+    + `<td data-stat="replica.hit_rate" data-value="${rate}"><span class="meter"><i></i></span>`
     + `<span class="meter-text">${fmtPct(rate)}</span></td>`
     + cell('blocks.cached', blocks.cached) + cell('blocks.in_use', blocks.in_use)
     + cell('blocks.free', blocks.free) + cell('running', r.running)
@@ -141,7 +141,9 @@ function renderReplicas(doc, stats) {
   doc.getElementById('replicas-card').hidden = replicas.length === 0;
   const tbody = doc.querySelector('#replicas tbody');
   tbody.innerHTML = replicas.map(replicaRow).join('');
-  applyMeterWidths(tbody);
+  for (const td of tbody.querySelectorAll('td[data-stat="replica.hit_rate"]')) {
+    td.querySelector('.meter i').style.width = `${(100 * Number(td.dataset.value)).toFixed(1)}%`;
+  }
 }
 
 // Preview text with the chat template's special tokens (<|im_start|> ...) dimmed.
