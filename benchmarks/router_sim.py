@@ -30,6 +30,7 @@ import argparse
 import json
 import multiprocessing
 import random
+import resource
 import statistics
 import time
 from array import array
@@ -370,10 +371,17 @@ def main(argv: list[str] | None = None) -> None:
     results = run(args)
     args.out.mkdir(parents=True, exist_ok=True)
     results["wall_s"] = round(time.perf_counter() - started, 1)
+    results["cpu_s"] = round(_cpu_seconds(), 1)
     (args.out / "router_sim.json").write_text(json.dumps(results, indent=1))
     plot(results, args.out / "router_sim.png")
     print(table(results))
-    print(f"wall {results['wall_s']} s")
+    print(f"wall {results['wall_s']} s, CPU {results['cpu_s']} s (this process and its workers)")
+
+
+def _cpu_seconds() -> float:
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    workers = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + workers.ru_utime + workers.ru_stime
 
 
 if __name__ == "__main__":
