@@ -14,8 +14,8 @@ It offers what the gateway uses of ``runtime.engine.Engine`` (``submit``, ``snap
   ``max_pinned_tokens`` across the replicas (their last reported counts) has its
   breakpoints dropped, as one engine skips pins beyond the share.
 - **Faults**: a request whose replica dies before the first event is sent to another
-  replica (up to ``MAX_ATTEMPTS`` tries); one that had started streaming ends with an
-  ``internal`` error event. Ray Serve restarts the replica.
+  replica (up to ``MAX_ATTEMPTS`` tries, pausing 0.2, 0.4, ... s); one that had started
+  streaming ends with an ``internal`` error event. Ray Serve restarts the replica.
 """
 from __future__ import annotations
 
@@ -31,8 +31,8 @@ from .admission import TenantAdmission
 from .stats import merge_snapshots
 
 log = logging.getLogger(__name__)
-MAX_ATTEMPTS = 3
-RETRY_PAUSE_S = 0.2
+MAX_ATTEMPTS = 5
+RETRY_PAUSE_S = 0.2            # doubled after each failed try (Serve needs a moment to drop a dead replica)
 REPLICA_FAILED = "the engine replica serving this request failed; retry the request"
 
 
@@ -237,7 +237,7 @@ class ClusterHandle:
                 if self._started:
                     yield _failed(request, ErrorKind.INTERNAL, REPLICA_FAILED)
                     return
-                await asyncio.sleep(RETRY_PAUSE_S)
+                await asyncio.sleep(RETRY_PAUSE_S * 2 ** attempt)
             except asyncio.CancelledError:
                 raise
             except Exception as e:  # noqa: BLE001 - the request fails, never the gateway
