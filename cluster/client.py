@@ -213,11 +213,16 @@ class ClusterHandle:
         if refusal is not None:
             yield _failed(request, *refusal)
             return
+        left = False
         try:
             async for event in self._attempts():
+                if isinstance(event, Finished):    # its consumer stops here: leave now
+                    engine.admission.leave(request)
+                    left = True
                 yield event
         finally:
-            engine.admission.leave(request)
+            if not left:                           # cancelled or closed early
+                engine.admission.leave(request)
 
     async def _attempts(self):
         import ray.exceptions as rex

@@ -1,0 +1,98 @@
+"""The gateway side of a dying replica, with a stand-in deployment handle: a request
+whose replica dies before its first event goes to another try; one that had started
+streaming ends with a clean internal error; quotas are released either way."""
+from __future__ import annotations
+
+import pytest
+
+from radixgate.runtime.api import ErrorKind, Finished, FinishReason, Request, TextDelta, Usage
+from radixgate.runtime.engine_config import EngineConfig, TenantQuota
+
+rex = pytest.importorskip("ray.exceptions")
+
+from radixgate.cluster import client as cluster_client  # noqa: E402
+
+
+class Stream:
+    """A streaming response: ``events`` then, if ``die``, an actor death."""
+
+    def __init__(self, events, die: bool):
+        self.events, self.die, self.cancelled = list(events), die, False
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self):
+        if self.events:
+            return self.events.pop(0)
+        if self.die:
+            raise rex.ActorDiedError()
+        raise StopAsyncIteration
+
+    def cancel(self):
+        self.cancelled = True
+
+
+class Handle:
+    """Each call takes the next scripted stream."""
+
+    def __init__(self, streams):
+        self.streams = list(streams)
+        self.calls = 0
+
+    def options(self, **_):
+        return self
+
+    @property
+    def generate(self):
+        return self
+
+    def remote(self, request, ttl):
+        self.calls += 1
+        return self.streams.pop(0)
+
+
+class Loaded:
+    tokenizer = None
+    max_model_len = 512
+
+
+def engine(streams) -> cluster_client.ClusterEngine:
+    config = EngineConfig(tenant_quotas={"acme": TenantQuota(max_running=1, max_queued=0)})
+    return cluster_client.ClusterEngine(Handle(streams), Loaded(), config)
+
+
+def finished(text: str = "ok") -> Finished:
+    return Finished(FinishReason.EOS, Usage(prompt_tokens=3, uncached_tokens=3), text=text)
+
+
+async def events_of(eng, request) -> list:
+    return [event async for event in eng.submit(request)]
+
+
+@pytest.fixture(autouse=True)
+def quick_retries(monkeypatch):
+    monkeypatch.setattr(cluster_client, "RETRY_PAUSE_S", 0.0)
+
+
+async def test_a_replica_dying_before_the_first_event_is_retried_elsewhere():
+    eng = engine([Stream([], die=True), Stream([("r2", finished())], die=False)])
+    out = await events_of(eng, Request([1, 2, 3], tenant="acme"))
+    assert out == [finished()] and eng.handle.calls == 2
+    assert eng.admission.running == {}
+
+
+async def test_a_replica_dying_mid_stream_ends_the_request_with_an_internal_error():
+    delta = TextDelta("he", (5,))
+    eng = engine([Stream([("r1", delta)], die=True)])
+    out = await events_of(eng, Request([1, 2, 3], tenant="acme"))
+    assert out[0] == delta and len(out) == 2 and eng.handle.calls == 1
+    assert out[1].reason is FinishReason.ERROR and out[1].error_kind is ErrorKind.INTERNAL
+    assert eng.admission.running == {}
+
+
+async def test_replicas_that_keep_dying_end_the_request_overloaded_after_the_tries():
+    eng = engine([Stream([], die=True) for _ in range(cluster_client.MAX_ATTEMPTS)])
+    out = await events_of(eng, Request([1, 2, 3], tenant="acme"))
+    assert len(out) == 1 and out[0].error_kind is ErrorKind.OVERLOADED
+    assert eng.handle.calls == cluster_client.MAX_ATTEMPTS and eng.admission.running == {}
