@@ -61,7 +61,7 @@ class RadixPrefixRouter(RequestRouter):
         loads = {name: self.load(name) for name in by_id}
         with self.lock:
             decision = self.policy.rank(request.namespace, request.tokens, loads,
-                                        hint=pending_request.kwargs.get("hint"))
+                                        hint=request.routing_hint or None)
         self.routed_by_reason[decision.reason] = self.routed_by_reason.get(decision.reason, 0) + 1
         return [[by_id[decision.ranked[0]]], [by_id[name] for name in decision.ranked[1:]]]
 

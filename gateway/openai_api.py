@@ -66,7 +66,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         engine_reqs = [await engine_request(state, principal, choice_id(request, i, body.n),
                                             rendered.tokens, rendered.breakpoints,
                                             choice_sampling(sampling, i), body.cache_salt,
-                                            grammar)
+                                            grammar, routing_hint=body.prompt_cache_key)
                        for i in range(body.n)]
     token_bytes = state.tokenizer.token_to_bytes if asked_logprobs is not None else None
     generations = [Generation(state, request, principal, "openai", r) for r in engine_reqs]

@@ -128,7 +128,8 @@ async def create_response(request: web.Request) -> web.StreamResponse:
             stored.cache_salt)
         engine_req = await engine_request(state, principal, request_id_of(request),
                                           rendered.tokens, _retention_pin(state, body, rendered),
-                                          sampling, salt, grammar)
+                                          sampling, salt, grammar,
+                                          routing_hint=body.prompt_cache_key)
     generation = Generation(state, request, principal, "responses", engine_req)
     builder = ResponseBuilder(body, turn)
 

@@ -109,7 +109,7 @@ async def render_request(state: GatewayState, principal: Principal, converted,
 async def engine_request(state: GatewayState, principal: Principal, request_id: str,
                          tokens: list[int], breakpoints: tuple[Breakpoint, ...],
                          sampling: SamplingParams, cache_salt: str | None = None,
-                         grammar=None) -> Request:
+                         grammar=None, routing_hint: str | None = None) -> Request:
     """The engine Request: tenant and namespace come from the key, never from the body.
     Its stop strings are compiled here, in a worker thread (call it inside the tenant's
     preparing slot), so the engine thread never spends time on them. ``grammar``: a
@@ -125,7 +125,8 @@ async def engine_request(state: GatewayState, principal: Principal, request_id: 
                    use_public=principal.limits.use_public_prefixes, request_id=request_id,
                    stop_automaton=automaton,
                    grammar=grammar.matcher() if grammar is not None else None,
-                   grammar_source=grammar.source if grammar is not None else "")
+                   grammar_source=grammar.source if grammar is not None else "",
+                   routing_hint=routing_hint or "")
 
 
 class Generation:

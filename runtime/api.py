@@ -110,6 +110,8 @@ class Request:
     # the submitter off the engine thread (at the limits it takes ~60 ms); None: built lazily
     grammar: object | None = None   # ``grammar.RequestGrammar``: the output must match it
     # (this request's own state, from ``CompiledGrammar.matcher()``); None: unconstrained
+    routing_hint: str = ""          # OpenAI's prompt_cache_key: requests sharing it go together
+    # (scale-out routing only; the cache itself never reads it)
     grammar_source: str = ""        # that grammar's source, for an engine in another process
     # (a scale-out replica compiles its own state from it: the state does not pickle)
 
