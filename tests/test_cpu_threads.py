@@ -58,3 +58,19 @@ def test_fresh_thread_returns_and_raises():
     assert run_on_fresh_thread(lambda a, b=0: a + b, 2, b=3) == 5
     with pytest.raises(ValueError, match="boom"):
         run_on_fresh_thread(lambda: (_ for _ in ()).throw(ValueError("boom")))
+
+
+def test_importing_radixgate_bounds_the_openmp_spin_unless_the_user_set_it():
+    """libgomp reads GOMP_SPINCOUNT when torch loads: radixgate sets it before any torch import
+    (its default spin collapses decode when another process holds a core)."""
+    import os
+    import subprocess
+    import sys
+
+    code = "import radixgate.runtime, os; print(os.environ['GOMP_SPINCOUNT'])"
+    env = {k: v for k, v in os.environ.items() if k != "GOMP_SPINCOUNT"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.stdout.strip() == "1000", out.stderr
+    env["GOMP_SPINCOUNT"] = "300000"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.stdout.strip() == "300000", out.stderr
