@@ -69,6 +69,16 @@ def same_answer(engine, got, cold, tokens, namespace="ns-a"):
     assert compare_greedy(engine, got, cold, ref, LOGIT_TOL).compared > 0
 
 
+def run_once_and_stop(tmp_path, **overrides):
+    """Answers PROMPT in namespace ns-a on a fresh engine over ``tmp_path``'s tier and shuts
+    it down (its blocks are then on disk); returns that answer."""
+    engine = start(tmp_path, **overrides)
+    try:
+        return engine.generate(greedy(PROMPT, namespace="ns-a"))
+    finally:
+        engine.shutdown(grace_s=0)
+
+
 def test_an_evicted_prefix_loads_back_from_disk_with_the_cold_answer(tmp_path, cold):
     engine = start(tmp_path)
     try:
@@ -93,9 +103,7 @@ def test_an_evicted_prefix_loads_back_from_disk_with_the_cold_answer(tmp_path, c
 
 
 def test_a_restarted_server_serves_known_prefixes_from_disk(tmp_path, cold):
-    engine = start(tmp_path)
-    first = engine.generate(greedy(PROMPT, namespace="ns-a"))
-    engine.shutdown(grace_s=0)                  # the tree's content is kept at shutdown
+    first = run_once_and_stop(tmp_path)         # the tree's content is kept at shutdown
     files = [p for p in (tmp_path / "blocks").rglob("*") if p.is_file()]
     assert files and all(stat.S_IMODE(p.stat().st_mode) == 0o600 for p in files)
     engine = start(tmp_path)
@@ -113,9 +121,7 @@ def test_a_restarted_server_serves_known_prefixes_from_disk(tmp_path, cold):
 
 
 def test_another_fingerprint_reads_nothing(tmp_path, cold):
-    engine = start(tmp_path)
-    engine.generate(greedy(PROMPT, namespace="ns-a"))
-    engine.shutdown(grace_s=0)
+    run_once_and_stop(tmp_path)
     engine = start(tmp_path, kv_dtype="float16")       # another KV layout: other addresses
     try:
         assert tier_stats(engine).blocks == 0
@@ -127,9 +133,7 @@ def test_another_fingerprint_reads_nothing(tmp_path, cold):
 
 
 def test_a_damaged_record_is_dropped_and_never_served(tmp_path, cold):
-    engine = start(tmp_path)
-    engine.generate(greedy(PROMPT, namespace="ns-a"))
-    engine.shutdown(grace_s=0)
+    run_once_and_stop(tmp_path)
     records = sorted((tmp_path / "blocks").rglob("*.f"), key=lambda p: p.stat().st_mtime)
     victim = records[len(records) // 2]
     data = bytearray(victim.read_bytes())
@@ -266,9 +270,7 @@ def test_a_request_aborted_while_loading_frees_its_blocks(tmp_path):
 
 
 def test_files_are_private_to_the_server_user(tmp_path):
-    engine = start(tmp_path)
-    engine.generate(greedy(PROMPT, namespace="ns-a"))
-    engine.shutdown(grace_s=0)
+    run_once_and_stop(tmp_path)
     for path in (tmp_path / "blocks").rglob("*"):
         mode = stat.S_IMODE(path.stat().st_mode)
         assert mode & 0o077 == 0, (path, oct(mode))
