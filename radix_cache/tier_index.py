@@ -199,22 +199,28 @@ class TierIndex:
 
     # ---- finding a run ----------------------------------------------------------------
     def longest_run(self, chain: Sequence[bytes], root: bytes, tokens: Sequence[int],
-                    first_index: int) -> TierRun | None:
+                    first_index: int, also: TierIndex | None = None) -> TierRun | None:
         """The stored records extending a prefix from block index ``first_index``:
         consecutive full blocks of ``chain`` (the sequence's full-block hashes), then the
         longest stored tail after the last of them that ``tokens`` start with. None when
-        nothing is stored at ``first_index``."""
+        nothing is stored at ``first_index``. ``also``: a second index whose records count
+        as stored too (the tier's staged writes); a run may mix both."""
         B = self.block_size
         records: list[TierRecord] = []
         index = first_index
         while index < len(chain):
             record = self.records.get(chain[index])
+            if record is None and also is not None:
+                record = also.records.get(chain[index])
             if record is None:
                 break
             records.append(record)
             index += 1
         parent = chain[index - 1] if index else root
-        tail = self._longest_tail(parent, tokens, index * B)
+        tails = [t for t in (self._longest_tail(parent, tokens, index * B),
+                             also._longest_tail(parent, tokens, index * B) if also else None)
+                 if t is not None]
+        tail = max(tails, key=lambda t: t.count) if tails else None
         if tail is not None:
             records.append(tail)
         if not records:

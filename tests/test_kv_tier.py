@@ -102,6 +102,38 @@ def test_an_evicted_prefix_loads_back_from_disk_with_the_cold_answer(tmp_path, c
         engine.shutdown(grace_s=0)
 
 
+def test_blocks_evicted_before_the_writer_stores_them_are_served_from_staging(tmp_path,
+                                                                             cold):
+    engine = start(tmp_path)
+    backend = engine.core.tier.backend
+    gate = threading.Event()
+    put = backend.put
+    backend.put = lambda *args: (gate.wait(60), put(*args))      # a disk that lags behind
+    try:
+        first = engine.generate(greedy(PROMPT, namespace="ns-a"))
+        for tokens in OTHERS:
+            engine.generate(greedy(tokens, max_tokens=2, namespace="ns-other"))
+        stats = tier_stats(engine)
+        assert stats.writes == 0 and stats.staged_bytes > 0
+        assert where(engine, PROMPT) == ["disk"] * -(-len(PROMPT) // 16)
+        got = engine.generate(greedy(PROMPT, namespace="ns-a"))
+        assert got.usage.cache_read_tokens == len(PROMPT) - 1
+        assert tier_stats(engine).writes == 0                  # served from the copies
+        assert got.output_token_ids == first.output_token_ids
+        same_answer(engine, got, cold, PROMPT)
+        engine.generate(greedy(OTHERS[0], max_tokens=2, namespace="ns-other"))
+        engine.flush("ns-other").result(timeout=30)       # staged, then flushed: gone
+        assert where(engine, OTHERS[0], "ns-other") == []
+        gate.set()
+        wait_written(engine)
+        assert tier_stats(engine).staged_bytes == 0
+        assert where(engine, OTHERS[0], "ns-other") == []
+        assert_clean(engine)
+    finally:
+        gate.set()
+        engine.shutdown(grace_s=0)
+
+
 def test_a_restarted_server_serves_known_prefixes_from_disk(tmp_path, cold):
     first = run_once_and_stop(tmp_path)         # the tree's content is kept at shutdown
     files = [p for p in (tmp_path / "blocks").rglob("*") if p.is_file()]

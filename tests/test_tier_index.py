@@ -18,10 +18,10 @@ def store(index: TierIndex, namespace: str, tokens, start: int, end: int, nbytes
         index.add(TierRecord(a.digest, namespace, a.parent, a.count, nbytes, a.full))
 
 
-def run_of(index: TierIndex, namespace: str, tokens, first_index: int = 0):
+def run_of(index: TierIndex, namespace: str, tokens, first_index: int = 0, also=None):
     root = root_hash(SEED, namespace)
     chain = block_hashes(root, tokens[:len(tokens) // B * B], B)
-    return index.longest_run(chain, root, tokens, first_index)
+    return index.longest_run(chain, root, tokens, first_index, also=also)
 
 
 def test_addresses_are_full_blocks_then_a_tail_with_its_count():
@@ -47,6 +47,20 @@ def test_a_run_extends_over_full_blocks_and_the_longest_matching_tail():
     assert run_of(index, "ns", diverging).length == 8
     assert run_of(index, "other", tokens) is None  # another namespace finds nothing
     assert run_of(index, "ns", [7] + tokens[1:]) is None
+
+
+def test_a_run_mixes_stored_and_staged_records_and_takes_the_longer_tail():
+    stored, staged = TierIndex(10_000, B), TierIndex(1 << 62, B)
+    tokens = list(range(14))
+    store(stored, "ns", tokens, 0, 4)             # block 0 written
+    store(staged, "ns", tokens, 4, 8)             # block 1 staged
+    store(stored, "ns", tokens, 8, 12)            # block 2 written
+    store(stored, "ns", tokens, 12, 13)           # a 1-token tail written
+    store(staged, "ns", tokens, 12, 14)           # a 2-token tail staged
+    assert run_of(stored, "ns", tokens).length == 4          # the gap at block 1
+    run = run_of(stored, "ns", tokens, also=staged)
+    assert run.length == 14 and [r.count for r in run.records] == [4, 4, 4, 2]
+    assert run_of(TierIndex(10, B), "ns", tokens, also=staged) is None   # block 0 missing
 
 
 def test_the_budget_takes_unretained_least_recent_first_then_soonest_expiry():

@@ -81,7 +81,11 @@ def load(tier, ticket: LoadTicket) -> None:
 
 def read(tier, record: TierRecord) -> list[torch.Tensor] | None:
     """The record's parts (``[layers, count, bytes per slot]`` each), or None when it
-    is gone or fails its checks (then it is forgotten, its file deleted)."""
+    is gone or fails its checks (then it is forgotten, its file deleted). A block still
+    staged for the writer is served from its staged copy."""
+    staged = tier.staged_copy(record.digest, record.count)
+    if staged is not None:
+        return staged
     data = tier.backend.read(record)
     try:
         if data is None:

@@ -7,7 +7,9 @@ Engine thread (between or inside steps, never blocking on I/O):
   (``RadixTree.spill``); the ones the tier lacks are copied at once into a staging buffer
   (the pool hands the blocks out again right after) and queued for the writer thread.
   Within ``staging_bytes`` of queued copies; beyond, or while the folder is full, the blocks
-  are dropped (counted), never waited for.
+  are dropped (counted), never waited for. Staged blocks are found and served from their
+  copies until the writer has stored them (a hit right after an eviction does not depend
+  on how fast the disk is).
 - ``chain`` / ``find``: the stored run extending a memory match (``TierIndex.longest_run``).
 - ``load(run, blocks)``: the loader thread reads, checks (records.py) and writes the run's
   records into ``blocks`` (the admitted request's own, which nothing else reads or writes
@@ -31,7 +33,7 @@ from types import MappingProxyType
 from typing import Callable, Mapping
 
 from radixgate.radix_cache.block_hash import block_hashes, root_hash
-from radixgate.radix_cache.tier_index import TierIndex, TierRun, block_addresses
+from radixgate.radix_cache.tier_index import TierIndex, TierRecord, TierRun, block_addresses
 
 from .backends import TierBackend
 from .loader import LoadTicket, run_loader
@@ -85,6 +87,8 @@ class KVTier:
         self.lock = threading.Lock()
         self.room = threading.Condition(self.lock)
         self.pending: set[bytes] = set()
+        self.staged = TierIndex(1 << 62, self.block_size)   # staged, not yet written
+        self.staged_parts: dict[bytes, tuple[list, int]] = {}
         self.staged_bytes = 0
         self.epoch, self.epochs = 0, {}
         self.full_until = 0.0
@@ -145,13 +149,15 @@ class KVTier:
 
     def holds_namespace(self, namespace: str) -> bool:
         with self.lock:
-            return self.index.has_space(space_key(namespace))
+            space = space_key(namespace)
+            return self.index.has_space(space) or self.staged.has_space(space)
 
     def find(self, namespace: str, tokens: Sequence[int], first_index: int,
              chain: Sequence[bytes]) -> TierRun | None:
         """The stored run from block ``first_index`` (``chain``: ``chain(namespace, tokens)``)."""
         with self.lock:
-            return self.index.longest_run(chain, self.root(namespace), tokens, first_index)
+            return self.index.longest_run(chain, self.root(namespace), tokens, first_index,
+                                          also=self.staged)
 
     # ---- engine thread: spill, load, purge, retain ----------------------------------------
     def spill(self, namespace: str, tokens: Sequence[int], start: int, end: int,
@@ -216,8 +222,23 @@ class KVTier:
         except BaseException:
             self.release_staged([a.digest for a, _ in fresh], nbytes)
             raise
+        with self.lock:
+            for i, (a, _) in enumerate(fresh):
+                self.staged.add(TierRecord(a.digest, space, a.parent, a.count,
+                                           self.record_bytes(a.count), a.full))
+                self.staged_parts[a.digest] = (parts, i)
         self.write_queue.put(StagedWrite(space, epoch, [a for a, _ in fresh], parts, nbytes))
         return True
+
+    def staged_copy(self, digest: bytes, count: int) -> list | None:
+        """A staged block's parts (``[layers, count, bytes per slot]`` each), or None
+        when it is not staged (written, dropped or purged since)."""
+        with self.lock:
+            found = self.staged_parts.get(digest)
+        if found is None:
+            return None
+        parts, i = found
+        return [part[i, :, :count] for part in parts]
 
     def load(self, run: TierRun, blocks: list[int]) -> LoadTicket:
         """Queue ``run``'s records into ``blocks`` (one per record, the caller's own)."""
@@ -239,12 +260,16 @@ class KVTier:
                 self.epoch += 1
                 self.epochs.clear()
                 removed = self.index.clear()
+                self.staged.clear()
+                self.staged_parts.clear()
                 self.index.retention.clear()
                 space = None
             else:
                 space = space_key(namespace)
                 self.epochs[space] = self.epochs.get(space, 0) + 1
                 removed = self.index.remove_space(space)
+                for record in self.staged.remove_space(space):
+                    self.staged_parts.pop(record.digest, None)
             self.retention_dirty = True
         self.write_queue.put(Purge(space))
         return len(removed)
@@ -305,5 +330,8 @@ class KVTier:
     def release_staged(self, digests: list[bytes], nbytes: int) -> None:
         with self.lock:
             self.pending.difference_update(digests)
+            for digest in digests:
+                self.staged.remove(digest)
+                self.staged_parts.pop(digest, None)
             self.staged_bytes -= nbytes
             self.room.notify_all()
