@@ -33,8 +33,9 @@ from radixgate.radix_cache.config import KV_DTYPES, POLICIES
 
 THREADS_ENV = "RADIXGATE_THREADS"
 THREADS_HELP = (
-    "torch CPU threads (0: torch's default, one per core). On a busy shared machine 1 can "
-    "be several times faster than the default; on an idle one the default is faster. "
+    "torch CPU threads (0: torch's default, one per core): the most the engine uses; it "
+    "runs on one while other processes keep a core busy (all threads spin-wait for each "
+    "other there, several times slower). "
     f"Overrides env {THREADS_ENV}, which overrides [model] threads in the config")
 
 

@@ -54,13 +54,16 @@ def _use_triton(tensor: torch.Tensor, backend: str | None, k_scale=None) -> bool
 
 def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
              slot_mapping: torch.Tensor, *, k_scale: torch.Tensor | None = None,
-             v_scale: torch.Tensor | None = None, backend: str | None = None) -> None:
+             v_scale: torch.Tensor | None = None, backend: str | None = None,
+             slot_bounds: tuple[int, int] | None = None) -> None:
     """Write k, v ([T, Hkv, D]) into cache slots ``slot_mapping`` (int64 [T], -1 = skip), in
-    place, rounded to the cache's dtype (quantized, scales written too, for an 8-bit cache)."""
+    place, rounded to the cache's dtype (quantized, scales written too, for an 8-bit cache).
+    ``slot_bounds``: (lowest, highest) slot where the caller knows them (reference path)."""
     if _use_triton(k_cache, backend, k_scale):
         from radixgate.kernels.triton_kv import triton_store_kv
         return triton_store_kv(k, v, k_cache, v_cache, slot_mapping)
-    return reference_store_kv(k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale)
+    return reference_store_kv(k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale,
+                              slot_bounds)
 
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

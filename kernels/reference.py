@@ -57,24 +57,29 @@ def dequantize_kv(codes: torch.Tensor, scale: torch.Tensor | None, dtype: torch.
 def reference_store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
                        v_cache: torch.Tensor, slot_mapping: torch.Tensor,
                        k_scale: torch.Tensor | None = None,
-                       v_scale: torch.Tensor | None = None) -> None:
+                       v_scale: torch.Tensor | None = None,
+                       slot_bounds: tuple[int, int] | None = None) -> None:
     """Write k[t], v[t] ([T, Hkv, D]) into slot ``slot_mapping[t]`` of the caches, in place
     (rounded to the cache's dtype, or quantized with their scales for an 8-bit cache).
 
-    Tokens whose slot is -1 are skipped (padding). Slots must be distinct.
+    Tokens whose slot is -1 are skipped (padding). Slots must be distinct. ``slot_bounds``:
+    the lowest and highest slot of ``slot_mapping`` where the caller knows them (the batch
+    builder does), saving a read of the tensor.
     """
     check_store_inputs(k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale)
     num_blocks, block_size = k_cache.shape[:2]
     if slot_mapping.numel() == 0:
         return
-    low, high = torch.aminmax(slot_mapping)                    # one pass for both checks
-    if int(low) < 0:
+    if slot_bounds is None:
+        slot_bounds = tuple(int(b) for b in torch.aminmax(slot_mapping))  # one pass for both
+    low, high = slot_bounds
+    if low < 0:
         valid = slot_mapping >= 0                              # [T] bool
         k, v, slot_mapping = k[valid], v[valid], slot_mapping[valid]
         if slot_mapping.numel() == 0:
             return
-    if not k_cache.is_cuda and int(high) >= num_blocks * block_size:
-        raise ValueError(f"slot {int(high)} is beyond the cache ({num_blocks} x {block_size} slots)")
+    if not k_cache.is_cuda and high >= num_blocks * block_size:
+        raise ValueError(f"slot {high} is beyond the cache ({num_blocks} x {block_size} slots)")
     for x, cache, scales in ((k, k_cache, k_scale), (v, v_cache, v_scale)):
         if scales is None:
             _write_slots(cache, slot_mapping, x.to(cache.dtype))  # [T', Hkv, D]
@@ -271,6 +276,8 @@ def _decode_attention(q, caches, plan: AttentionPlan, scale: float) -> torch.Ten
     n, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
     blocks = plan.decode_blocks
+    if isinstance(blocks, slice) and k_scale is None and k_cache.dtype == q.dtype:
+        return _lone_row_attention(q, k_cache, v_cache, blocks, scale)
     length = plan.decode_mask.shape[-1] if plan.decode_mask is not None else blocks.stop - blocks.start
     k = _decode_read(k_cache, k_scale, plan, "k", q.dtype).view(n, length, num_kv_heads, head_dim)
     v = _decode_read(v_cache, v_scale, plan, "v", q.dtype).view(n, length, num_kv_heads, head_dim)
@@ -278,6 +285,17 @@ def _decode_attention(q, caches, plan: AttentionPlan, scale: float) -> torch.Ten
     out = F.scaled_dot_product_attention(grouped, k.transpose(1, 2), v.transpose(1, 2),
                                          attn_mask=plan.decode_mask, scale=scale)
     return out.reshape(n, num_heads, head_dim)
+
+
+def _lone_row_attention(q, k_cache, v_cache, slots: slice, scale: float) -> torch.Tensor:
+    """One decode row over consecutive slots of a float cache in q's dtype, read in place
+    (the common single-stream step: fewest ops). q: [1, Hq, D] -> [1, Hq, D]."""
+    _, num_heads, head_dim = q.shape
+    num_kv_heads = k_cache.shape[2]
+    k = k_cache.flatten(0, 1)[slots].unsqueeze(0).transpose(1, 2)          # [1, Hkv, L, D]
+    v = v_cache.flatten(0, 1)[slots].unsqueeze(0).transpose(1, 2)
+    grouped = q.view(1, num_kv_heads, num_heads // num_kv_heads, head_dim)   # [1, Hkv, G, D]
+    return F.scaled_dot_product_attention(grouped, k, v, scale=scale).view(1, num_heads, head_dim)
 
 
 def _read_blocks(cache: torch.Tensor, scales: torch.Tensor | None, blocks: slice | torch.Tensor,

@@ -11,10 +11,9 @@ folder ``gateway/`` are the same files for the interpreter and for static tools 
 import os as _os
 
 # torch's CPU workers (libgomp) spin-wait between parallel regions; by default for ~300,000
-# turns, which is fastest on idle cores but collapses decode when another process takes a core
-# (a spinning worker holds the CPU that the thread it waits for needs: SmolLM2 single-stream
-# 110 -> under 5 tok/s with one busy core, the tiny model 30x slower in the test suite). 1,000
-# turns keeps 0.93x of the idle speed and 10x more than the default under contention
-# (runtime/cpu_threads.py). libgomp reads this when torch is first imported; a value the user
-# set wins.
-_os.environ.setdefault("GOMP_SPINCOUNT", "1000")
+# turns (~3 ms), which collapses decode when another process takes a core. 30,000 (~0.3 ms)
+# still spans the gaps between the ~150 regions of a decode step (1,000 did not: each region
+# then paid a futex wake-up, 0.9x single-stream speed on idle cores), and the engine runs on
+# one thread while other processes keep a core busy (runtime/cpu_threads.ThreadGovernor).
+# libgomp reads this when torch is first imported; a value the user set wins.
+_os.environ.setdefault("GOMP_SPINCOUNT", "30000")

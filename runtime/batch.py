@@ -16,6 +16,7 @@ class ForwardBatch:
     cu_q_lens: torch.Tensor       # int32 [batch + 1]
     seq_lens: torch.Tensor        # int32 [batch] total tokens incl. new ones
     logits_indices: torch.Tensor  # int64 [n] rows of the T tokens whose logits are wanted
+    slot_bounds: tuple[int, int] | None = None   # lowest and highest slot (None: unknown)
 
     @property
     def num_tokens(self) -> int:
@@ -51,4 +52,5 @@ def build_forward_batch(new_tokens: Sequence[Sequence[int]], num_cached: Sequenc
     return ForwardBatch(tensor(ids, torch.int64), tensor(positions, torch.int64),
                         tensor(slots, torch.int64), tensor(padded, torch.int32),
                         tensor(cu, torch.int32), tensor(lens, torch.int32),
-                        tensor(wanted, torch.int64))
+                        tensor(wanted, torch.int64),
+                        (min(slots), max(slots)) if slots else None)

@@ -16,7 +16,9 @@ that run torch work outside the engine (request preparation) stay below the para
 """
 from __future__ import annotations
 
+import os
 import threading
+import time
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -44,3 +46,103 @@ def run_on_fresh_thread(fn: Callable[..., T], *args, **kwargs) -> T:
     if "error" in outcome:
         raise outcome["error"]
     return outcome["value"]
+
+
+class OtherCpuLoad:
+    """How many of this process's CPUs other processes kept busy since the last ``sample``:
+    the busy time of those CPUs in ``/proc/stat`` (steal included: a hypervisor's other
+    guests) less this process's own CPU time. None where ``/proc/stat`` cannot be read."""
+
+    def __init__(self, stat_path: str = "/proc/stat", clock: Callable[[], float] = time.monotonic,
+                 own_cpu: Callable[[], float] = time.process_time):
+        self.stat_path, self.clock, self.own_cpu = stat_path, clock, own_cpu
+        self.cpus = {f"cpu{n}" for n in _affinity()}
+        self.tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+        self.last = self._read()
+
+    def _busy_s(self) -> float | None:
+        try:
+            with open(self.stat_path) as stat:
+                lines = stat.read().splitlines()
+        except OSError:
+            return None
+        busy = 0
+        for line in lines:
+            name, _, rest = line.partition(" ")
+            if name in self.cpus:
+                fields = [int(v) for v in rest.split()]
+                busy += sum(fields[:8]) - fields[3] - fields[4]     # all but idle, iowait
+        return busy / self.tick
+
+    def _read(self) -> tuple[float, float | None, float]:
+        return self.clock(), self._busy_s(), self.own_cpu()
+
+    def sample(self) -> float | None:
+        """CPUs' worth of other processes' work since the previous sample (0 .. cpus)."""
+        now = self._read()
+        (t0, busy0, own0), (t1, busy1, own1) = self.last, now
+        self.last = now
+        if busy0 is None or busy1 is None or t1 <= t0:
+            return None
+        return max(0.0, (busy1 - busy0) - (own1 - own0)) / (t1 - t0)
+
+
+def _affinity() -> set[int]:
+    try:
+        return set(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return set(range(os.cpu_count() or 1))
+
+
+class ThreadGovernor:
+    """The engine thread's torch thread count: ``threads`` while the CPUs it needs are
+    free, 1 while other processes keep more than ``busy_above`` of a CPU busy beyond the
+    ones ``threads`` leaves spare (the process's CPUs less ``threads``).
+
+    A many-thread parallel region ends in a barrier: when another process holds one of the
+    cores, the worker waits there for a thread that is not running, and a decode step (~150
+    regions) slows down several times (SmolLM2, 2 threads, one core held by a busy loop:
+    31-38 tok/s; 1 thread: 86-92; idle cores, 2 threads: 111-117). Checked every
+    ``window_s`` between steps (a read of ``/proc/stat``); back to ``threads`` once the others
+    stayed under ``idle_below`` (beyond the spare CPUs) for two windows in a row."""
+
+    def __init__(self, threads: int, load: OtherCpuLoad | None = None, window_s: float = 0.3,
+                 busy_above: float = 0.35, idle_below: float = 0.15,
+                 set_threads: Callable[[int], None] = torch.set_num_threads, adapt: bool = True):
+        self.threads, self.window_s = threads, window_s
+        self.busy_above, self.idle_below = busy_above, idle_below
+        self.set_threads = set_threads
+        if not adapt or threads <= 1:
+            load = None
+        elif load is None:
+            load = OtherCpuLoad()
+        self.load = load
+        self.spare = max(0, len(load.cpus) - threads) if load is not None else 0
+        self.current, self.quiet_windows, self.switches = threads, 0, 0
+        self.next_check = self.load.clock() + window_s if self.load else float("inf")
+
+    def tick(self) -> int:
+        """Between steps: the thread count to run the next step with (applied)."""
+        if self.load is None or self.load.clock() < self.next_check:
+            return self.current
+        other = self.load.sample()
+        self.next_check = self.load.clock() + self.window_s
+        if other is None:
+            return self.current
+        other -= self.spare
+        if other > self.busy_above:
+            self.quiet_windows = 0
+            self._use(1)
+        elif other < self.idle_below:
+            self.quiet_windows += 1
+            if self.quiet_windows >= 2:
+                self._use(self.threads)
+        else:
+            self.quiet_windows = 0
+        return self.current
+
+    def _use(self, threads: int) -> None:
+        if threads != self.current:
+            self.set_threads(threads)
+            self.current = threads
+            self.switches += 1

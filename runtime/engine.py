@@ -32,6 +32,7 @@ from radixgate.radix_cache import PUBLIC_NAMESPACE
 
 from .api import Breakpoint, ErrorKind, Event, Finished, FinishReason, Request, SamplingParams, Usage
 from .core import EngineCore
+from .cpu_threads import ThreadGovernor
 from .engine_config import EngineConfig
 from .handle import SLOW_READER_MESSAGE, AsyncSink, RequestHandle
 from .output import Finish
@@ -235,6 +236,7 @@ class Engine:
     def _run(self, threads: int) -> None:
         torch.set_num_threads(threads)
         core = self.core
+        self.threads = governor = ThreadGovernor(threads, adapt=self.config.adapt_threads)
         try:
             while True:
                 draining = self._drain_deadline is not None
@@ -245,6 +247,7 @@ class Engine:
                 if not core.has_work():
                     self._on_idle()
                     continue
+                governor.tick()
                 if not core.step():
                     self._wait_for_change()
                 self._maybe_publish()

@@ -55,6 +55,8 @@ class EngineConfig:
     ZMQ PUB, ``runtime/kv_events.py``; None: off); a loopback address unless
     ``kv_events_allow_remote``. ``kv_events_rank``: the batches' ``data_parallel_rank``;
     ``kv_events_topic``: the ZMQ topic frame of every message.
+    ``adapt_threads``: the engine thread runs its steps on one torch thread while other
+    processes keep a core busy, on all of them otherwise (``cpu_threads.ThreadGovernor``).
     """
 
     cache: CacheConfig = field(default_factory=CacheConfig)
@@ -73,6 +75,7 @@ class EngineConfig:
     snapshot_interval_s: float = 0.25
     max_unsent_events: int | None = None
     top_prefixes: int = 10
+    adapt_threads: bool = True
     jump_forward: bool = True
     kv_events_endpoint: str | None = None
     kv_events_allow_remote: bool = False

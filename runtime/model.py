@@ -121,7 +121,8 @@ class LlamaModel:
         qk = apply_rope(qkv[:, :qk_size].view(tokens, heads, cfg.head_dim), cos, sin)  # [T, Hq + Hkv, D]
         q, k = qk[:, :cfg.num_heads], qk[:, cfg.num_heads:]      # [T, Hq, D], [T, Hkv, D]
         v = qkv[:, qk_size:].view(tokens, cfg.num_kv_heads, cfg.head_dim)         # [T, Hkv, D]
-        store_kv(k, v, k_cache, v_cache, batch.slot_mapping, **scales)
+        store_kv(k, v, k_cache, v_cache, batch.slot_mapping, slot_bounds=batch.slot_bounds,
+                 **scales)
         out = paged_attention(q, k_cache, v_cache, batch.block_tables, batch.cu_q_lens,
                               batch.seq_lens, self.scale, plan=plan, **scales)  # [T, Hq, D]
         return layer.o_proj.native(out.reshape(tokens, self.q_size))  # [T, H]
