@@ -8,6 +8,8 @@ import re
 from dataclasses import dataclass
 
 import numpy as np
+from gguf import GGMLQuantizationType as QT
+
 from radixgate.runtime.config import ModelConfig
 from radixgate.runtime.gguf_file import GGUFFile, TensorInfo
 from radixgate.runtime.gguf_quants import BLOCK_LAYOUT, GroupCodes, dequantize, group_codes
@@ -110,6 +112,17 @@ class GGUFWeight:
         """Integer codes and group scales (Q8_0 / Q4_0 / Q4_1 only), rows in HF order."""
         codes = group_codes(self.info.data, self.info.qtype, self.info.shape)
         return GroupCodes(*(None if a is None else self._rows_in_hf_order(a) for a in codes))
+
+    def q8_0_blocks(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """For a Q8_0 tensor [N, K] kept in file order: views of the file as its codes
+        (int8 [N, K/32, 32]) and block scales (float16 [N, K/32, 1]), ``w = codes * scale``;
+        None for any other type or a row-permuted tensor."""
+        if self.info.qtype != QT.Q8_0 or self.rope_heads:
+            return None
+        rows, cols = self.info.shape
+        _, type_size = BLOCK_LAYOUT[QT.Q8_0]
+        blocks = np.asarray(self.info.data).view(np.uint8).reshape(rows, cols // 32, type_size)
+        return blocks[:, :, 2:].view(np.int8), blocks[:, :, :2].view(np.float16)
 
     def rows(self, ids: np.ndarray) -> np.ndarray:
         """float32 [len(ids), K]: only those rows dequantized (an embedding lookup)."""

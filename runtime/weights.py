@@ -8,6 +8,8 @@ dtype is read dense (float32), one tensor at a time, and converted.
 """
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import torch
 
@@ -79,10 +81,24 @@ class FileEmbedding:
     def __init__(self, source, device: torch.device, dtype: torch.dtype):
         self.source, self.device, self.dtype = source, device, dtype
         self.shape = tuple(source.shape)
+        blocks = getattr(source, "q8_0_blocks", lambda: None)()
+        self.blocks = None if blocks is None else tuple(map(_file_view, blocks))
 
     def __call__(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.blocks is not None:        # Q8_0 in torch: a few ops, not numpy's many
+            codes, scales = self.blocks
+            ids = ids.cpu()
+            rows = (codes[ids].to(torch.float32) * scales[ids].to(torch.float32))
+            return rows.view(len(ids), -1).to(device=self.device, dtype=self.dtype)
         rows = self.source.rows(ids.cpu().numpy())                       # [T, H] fp32
         return torch.from_numpy(rows).to(device=self.device, dtype=self.dtype)
+
+
+def _file_view(array: np.ndarray) -> torch.Tensor:
+    """A torch view of a read-only memory-mapped array (only ever read)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)       # "not writable": we only read
+        return torch.from_numpy(array)
 
 
 def build_embedding_and_head(embed, head, weights_dtype: str, device: torch.device,
