@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from radixgate.runtime.gguf_quants import EIGHT_BIT_TYPES, FOUR_BIT_TYPES
+from radixgate.runtime.head import RescoredHead, int_mm_available
 from radixgate.runtime.linear import (DenseLinear, Int4Linear, Int8Linear, Linear,
                                       has_bf16_gemm, quantize_int4_groups, quantize_int8_rows)
 
@@ -58,7 +59,7 @@ def build_linear(parts, weights_dtype: str, device: torch.device,
 
 def head_dtype(weights_dtype: str) -> str:
     """The output head's dtype: int4 heads lose too much of the logits, so an int4 model keeps
-    its head in bf16 (as fast as int8 at one row, measured) or float32 without AVX512-BF16."""
+    its head in bf16 or float32 without AVX512-BF16 (a GGUF file's head: ``RescoredHead``)."""
     if weights_dtype != "int4":
         return weights_dtype
     return "bfloat16" if has_bf16_gemm() else "float32"
@@ -108,7 +109,11 @@ def build_embedding_and_head(embed, head, weights_dtype: str, device: torch.devi
     out_dtype = head_dtype(weights_dtype)
     if not isinstance(embed, torch.Tensor) and device.type == "cpu":
         embedding = FileEmbedding(embed, device, dtype)
-        return embedding, build_linear([head if head is not None else embed], out_dtype, device)
+        source = head if head is not None else embed
+        if weights_dtype == "int4" and not isinstance(source, torch.Tensor) and int_mm_available():
+            rows = embedding if head is None else FileEmbedding(head, device, torch.float32)
+            return embedding, RescoredHead(dense(source), rows)
+        return embedding, build_linear([source], out_dtype, device)
     table_dtype = getattr(torch, out_dtype) if out_dtype in ("float32", "bfloat16") else dtype
     table = dense(embed).to(device=device, dtype=table_dtype).contiguous()
     embedding = TableEmbedding(table, dtype)

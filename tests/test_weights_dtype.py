@@ -80,6 +80,10 @@ PARITY = {"float32": (1e-3, 1.0), "bfloat16": (1.0, 0.97), "int8": (3.0, 0.95),
 # Tokens must agree up to the first step whose top-2 gap is below the tolerance.
 # Observed: float32 5.6e-5; bfloat16 0.25; int8 0.38; int4 0.38.
 SELF_TOL = {"float32": 1e-3, "bfloat16": 0.5, "int8": 0.6, "int4": 0.6}
+# int4 from a GGUF file has runtime/head.py's RescoredHead: each row's top 32 logits are exact
+# (the tolerances above hold for them: observed 0.49 against transformers, 0.34 decode vs
+# one-shot), the tail is int8 x int8 (observed 2.2 and 0.76).
+TAIL_TOL = 3.0
 NEW_TOKENS = 16
 BLOCK = 16
 
@@ -117,6 +121,28 @@ def _forward(loaded, kv, new, cached, all_rows=False):
     return loaded.model.forward(batch, kv)
 
 
+def _exact_top(loaded) -> int | None:
+    """How many of each row's largest logits the head computes exactly (None: all)."""
+    return getattr(loaded.model.logits_proj, "k", None)
+
+
+def _tail_tol(loaded) -> float:
+    return TAIL_TOL if _exact_top(loaded) else 0.0
+
+
+def _top_diff(loaded, ours, ref, both: bool = False) -> float:
+    """max |ours - ref| over the logits the head computes exactly (every one, or each row's
+    top k of ours; ``both``: only those in ref's top k too, ref being ours as well)."""
+    k = _exact_top(loaded)
+    if k is None:
+        return (ours - ref).abs().max().item()
+    top = ours.topk(k, dim=-1).indices
+    diff = (ours.gather(-1, top) - ref.gather(-1, top)).abs()
+    if both:
+        diff = diff[torch.isin(top, ref.topk(k, dim=-1).indices)]
+    return diff.max().item()
+
+
 def _cache(loaded, tokens):
     cfg = loaded.config
     return KVCache(cfg.num_layers, -(-tokens // BLOCK), BLOCK, cfg.num_kv_heads, cfg.head_dim)
@@ -126,11 +152,13 @@ def _cache(loaded, tokens):
 def test_logits_follow_transformers_within_the_dtypes_tolerance(dtype_model, prompt_ids, hf_logits):
     name = dtype_model.weights_dtype
     logits = _forward(dtype_model, _cache(dtype_model, len(prompt_ids)), prompt_ids, 0, True)
-    diff = (logits - hf_logits).abs().max().item()
+    diff = _top_diff(dtype_model, logits, hf_logits)
     agree = (logits.argmax(-1) == hf_logits.argmax(-1)).float().mean().item()
-    print(f"[{name}] max |ours - transformers| {diff:.3g}, top-1 agreement {agree:.3f}")
+    print(f"[{name}] max |ours - transformers| {diff:.3g} (whole rows "
+          f"{(logits - hf_logits).abs().max().item():.3g}), top-1 agreement {agree:.3f}")
     max_diff, min_agree = PARITY[name]
     assert diff <= max_diff and agree >= min_agree
+    assert (logits - hf_logits).abs().max().item() <= max(max_diff, _tail_tol(dtype_model))
     assert logits[-1].argmax() == hf_logits[-1].argmax()
 
 
@@ -148,8 +176,9 @@ def test_greedy_decode_matches_one_shot_forwards_up_to_a_near_tie(dtype_model, p
     one_shot = one_shot[len(prompt_ids) - 1:len(tokens) - 1]           # [NEW_TOKENS, V]
     worst = 0.0
     for step, (got, ref) in enumerate(zip(steps, one_shot)):
-        worst = max(worst, (got - ref).abs().max().item())
+        worst = max(worst, _top_diff(dtype_model, got[None], ref[None], both=True))
         assert worst <= tol, f"[{name}] step {step}: |diff| {worst:.3g} > {tol}"
+        assert (got - ref).abs().max().item() <= max(tol, _tail_tol(dtype_model))
         top2 = ref.topk(2).values
         if (top2[0] - top2[1]).item() < tol:
             break                                                       # a near tie: stop here

@@ -1,0 +1,70 @@
+"""``RescoredHead``: the output head of an int4 model read from a GGUF file, as int8 rows
+with the top logits of every row recomputed exactly.
+
+The head is the largest single matrix of a small model (SmolLM2-135M: 49,152 x 576, a third
+of the bytes a decode step reads in int4). In bf16 it costs 56 MB a token; here it is 28 MB
+of int8 codes with one scale per row (requantized from the file's blocks), multiplied by the
+activations quantized per row to int8 (``torch._int_mm``: faster than the weight-only int8
+op at every row count, 1.6x bf16 at one row). Those logits are approximate; the ``k`` largest
+of each row are then recomputed in float32 from the file's own rows (``exact_rows``, the
+embedding lookup for a tied head), so what greedy decoding, top logprobs and most sampled
+tokens see is exact, closer than the bf16 head came.
+
+Measured (SmolLM2, 57 prompt positions, against float32 over the dequantized file): bf16
+head max |diff| 0.20, top-1 agreement 98.2%, top-5 error 0.12; this head: top-32 exact
+(2.7e-5), top-1 100%, the tail beyond them mean 0.13 / max 1.5. A decode step of one row
+8.0 -> 7.4 ms; 16 rows 1.74 -> 2.41 ms for the head. Token choices below the top ``k`` (a
+grammar excluding all of them, a high temperature's tail) see the approximate values.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+TOP_EXACT = 32               # OpenAI's top_logprobs go up to 20
+
+
+def int_mm_available() -> bool:
+    """``torch._int_mm`` runs on this CPU (int8 x int8 -> int32)."""
+    if not hasattr(torch, "_int_mm"):
+        return False
+    try:
+        a = torch.ones(1, 32, dtype=torch.int8)
+        return int(torch._int_mm(a, torch.ones(32, 8, dtype=torch.int8))[0, 0]) == 32
+    except RuntimeError:
+        return False
+
+
+class RescoredHead:
+    """``head(h)``: float32 logits [n, V] of hidden states h [n, H] (see the module
+    docstring); ``weight`` float32 [V, H] is read once at build, ``exact_rows(ids)`` gives
+    float32 rows [len(ids), H] of the exact weight."""
+
+    def __init__(self, weight: torch.Tensor, exact_rows: Callable[[torch.Tensor], torch.Tensor],
+                 k: int = TOP_EXACT):
+        self.shape, self.dtype = tuple(weight.shape), torch.int8
+        self.scale = (weight.abs().amax(dim=1) / 127).clamp(min=1e-12)             # [V]
+        codes = torch.round(weight / self.scale[:, None]).clamp(-127, 127).to(torch.int8)
+        self.codes_t = codes.t()                          # [H, V] view: _int_mm's fast layout
+        self.exact_rows, self.k = exact_rows, min(k, self.shape[0])
+
+    def __call__(self, h: torch.Tensor) -> torch.Tensor:
+        h = h.to(torch.float32)
+        logits = self.approximate(h)                                               # [n, V]
+        top = logits.topk(self.k, dim=1, sorted=False).indices                     # [n, k]
+        rows = self.exact_rows(top.reshape(-1)).view(*top.shape, -1)               # [n, k, H]
+        exact = torch.bmm(rows.to(h.device, torch.float32), h.unsqueeze(2)).squeeze(2)
+        return logits.scatter_(1, top, exact)
+
+    def approximate(self, h: torch.Tensor) -> torch.Tensor:
+        """int8 codes times the activations quantized per row: float32 [n, V]."""
+        x_scale = (h.abs().amax(dim=1, keepdim=True) / 127).clamp(min=1e-12)       # [n, 1]
+        xq = torch.round(h / x_scale).to(torch.int8)
+        return torch._int_mm(xq, self.codes_t).to(torch.float32).mul_(x_scale).mul_(self.scale)
+
+    native = __call__
+
+    @property
+    def nbytes(self) -> int:
+        return self.shape[0] * self.shape[1] + 4 * self.shape[0]
