@@ -51,6 +51,8 @@ class RescoredHead:
 
     def __call__(self, h: torch.Tensor) -> torch.Tensor:
         h = h.to(torch.float32)
+        if h.shape[0] == 0:
+            return h.new_empty((0, self.shape[0]))
         logits = self.approximate(h)                                               # [n, V]
         top = logits.topk(self.k, dim=1, sorted=False).indices                     # [n, k]
         rows = self.exact_rows(top.reshape(-1)).view(*top.shape, -1)               # [n, k, H]

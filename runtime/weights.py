@@ -90,7 +90,7 @@ class FileEmbedding:
             codes, scales = self.blocks
             ids = ids.cpu()
             rows = (codes[ids].to(torch.float32) * scales[ids].to(torch.float32))
-            return rows.view(len(ids), -1).to(device=self.device, dtype=self.dtype)
+            return rows.view(len(ids), self.shape[1]).to(device=self.device, dtype=self.dtype)
         rows = self.source.rows(ids.cpu().numpy())                       # [T, H] fp32
         return torch.from_numpy(rows).to(device=self.device, dtype=self.dtype)
 

@@ -1,0 +1,61 @@
+"""runtime/head.py's RescoredHead on a random weight: each row's top k logits equal the
+float32 product, the rest stay close, and every row count (none, one, many) works."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from radixgate.runtime.head import RescoredHead, int_mm_available
+
+pytestmark = pytest.mark.skipif(not int_mm_available(), reason="torch._int_mm is missing")
+
+
+def make(k: int = 8):
+    gen = torch.Generator().manual_seed(0)
+    weight = torch.randn(512, 64, generator=gen) * 0.05
+    return weight, RescoredHead(weight, lambda ids: weight[ids], k=k)
+
+
+@pytest.mark.parametrize("rows", [1, 3, 17])
+def test_the_top_logits_are_exact_and_the_rest_close(rows):
+    weight, head = make()
+    h = torch.randn(rows, 64, generator=torch.Generator().manual_seed(rows))
+    exact = h @ weight.t()
+    got = head(h)
+    assert got.shape == exact.shape and got.dtype == torch.float32
+    top = exact.topk(4, dim=1).indices
+    assert torch.allclose(got.gather(1, top), exact.gather(1, top), atol=1e-5)
+    assert (got.argmax(1) == exact.argmax(1)).all()
+    spread = exact.abs().max().item()
+    assert (got - exact).abs().max().item() < 0.05 * spread       # int8 x int8 elsewhere
+
+
+def test_no_rows_give_an_empty_result():
+    _, head = make()
+    assert head(torch.empty(0, 64)).shape == (0, 512)
+
+
+def test_k_is_bounded_by_the_vocabulary_and_bytes_are_the_codes_and_scales():
+    _, head = make(k=10_000)
+    assert head.k == 512 and head.nbytes == 512 * 64 + 4 * 512
+    assert head(torch.randn(2, 64)).shape == (2, 512)
+
+
+@pytest.mark.realmodel
+def test_the_default_model_answers_a_prompt_longer_than_one_step(default_model_path):
+    """Prefill chunks that want no logits run the head on zero rows; the auto weights of
+    the default GGUF have this head."""
+    from radixgate.runtime.engine import Engine
+    from radixgate.runtime.loader import load_model
+    from tests.support.engine import engine_config
+    from tests.support.engine_compare import assert_clean, greedy
+
+    loaded = load_model(str(default_model_path), device="cpu", dtype="float32")
+    assert isinstance(loaded.model.logits_proj, RescoredHead)
+    engine = Engine(loaded, engine_config(num_blocks=64, max_step_tokens=128)).start()
+    try:
+        done = engine.generate(greedy(list(range(1000, 1600)), max_tokens=4))
+        assert done.error_kind is None and len(done.output_token_ids) == 4
+        assert_clean(engine)
+    finally:
+        engine.shutdown(grace_s=0)
