@@ -16,6 +16,7 @@ that run torch work outside the engine (request preparation) stay below the para
 """
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -25,6 +26,7 @@ from typing import TypeVar
 import torch
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 
 def run_on_fresh_thread(fn: Callable[..., T], *args, **kwargs) -> T:
@@ -132,17 +134,19 @@ class ThreadGovernor:
         other -= self.spare
         if other > self.busy_above:
             self.quiet_windows = 0
-            self._use(1)
+            self._use(1, other)
         elif other < self.idle_below:
             self.quiet_windows += 1
             if self.quiet_windows >= 2:
-                self._use(self.threads)
+                self._use(self.threads, other)
         else:
             self.quiet_windows = 0
         return self.current
 
-    def _use(self, threads: int) -> None:
+    def _use(self, threads: int, other: float) -> None:
         if threads != self.current:
+            log.info("engine torch threads %d -> %d: other processes keep %.2f CPUs busy",
+                     self.current, threads, other + self.spare)
             self.set_threads(threads)
             self.current = threads
             self.switches += 1

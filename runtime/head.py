@@ -43,9 +43,27 @@ class RescoredHead:
 
     def __init__(self, weight: torch.Tensor, exact_rows: Callable[[torch.Tensor], torch.Tensor],
                  k: int = TOP_EXACT):
-        self.shape, self.dtype = tuple(weight.shape), torch.int8
-        self.scale = (weight.abs().amax(dim=1) / 127).clamp(min=1e-12)             # [V]
-        codes = torch.round(weight / self.scale[:, None]).clamp(-127, 127).to(torch.int8)
+        scale = (weight.abs().amax(dim=1) / 127).clamp(min=1e-12)                  # [V]
+        codes = torch.round(weight / scale[:, None]).clamp(-127, 127).to(torch.int8)
+        self._keep(codes, scale, exact_rows, k)
+
+    @classmethod
+    def from_blocks(cls, codes: torch.Tensor, scales: torch.Tensor,
+                    exact_rows: Callable[[torch.Tensor], torch.Tensor],
+                    k: int = TOP_EXACT) -> RescoredHead:
+        """From Q8_0 blocks (int8 codes [V, B, 32], float16 scales [V, B, 1]), without a
+        float32 copy of the whole weight (the file's dequantizer took 0.8 s at start)."""
+        block_scale = scales.to(torch.float32)                                      # [V, B, 1]
+        row_max = (codes.abs().amax(2, keepdim=True).to(torch.float32) * block_scale.abs())
+        scale = (row_max.amax(dim=(1, 2)) / 127).clamp(min=1e-12)                  # [V]
+        factor = block_scale / scale[:, None, None]
+        requantized = torch.round(codes.to(torch.float32).mul_(factor)).clamp_(-127, 127)
+        head = cls.__new__(cls)
+        head._keep(requantized.to(torch.int8).view(codes.shape[0], -1), scale, exact_rows, k)
+        return head
+
+    def _keep(self, codes: torch.Tensor, scale: torch.Tensor, exact_rows, k: int) -> None:
+        self.shape, self.dtype, self.scale = tuple(codes.shape), torch.int8, scale
         self.codes_t = codes.t()                          # [H, V] view: _int_mm's fast layout
         self.exact_rows, self.k = exact_rows, min(k, self.shape[0])
 

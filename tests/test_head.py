@@ -59,3 +59,17 @@ def test_the_default_model_answers_a_prompt_longer_than_one_step(default_model_p
         assert_clean(engine)
     finally:
         engine.shutdown(grace_s=0)
+
+
+def test_from_q8_0_blocks_matches_the_float_weight_path():
+    gen = torch.Generator().manual_seed(3)
+    codes = torch.randint(-127, 128, (256, 4, 32), generator=gen, dtype=torch.int8)
+    scales = (torch.rand(256, 4, 1, generator=gen) * 0.01).to(torch.float16)
+    weight = (codes.float() * scales.float()).view(256, 128)
+    rows = lambda ids: weight[ids]                                      # noqa: E731
+    direct, via_float = RescoredHead.from_blocks(codes, scales, rows), RescoredHead(weight, rows)
+    assert torch.allclose(direct.scale, via_float.scale)
+    assert (direct.codes_t.int() - via_float.codes_t.int()).abs().max() <= 1   # rounding only
+    h = torch.randn(3, 128, generator=gen)
+    assert torch.allclose(direct(h).gather(1, direct(h).topk(4).indices),
+                          (h @ weight.t()).gather(1, direct(h).topk(4).indices), atol=1e-5)
