@@ -217,8 +217,8 @@ class TierIndex:
             records.append(record)
             index += 1
         parent = chain[index - 1] if index else root
-        tails = [t for t in (self._longest_tail(parent, tokens, index * B),
-                             also._longest_tail(parent, tokens, index * B) if also else None)
+        tails = [t for t in (self.longest_tail(parent, tokens, index * B),
+                             also.longest_tail(parent, tokens, index * B) if also else None)
                  if t is not None]
         tail = max(tails, key=lambda t: t.count) if tails else None
         if tail is not None:
@@ -228,7 +228,7 @@ class TierIndex:
         length = index * B + (tail.count if tail is not None else 0)
         return TierRun(first_index, tuple(records), length)
 
-    def _longest_tail(self, parent: bytes, tokens: Sequence[int], begin: int) -> TierRecord | None:
+    def longest_tail(self, parent: bytes, tokens: Sequence[int], begin: int) -> TierRecord | None:
         counts = self.tails.get(parent)
         if not counts:
             return None

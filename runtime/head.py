@@ -4,8 +4,8 @@ with the top logits of every row recomputed exactly.
 The head is the largest single matrix of a small model (SmolLM2-135M: 49,152 x 576, a third
 of the bytes a decode step reads in int4). In bf16 it costs 56 MB a token; here it is 28 MB
 of int8 codes with one scale per row (requantized from the file's blocks), multiplied by the
-activations quantized per row to int8 (``torch._int_mm``: faster than the weight-only int8
-op at every row count, 1.6x bf16 at one row). Those logits are approximate; the ``k`` largest
+activations quantized per row to int8 (``torch.ops.aten._int_mm``: faster than the
+weight-only int8 op at every row count, 1.6x bf16 at one row). Those logits are approximate; the ``k`` largest
 of each row are then recomputed in float32 from the file's own rows (``exact_rows``, the
 embedding lookup for a tied head), so what greedy decoding, top logprobs and most sampled
 tokens see is exact, closer than the bf16 head came.
@@ -26,12 +26,12 @@ TOP_EXACT = 32               # OpenAI's top_logprobs go up to 20
 
 
 def int_mm_available() -> bool:
-    """``torch._int_mm`` runs on this CPU (int8 x int8 -> int32)."""
-    if not hasattr(torch, "_int_mm"):
+    """``torch.ops.aten._int_mm`` runs on this CPU (int8 x int8 -> int32)."""
+    if not hasattr(torch.ops.aten, "_int_mm"):
         return False
     try:
         a = torch.ones(1, 32, dtype=torch.int8)
-        return int(torch._int_mm(a, torch.ones(32, 8, dtype=torch.int8))[0, 0]) == 32
+        return int(torch.ops.aten._int_mm(a, torch.ones(32, 8, dtype=torch.int8))[0, 0]) == 32
     except RuntimeError:
         return False
 
@@ -81,7 +81,8 @@ class RescoredHead:
         """int8 codes times the activations quantized per row: float32 [n, V]."""
         x_scale = (h.abs().amax(dim=1, keepdim=True) / 127).clamp(min=1e-12)       # [n, 1]
         xq = torch.round(h / x_scale).to(torch.int8)
-        return torch._int_mm(xq, self.codes_t).to(torch.float32).mul_(x_scale).mul_(self.scale)
+        product = torch.ops.aten._int_mm(xq, self.codes_t)                        # int32
+        return product.to(torch.float32).mul_(x_scale).mul_(self.scale)
 
     native = __call__
 

@@ -29,14 +29,15 @@ layer to bf16 (from the packed codes) for one bf16 GEMM; int8 runs its op up to
 ``auto`` (no timing run at start; CPU flags from /proc/cpuinfo at run time):
 
     model's linear weights            CPU                          weights
-    Q4_0 / Q4_1 (4-bit blocks)        int4 op present (AVX2/512)   int4 (head: bfloat16)
+    Q4_0 / Q4_1 (4-bit blocks)        int4 op present (AVX2/512)   int4 (head: see below)
     Q8_0, F16, BF16, F32, HF dirs     AVX512-BF16 or AMX-BF16      bfloat16
     anything else, --tiny, non-CPU    -                            float32
 
 int4 wins single-stream decode (3.9 against 7.5 ms a token for the layers) and loses 16 rows
 (1.5x) and prefill (1.5x) to bf16; decode of few streams is what the default model serves.
 Q4_0 / Q4_1 codes go into int4 exactly (float32 scale and zero; the op rounds them to bf16);
-the tied Q8_0 head becomes bf16 (4-bit would be lossy, and bf16 is as fast as int8 at one row).
+a GGUF file's head becomes runtime/head.py's ``RescoredHead`` (int8 x int8 with each row's top
+logits recomputed exactly; 4-bit would be lossy), any other head bf16.
 """
 from __future__ import annotations
 

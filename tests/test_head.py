@@ -7,7 +7,7 @@ import torch
 
 from radixgate.runtime.head import RescoredHead, int_mm_available
 
-pytestmark = pytest.mark.skipif(not int_mm_available(), reason="torch._int_mm is missing")
+pytestmark = pytest.mark.skipif(not int_mm_available(), reason="torch.ops.aten._int_mm is missing")
 
 
 def make(k: int = 8):
