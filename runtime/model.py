@@ -20,7 +20,7 @@ from radixgate.runtime.linear import Linear
 from radixgate.runtime.rope import apply_rope, rope_cos_sin, rope_inv_freq
 from radixgate.runtime.weights import build_embedding_and_head, build_linear, dense
 
-__all__ = ["LlamaModel", "ForwardBatch", "RMSNorm", "build_forward_batch", "rms_norm"]
+__all__ = ["LlamaModel", "ForwardBatch", "build_forward_batch", "rms_norm"]
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -32,39 +32,12 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * x32.to(x.dtype)
 
 
-class RMSNorm:
-    """``rms_norm`` with its weight. One float32 row (a lone decode step, 61 norms a token)
-    goes through ``layer_norm`` of ``[x, -x]`` instead: its mean is 0 and its variance
-    ``mean(x^2)``, so the first half is ``x / sqrt(mean(x^2) + eps) * w`` up to rounding
-    (3e-8 apart on a random row), and
-    torch's fused layer_norm plus a cat cost less than its composite rms_norm (decode
-    step 8.48 -> 7.96 ms, A/B in one process; at 16 rows it is slower, so only one row)."""
-
-    def __init__(self, weight: torch.Tensor, eps: float):
-        self.weight, self.eps = weight, eps
-        self.doubled = torch.cat([weight, weight])                       # [2H]
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if x.shape[0] != 1 or x.dtype != torch.float32 or self.weight.dtype != torch.float32:
-            return rms_norm(x, self.weight, self.eps)
-        mirrored = torch.cat([x, x.neg()], dim=1)                        # [1, 2H]
-        out = F.layer_norm(mirrored, self.doubled.shape, self.doubled, None, self.eps)
-        return out[:, :self.weight.shape[0]]
-
-    @property
-    def nbytes(self) -> int:
-        return self.weight.nbytes
-
-    def numel(self) -> int:
-        return self.weight.numel()
-
-
 @dataclass
 class DecoderLayer:
-    attn_norm: RMSNorm            # [H]
+    attn_norm: torch.Tensor       # [H]
     qkv: Linear                   # [(Hq + 2 Hkv) * D, H]  q, k, v projections stacked
     o_proj: Linear                # [H, Hq * D]
-    mlp_norm: RMSNorm             # [H]
+    mlp_norm: torch.Tensor        # [H]
     gate_up: Linear               # [2 I, H]  gate and up projections stacked
     down: Linear                  # [H, I]
 
@@ -80,8 +53,7 @@ class LlamaModel:
                  dtype: torch.dtype = torch.float32, weights_dtype: str = "float32"):
         self.config, self.device, self.dtype = config, torch.device(device), dtype
         self.weights_dtype = weights_dtype
-        self.norm = RMSNorm(self._vector(weights["model.norm.weight"]),
-                            config.rms_norm_eps)                         # [H]
+        self.norm = self._vector(weights["model.norm.weight"])           # [H]
         tied = config.tie_word_embeddings or "lm_head.weight" not in weights
         self.tied = tied
         self.embed, self.logits_proj = build_embedding_and_head(
@@ -104,16 +76,15 @@ class LlamaModel:
 
     def _layer(self, weights, i: int) -> DecoderLayer:
         p = f"model.layers.{i}."
-        eps = self.config.rms_norm_eps
         attn = [p + f"self_attn.{n}_proj" for n in "qkv"]
         bias = None
         if self.config.attention_bias or (attn[0] + ".bias") in weights:
             bias = torch.cat([self._vector(weights[a + ".bias"]) for a in attn])
         return DecoderLayer(
-            attn_norm=RMSNorm(self._vector(weights[p + "input_layernorm.weight"]), eps),
+            attn_norm=self._vector(weights[p + "input_layernorm.weight"]),
             qkv=self._linear([weights[a + ".weight"] for a in attn], bias),
             o_proj=self._linear([weights[p + "self_attn.o_proj.weight"]]),
-            mlp_norm=RMSNorm(self._vector(weights[p + "post_attention_layernorm.weight"]), eps),
+            mlp_norm=self._vector(weights[p + "post_attention_layernorm.weight"]),
             gate_up=self._linear([weights[p + "mlp.gate_proj.weight"],
                                   weights[p + "mlp.up_proj.weight"]]),
             down=self._linear([weights[p + "mlp.down_proj.weight"]]))
@@ -125,16 +96,17 @@ class LlamaModel:
         ``batch.slot_mapping``."""
         x = self.embed(batch.input_ids)                                  # [T, H]
         cos, sin = rope_cos_sin(batch.positions, self.inv_freq, self.dtype)  # [T, 1, D]
+        eps = self.config.rms_norm_eps
         plan = attention_plan(batch.block_tables, batch.cu_q_lens, batch.seq_lens, kv.block_size,
                               batch.num_tokens, quantized=kv.quantized)  # shared by every layer
         for i, layer in enumerate(self.layers):   # residual adds promote bf16 outputs to x's dtype
-            h = layer.attn_norm(x)
+            h = rms_norm(x, layer.attn_norm, eps)
             x = x + self._attention(layer, h, cos, sin, batch, plan, kv.k[i], kv.v[i],
                                     kv.layer_scales(i))
-            h = layer.mlp_norm(x)
+            h = rms_norm(x, layer.mlp_norm, eps)
             x = x + self._mlp(layer, h)
         x = x[batch.logits_indices]                                      # [n, H]
-        return self.logits_proj(self.norm(x)).float()                  # [n, V]
+        return self.logits_proj(rms_norm(x, self.norm, eps)).float()   # [n, V]
 
     __call__ = forward
 
