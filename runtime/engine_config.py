@@ -56,7 +56,8 @@ class EngineConfig:
     ``kv_events_allow_remote``. ``kv_events_rank``: the batches' ``data_parallel_rank``;
     ``kv_events_topic``: the ZMQ topic frame of every message.
     ``adapt_threads``: the engine thread runs its steps on one torch thread while other
-    processes keep a core busy, on all of them otherwise (``cpu_threads.ThreadGovernor``).
+    processes keep a core busy, on all of them otherwise (``cpu_threads.ThreadGovernor``);
+    another thread count sums in another order, so logits may differ in their last bits.
     """
 
     cache: CacheConfig = field(default_factory=CacheConfig)
