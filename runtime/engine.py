@@ -236,7 +236,7 @@ class Engine:
     def _run(self, threads: int) -> None:
         torch.set_num_threads(threads)
         core = self.core
-        self.threads = governor = ThreadGovernor(threads, adapt=self.config.adapt_threads)
+        self.thread_governor = governor = ThreadGovernor(threads, adapt=self.config.adapt_threads)
         try:
             while True:
                 draining = self._drain_deadline is not None

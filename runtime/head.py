@@ -5,10 +5,10 @@ The head is the largest single matrix of a small model (SmolLM2-135M: 49,152 x 5
 of the bytes a decode step reads in int4). In bf16 it costs 56 MB a token; here it is 28 MB
 of int8 codes with one scale per row (requantized from the file's blocks), multiplied by the
 activations quantized per row to int8 (``torch.ops.aten._int_mm``: faster than the
-weight-only int8 op at every row count, 1.6x bf16 at one row). Those logits are approximate; the ``k`` largest
-of each row are then recomputed in float32 from the file's own rows (``exact_rows``, the
-embedding lookup for a tied head), so what greedy decoding, top logprobs and most sampled
-tokens see is exact, closer than the bf16 head came.
+weight-only int8 op at every row count, 1.6x bf16 at one row). Those logits are
+approximate; the ``k`` largest of each row are then recomputed in float32 from the file's
+own rows (``exact_rows``, the embedding lookup for a tied head), so what greedy decoding,
+top logprobs and most sampled tokens see is exact, closer than the bf16 head came.
 
 Measured (SmolLM2, 57 prompt positions, against float32 over the dequantized file): bf16
 head max |diff| 0.20, top-1 agreement 98.2%, top-5 error 0.12; this head: top-32 exact
@@ -21,6 +21,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+
+from radixgate.runtime.linear import quantize_int8_rows
 
 TOP_EXACT = 32               # OpenAI's top_logprobs go up to 20
 
@@ -38,14 +40,22 @@ def int_mm_available() -> bool:
 
 class RescoredHead:
     """``head(h)``: float32 logits [n, V] of hidden states h [n, H] (see the module
-    docstring); ``weight`` float32 [V, H] is read once at build, ``exact_rows(ids)`` gives
-    float32 rows [len(ids), H] of the exact weight."""
+    docstring), from int8 ``codes`` [V, H] with one float32 ``scale`` [V] per row
+    (``w ~ codes * scale``); ``exact_rows(ids)`` gives float32 rows [len(ids), H] of the
+    exact weight. Built by ``from_weight`` or ``from_blocks``."""
 
-    def __init__(self, weight: torch.Tensor, exact_rows: Callable[[torch.Tensor], torch.Tensor],
-                 k: int = TOP_EXACT):
-        scale = (weight.abs().amax(dim=1) / 127).clamp(min=1e-12)                  # [V]
-        codes = torch.round(weight / scale[:, None]).clamp(-127, 127).to(torch.int8)
-        self._keep(codes, scale, exact_rows, k)
+    def __init__(self, codes: torch.Tensor, scale: torch.Tensor,
+                 exact_rows: Callable[[torch.Tensor], torch.Tensor], k: int = TOP_EXACT):
+        self.shape, self.dtype, self.scale = tuple(codes.shape), torch.int8, scale
+        self.codes_t = codes.t()                          # [H, V] view: _int_mm's fast layout
+        self.exact_rows, self.k = exact_rows, min(k, self.shape[0])
+
+    @classmethod
+    def from_weight(cls, weight: torch.Tensor,
+                    exact_rows: Callable[[torch.Tensor], torch.Tensor],
+                    k: int = TOP_EXACT) -> RescoredHead:
+        """From a float32 weight [V, H] (read once here)."""
+        return cls(*quantize_int8_rows(weight), exact_rows, k)
 
     @classmethod
     def from_blocks(cls, codes: torch.Tensor, scales: torch.Tensor,
@@ -58,14 +68,7 @@ class RescoredHead:
         scale = (row_max.amax(dim=(1, 2)) / 127).clamp(min=1e-12)                  # [V]
         factor = block_scale / scale[:, None, None]
         requantized = torch.round(codes.to(torch.float32).mul_(factor)).clamp_(-127, 127)
-        head = cls.__new__(cls)
-        head._keep(requantized.to(torch.int8).view(codes.shape[0], -1), scale, exact_rows, k)
-        return head
-
-    def _keep(self, codes: torch.Tensor, scale: torch.Tensor, exact_rows, k: int) -> None:
-        self.shape, self.dtype, self.scale = tuple(codes.shape), torch.int8, scale
-        self.codes_t = codes.t()                          # [H, V] view: _int_mm's fast layout
-        self.exact_rows, self.k = exact_rows, min(k, self.shape[0])
+        return cls(requantized.to(torch.int8).view(codes.shape[0], -1), scale, exact_rows, k)
 
     def __call__(self, h: torch.Tensor) -> torch.Tensor:
         h = h.to(torch.float32)
@@ -79,10 +82,9 @@ class RescoredHead:
 
     def approximate(self, h: torch.Tensor) -> torch.Tensor:
         """int8 codes times the activations quantized per row: float32 [n, V]."""
-        x_scale = (h.abs().amax(dim=1, keepdim=True) / 127).clamp(min=1e-12)       # [n, 1]
-        xq = torch.round(h / x_scale).to(torch.int8)
+        xq, x_scale = quantize_int8_rows(h)                                       # [n, H], [n]
         product = torch.ops.aten._int_mm(xq, self.codes_t)                        # int32
-        return product.to(torch.float32).mul_(x_scale).mul_(self.scale)
+        return product.to(torch.float32).mul_(x_scale[:, None]).mul_(self.scale)
 
     native = __call__
 

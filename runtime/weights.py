@@ -114,7 +114,7 @@ def build_embedding_and_head(embed, head, weights_dtype: str, device: torch.devi
             rows = embedding if head is None else FileEmbedding(head, device, torch.float32)
             if rows.blocks is not None:
                 return embedding, RescoredHead.from_blocks(*rows.blocks, rows)
-            return embedding, RescoredHead(dense(source), rows)
+            return embedding, RescoredHead.from_weight(dense(source), rows)
         return embedding, build_linear([source], out_dtype, device)
     table_dtype = getattr(torch, out_dtype) if out_dtype in ("float32", "bfloat16") else dtype
     table = dense(embed).to(device=device, dtype=table_dtype).contiguous()

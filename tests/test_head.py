@@ -13,7 +13,7 @@ pytestmark = pytest.mark.skipif(not int_mm_available(), reason="torch.ops.aten._
 def make(k: int = 8):
     gen = torch.Generator().manual_seed(0)
     weight = torch.randn(512, 64, generator=gen) * 0.05
-    return weight, RescoredHead(weight, lambda ids: weight[ids], k=k)
+    return weight, RescoredHead.from_weight(weight, lambda ids: weight[ids], k=k)
 
 
 @pytest.mark.parametrize("rows", [1, 3, 17])
@@ -67,7 +67,7 @@ def test_from_q8_0_blocks_matches_the_float_weight_path():
     scales = (torch.rand(256, 4, 1, generator=gen) * 0.01).to(torch.float16)
     weight = (codes.float() * scales.float()).view(256, 128)
     rows = lambda ids: weight[ids]                                      # noqa: E731
-    direct, via_float = RescoredHead.from_blocks(codes, scales, rows), RescoredHead(weight, rows)
+    direct, via_float = RescoredHead.from_blocks(codes, scales, rows), RescoredHead.from_weight(weight, rows)
     assert torch.allclose(direct.scale, via_float.scale)
     assert (direct.codes_t.int() - via_float.codes_t.int()).abs().max() <= 1   # rounding only
     h = torch.randn(3, 128, generator=gen)
