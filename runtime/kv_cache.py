@@ -178,4 +178,10 @@ class KVCache:
         """Slots ``[0, num_slots)`` of ``block`` in every layer from ``parts`` (uint8,
         ``[layers, num_slots, bytes per slot]`` each, ``block_parts`` order)."""
         for dest, src in zip(self.block_parts(), parts):
-            dest[:, block, :num_slots].copy_(src)
+            if dest.device.type == "cpu":
+                # numpy, not torch: this runs on the tier's loader thread, and a torch copy
+                # this large goes parallel and gives that thread an OpenMP pool of its own
+                # (runtime/cpu_threads.py: the engine's workers then sleep between ops).
+                dest.numpy()[:, block, :num_slots] = src.numpy()
+            else:
+                dest[:, block, :num_slots].copy_(src)

@@ -12,6 +12,7 @@ import logging
 import time
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from radixgate.radix_cache.tier_index import BlockAddress, TierRecord
@@ -76,7 +77,9 @@ def write_one(tier, job: StagedWrite, i: int, address: BlockAddress) -> None:
         return
     for victim in victims:
         tier.backend.delete(victim)
-    payload = [memoryview(part[i, :, :address.count].contiguous().numpy()).cast("B")
+    # numpy copies: a torch copy of a real-size block goes parallel on this thread and
+    # gives it an OpenMP pool of its own (runtime/cpu_threads.py)
+    payload = [memoryview(np.ascontiguousarray(part.numpy()[i, :, :address.count])).cast("B")
                for part in job.parts]
     prefix = encode_prefix(tier.fingerprint, record.digest, record.parent, record.count,
                            record.full, payload)
