@@ -127,7 +127,7 @@ def hit_rates(quick: bool, fractions=FRACTIONS) -> dict:
 def drop_page_cache(folder: str) -> None:
     """Write our record files to the device and drop them from the page cache (ours
     only: other processes' cached files are left alone)."""
-    for path in Path(folder, "blocks").rglob("*"):
+    for path in Path(folder).glob("models/*/blocks/*/*"):
         if path.is_file():
             fd = os.open(path, os.O_RDONLY)
             try:

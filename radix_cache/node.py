@@ -114,6 +114,16 @@ class TreeNode:
         path.reverse()
         return path
 
+    def path_blocks(self, block_size: int) -> list[int]:
+        """The blocks for block indices ``0 .. (end - 1) // block_size`` along the path from
+        the namespace root: for each index, the block of the deepest node covering it (the
+        one whose slots are valid up to that node's end)."""
+        blocks: list[int] = []
+        for node in self.path():
+            del blocks[node.start // block_size:]
+            blocks.extend(node.blocks)
+        return blocks
+
     def path_tokens(self) -> tuple[int, ...]:
         """All token ids from the namespace root down to this node's end."""
         keys = []

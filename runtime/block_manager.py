@@ -36,10 +36,12 @@ import torch
 from radixgate.radix_cache import PUBLIC_NAMESPACE, BlockPool, Probe, RadixTree
 from radixgate.radix_cache.tier_index import TierRun
 
+from .kv_tier_glue import write_through
 from .sequence import Sequence
 
 
 MEMORY_PIN_MAX_TTL_S = 3600.0   # with a lower tier, longer pins keep their blocks there
+WRITE_THROUGH_TTL_S = 3600.0    # pins this long are written to the tier when set (crash-safe)
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -207,6 +209,7 @@ class BlockManager:
         run are kept, fresh blocks cover the rest; the load is queued (``seq.tier_load``)."""
         first = run.first_index
         need = _ceil_div(len(seq.tokens), self.block_size) - first
+        self.tier.touch_run(run)                  # before the evictions that make room
         table = list(found.blocks[:first])
         self.pool.decref_many(found.blocks[first:])
         try:
@@ -343,11 +346,16 @@ class BlockManager:
     def pin_prefix(self, namespace: str, tokens, ttl_s: float, owner: str = "") -> int:
         """Pin the cached prefix of ``tokens`` for ``ttl_s`` (``RadixTree.pin``). With a
         lower tier their blocks are retained there for ``ttl_s`` and memory keeps them at
-        most ``MEMORY_PIN_MAX_TTL_S`` (a 24 h retention does not hold memory for a day)."""
-        if self.tier is not None:
-            self.tier.retain(namespace, tokens, ttl_s)
-            ttl_s = min(ttl_s, MEMORY_PIN_MAX_TTL_S)
-        return self.tree.pin(namespace, tokens, ttl_s, owner=owner)
+        most ``MEMORY_PIN_MAX_TTL_S`` (a 24 h retention does not hold memory for a day);
+        a pin of ``WRITE_THROUGH_TTL_S`` or more is staged for the tier at once, so a
+        ``kill -9`` does not lose it."""
+        if self.tier is None:
+            return self.tree.pin(namespace, tokens, ttl_s, owner=owner)
+        self.tier.retain(namespace, tokens, ttl_s)
+        pinned = self.tree.pin(namespace, tokens, min(ttl_s, MEMORY_PIN_MAX_TTL_S), owner=owner)
+        if pinned and ttl_s >= WRITE_THROUGH_TTL_S:
+            write_through(self.tier, self.tree, namespace, tokens)
+        return pinned
 
     def unpin_prefix(self, namespace: str, tokens) -> bool:
         """Remove the deepest pin on the cached path of ``tokens`` (and the tier's

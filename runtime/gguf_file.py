@@ -96,7 +96,7 @@ class GGUFFile:
             qtype, offset = GGMLQuantizationType(self._unpack("<I")), self._unpack("<Q")
             infos.append((name, ne, qtype, offset))
         align = int(self.metadata.get("general.alignment", 32))
-        start = -(-self._pos // align) * align
+        start = self.data_offset = -(-self._pos // align) * align
         for name, ne, qtype, offset in infos:
             block_elems, type_size = GGML_QUANT_SIZES[qtype]
             nbytes = int(np.prod(ne)) // block_elems * type_size

@@ -1,5 +1,7 @@
 """The engine's side of the lower KV tier: built from ``[cache] disk_dir`` / ``disk_gb``,
-fed by the tree's evictions (``RadixTree.spill``), given the whole tree at shutdown."""
+fed by the tree's evictions (``RadixTree.spill``: the evicted node's whole path, so what is
+on disk is always reachable from block 0), by long pins as soon as they are set
+(``write_through``) and by the whole tree at shutdown."""
 from __future__ import annotations
 
 import logging
@@ -16,11 +18,31 @@ def open_tier(loaded, config, kv, tree) -> KVTier | None:
     if not cache.disk_dir:
         return None
     tier = open_disk_tier(cache, kv, model_fingerprint(loaded, kv), description=loaded.name)
-    tree.spill = lambda node, start, end, blocks: tier.spill(
-        node.ns.name, node.path_tokens(), start, end, blocks)
+    tree.spill = lambda node, start, end, blocks: spill_path(tier, node, end)
     log.info("KV disk tier at %s: %.2f GiB budget, %d blocks held", cache.disk_dir,
              cache.disk_gb, tier.stats().blocks)
     return tier
+
+
+def spill_path(tier: KVTier, node, end: int) -> int:
+    """Stage the blocks of ``[0, end)`` along ``node``'s path that the tier lacks, not only
+    the node's own: an evicted leaf's parent may stay in memory, shared and hot, until a
+    ``kill -9``, and a stored run is only ever found from block 0. Returns blocks staged."""
+    return tier.spill(node.ns.name, node.path_tokens(), 0, end,
+                      node.path_blocks(tier.block_size))
+
+
+def write_through(tier: KVTier, tree, namespace: str, tokens) -> int:
+    """Stage the cached prefix of ``tokens`` (a long pin's prefix) now, so it is on disk
+    within the writer's next write and survives a crash, not only a clean shutdown."""
+    probe = tree.probe(namespace, tokens)
+    node = probe.node
+    if node is None or probe.length == 0:
+        return 0
+    while node.start >= probe.length:
+        node = node.parent
+    blocks = node.path_blocks(tier.block_size)[:-(-probe.length // tier.block_size)]
+    return tier.spill(namespace, node.path_tokens(), 0, probe.length, blocks)
 
 
 def tree_nodes(tree):

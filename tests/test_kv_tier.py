@@ -41,6 +41,13 @@ def cold():
     engine.shutdown(grace_s=0)
 
 
+def blocks_dir(folder) -> Path:
+    """The record folder of the (one) model that used the tier folder ``folder``."""
+    found = list(Path(folder).glob("models/*/blocks"))
+    assert len(found) == 1, found
+    return found[0]
+
+
 def tier_stats(engine: Engine):
     return engine.request_snapshot().result(timeout=30).tier
 
@@ -56,6 +63,11 @@ def where(engine: Engine, tokens, namespace: str = "ns-a") -> list[str]:
     from radixgate.runtime.kv_tier_glue import block_tiers
     core = engine.core
     return engine._command(block_tiers, core.tree, core.tier, namespace, tokens).result(30)
+
+
+def on_disk(engine: Engine, tokens, namespace: str = "ns-a") -> int:
+    """How many of the leading blocks of ``tokens`` the disk tier holds."""
+    return sum("disk" in w or w == "both" for w in where(engine, tokens, namespace))
 
 
 def wait_written(engine: Engine, timeout: float = 30) -> None:
@@ -136,7 +148,7 @@ def test_blocks_evicted_before_the_writer_stores_them_are_served_from_staging(tm
 
 def test_a_restarted_server_serves_known_prefixes_from_disk(tmp_path, cold):
     first = run_once_and_stop(tmp_path)         # the tree's content is kept at shutdown
-    files = [p for p in (tmp_path / "blocks").rglob("*") if p.is_file()]
+    files = [p for p in blocks_dir(tmp_path).rglob("*") if p.is_file()]
     assert files and all(stat.S_IMODE(p.stat().st_mode) == 0o600 for p in files)
     engine = start(tmp_path)
     try:
@@ -166,7 +178,7 @@ def test_another_fingerprint_reads_nothing(tmp_path, cold):
 
 def test_a_damaged_record_is_dropped_and_never_served(tmp_path, cold):
     run_once_and_stop(tmp_path)
-    records = sorted((tmp_path / "blocks").rglob("*.f"), key=lambda p: p.stat().st_mtime)
+    records = sorted(blocks_dir(tmp_path).rglob("*.f"), key=lambda p: p.stat().st_mtime)
     victim = records[len(records) // 2]
     data = bytearray(victim.read_bytes())
     data[-5] ^= 0xFF                                     # one flipped bit in the payload
@@ -189,19 +201,70 @@ def test_a_damaged_record_is_dropped_and_never_served(tmp_path, cold):
 
 
 def test_the_disk_budget_evicts_least_recently_used_blocks(tmp_path):
-    budget_gb = 40 * 8300 / 2**30                        # about 40 records of the tiny model
+    """A, B, C (25 records each) through a memory of one prompt and a disk of about 60
+    records: A, then B, go to disk; A is read back (its records touched), so when C's
+    eviction needs room the least recently used records are B's, not the older A's."""
+    budget_gb = 60 * 8300 / 2**30                        # about 60 records of the tiny model
     engine = start(tmp_path, disk_gb=budget_gb)
+    a, b, c = (list(range(3000 + k * 400, 3400 + k * 400)) for k in range(3))
     try:
-        for k in range(4):
-            engine.generate(greedy(list(range(3000 + k * 400, 3400 + k * 400)), max_tokens=2))
-        evict_prompt(engine)
+        for tokens in (a, b, c):                         # A and B spilled: 50 records
+            engine.generate(greedy(tokens, max_tokens=2, namespace="ns-a"))
+        wait_written(engine)
+        assert on_disk(engine, a) == on_disk(engine, b) == 25
+        assert engine.generate(greedy(a, max_tokens=2, namespace="ns-a")
+                               ).usage.cache_read_tokens >= 384        # A loaded, C spilled
+        wait_written(engine)
         stats = tier_stats(engine)
         assert stats.evicted > 0 and stats.bytes <= stats.budget_bytes
-        on_disk = sum(p.stat().st_size for p in (tmp_path / "blocks").rglob("*") if p.is_file())
-        assert on_disk == stats.bytes
+        assert on_disk(engine, b) == 0                   # the least recently used: gone
+        assert on_disk(engine, a) == on_disk(engine, c) == 25     # touched / newest: kept
+        file_bytes = sum(p.stat().st_size for p in blocks_dir(tmp_path).rglob("*") if p.is_file())
+        assert file_bytes == stats.bytes
         assert_clean(engine)
     finally:
         engine.shutdown(grace_s=0)
+
+
+def test_another_model_keeps_its_blocks_in_its_own_subfolder_within_one_budget(tmp_path,
+                                                                               cold):
+    """Another KV dtype (another fingerprint) gets its own subfolder; the first model's
+    blocks are still served when it comes back. Both share one budget: when the second
+    needs room, the least recently used model's blocks go first."""
+    run_once_and_stop(tmp_path)                                     # float32 KV: model A
+    run_once_and_stop(tmp_path, kv_dtype="float16")                 # model B: its own folder
+    models = sorted(p.name for p in (tmp_path / "models").iterdir())
+    assert len(models) == 2
+    engine = start(tmp_path)
+    try:
+        got = engine.generate(greedy(PROMPT, namespace="ns-a"))
+        assert got.usage.cache_read_tokens == len(PROMPT) - 1          # A's blocks kept
+        same_answer(engine, got, cold, PROMPT)
+    finally:
+        engine.shutdown(grace_s=0)
+    one_model = sum(p.stat().st_size for p in tmp_path.glob("models/*/blocks/*/*"))
+    engine = start(tmp_path, kv_dtype="float16", disk_gb=one_model * 1.25 / 2**30)
+    try:                   # A (1.0) + B (0.5, half the bytes) > 1.25: A goes at B's next write
+        for tokens in OTHERS:
+            engine.generate(greedy(tokens, max_tokens=2, namespace="ns-b"))
+        wait_written(engine)
+        assert len(list((tmp_path / "models").iterdir())) == 1
+        assert on_disk(engine, PROMPT) == 19                           # B's own blocks stay
+        assert tier_stats(engine).evicted == 0
+    finally:
+        engine.shutdown(grace_s=0)
+
+
+def test_leftover_temporary_files_are_removed_at_start(tmp_path):
+    run_once_and_stop(tmp_path)
+    model = next((tmp_path / "models").iterdir())
+    leftovers = [tmp_path / "tier.json.77.123.tmp", model / "tier.json.77.124.tmp",
+                 model / "retention.json.77.125.tmp", next(blocks_dir(tmp_path).iterdir())
+                 / "00ff.f.tmp"]
+    for path in leftovers:
+        path.write_bytes(b"half a write")
+    start(tmp_path).shutdown(grace_s=0)
+    assert [p for p in leftovers if p.exists()] == []
 
 
 def test_a_full_disk_stops_writes_and_the_server_keeps_serving(tmp_path, cold, caplog):
@@ -302,11 +365,24 @@ def test_a_request_aborted_while_loading_frees_its_blocks(tmp_path):
 
 
 def test_files_are_private_to_the_server_user(tmp_path):
-    run_once_and_stop(tmp_path)
-    for path in (tmp_path / "blocks").rglob("*"):
-        mode = stat.S_IMODE(path.stat().st_mode)
-        assert mode & 0o077 == 0, (path, oct(mode))
-    assert stat.S_IMODE(os.stat(Path(tmp_path) / "lock").st_mode) & 0o077 == 0
+    """Every folder of the tier (the tier folder and the parents it created included) is
+    0700, a folder that existed with a wider mode too, and every file 0600."""
+    existing = tmp_path / "existing"
+    (existing / "models").mkdir(parents=True, mode=0o755)
+    os.chmod(existing, 0o755)
+    os.chmod(existing / "models", 0o755)
+    created = tmp_path / "new" / "parent" / "kv"
+    for folder in (existing, created):
+        run_once_and_stop(folder)
+    paths = [p for folder in (existing, created) for p in [folder, *folder.rglob("*")]]
+    paths += [tmp_path / "new", tmp_path / "new" / "parent"]
+    folders = [p for p in paths if p.is_dir()]
+    files = [p for p in paths if p.is_file()]
+    assert len(folders) >= 2 * 4 + 2 and len(files) > 10
+    assert {p: oct(stat.S_IMODE(p.stat().st_mode)) for p in folders
+            if stat.S_IMODE(p.stat().st_mode) != 0o700} == {}
+    assert {p: oct(stat.S_IMODE(p.stat().st_mode)) for p in files
+            if stat.S_IMODE(p.stat().st_mode) != 0o600} == {}
 
 
 async def test_stats_metrics_and_usage_show_the_disk_tier_over_http(tmp_path):
@@ -480,7 +556,7 @@ def test_kill_9_while_writing_loses_only_unwritten_blocks_and_never_serves_wrong
             reused += got.usage.cache_read_tokens
             same_answer(engine, got, cold, tokens)
         assert reused > 0 and tier_stats(engine).drops["corrupt"] == 0
-        assert not list((tmp_path / "blocks").rglob("*.tmp"))
+        assert not list(blocks_dir(tmp_path).rglob("*.tmp"))
         assert_clean(engine)
     finally:
         engine.shutdown(grace_s=0)

@@ -6,23 +6,15 @@ beside, so the same tier runs over a folder (``DiskBackend``) or host memory
 A backend stores whole records (records.py) under their ``TierRecord``; ``put`` is atomic
 (a reader sees the whole record or none), ``read`` returns None for a record that is gone.
 
-DiskBackend's folder::
-
-    DIR/lock          held (flock) while a server uses DIR: a second one is refused
-    DIR/tier.json     format version and model fingerprint; another fingerprint's blocks
-                      are dropped at start (they could never be read)
-    DIR/retention.json  digest -> [until, ttl_s] of pinned prefixes (wall clock)
-    DIR/blocks/SPACE/DIGEST.f             a full block
-    DIR/blocks/SPACE/DIGEST.PARENT.COUNT.t  a partly filled last block
-
-Each record is written to a temporary name and renamed into place (a ``kill -9`` leaves at
-most a temporary file, removed at the next start); files are 0600, folders 0700. Record
-order across restarts is the files' modification times (a load touches its file).
+DiskBackend keeps the records of the current model in its own subfolder of the tier
+folder (the layout: folders.py). Each record is written to a temporary name and renamed
+into place (a ``kill -9`` leaves at most a temporary file, removed at the next start); files
+are 0600, folders 0700. Record order across restarts is the files' modification times (a
+load touches its file).
 """
 from __future__ import annotations
 
 import errno
-import fcntl
 import json
 import logging
 import os
@@ -34,14 +26,15 @@ from typing import Protocol
 
 from radixgate.radix_cache.tier_index import TierRecord
 
+from .folders import (MODELS, PRIVATE_FILE, OtherModel, TierFolderError, delete_folder,
+                      make_private_dir, open_locked, other_models, remove_temporary_files,
+                      unusable)
 from .records import FORMAT_VERSION
+
+__all__ = ["DiskBackend", "MemoryBackend", "TierBackend", "TierFolderError"]
 
 log = logging.getLogger(__name__)
 FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
-
-
-class TierFolderError(RuntimeError):
-    """The disk tier's folder cannot be used (unwritable, or another server holds it)."""
 
 
 class TierBackend(Protocol):
@@ -54,14 +47,25 @@ class TierBackend(Protocol):
     def load_retention(self) -> dict[bytes, tuple[float, float]]: ...
     def save_retention(self, retention: dict[bytes, tuple[float, float]]) -> None: ...
     def close(self) -> None: ...
+    other_bytes: int                                        # other models' share of the budget
+    def take_oldest_other(self) -> OtherModel | None: ...   # under the tier's lock
+    def drop_other(self, model: OtherModel) -> None: ...    # outside it
 
 
 class MemoryBackend:
-    """Records in host memory (nothing survives the process)."""
+    """Records in host memory (nothing survives the process; no other models)."""
+
+    other_bytes = 0
 
     def __init__(self):
         self.data: dict[bytes, bytes] = {}
         self.spaces: dict[bytes, str] = {}
+
+    def take_oldest_other(self) -> OtherModel | None:
+        return None
+
+    def drop_other(self, model: OtherModel) -> None:
+        pass
 
     def scan(self) -> list[TierRecord]:
         return []
@@ -96,22 +100,22 @@ class MemoryBackend:
 
 
 class DiskBackend:
-    """Records as files under ``folder`` (see the module docstring)."""
+    """Records as files under ``folder``, in the subfolder of ``fingerprint`` (layout:
+    folders.py). Other fingerprints' subfolders stay (their bytes count against the shared
+    budget: ``other_bytes``) until room is needed, least recently used first."""
 
     def __init__(self, folder: str | os.PathLike, fingerprint: bytes, description: str = ""):
         self.folder = Path(folder)
-        self.blocks = self.folder / "blocks"
+        self._lock_fd = open_locked(self.folder)
         try:
-            self.folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-            self._lock_fd = _take_lock(self.folder / "lock")
-        except TierFolderError:
-            raise
+            self.model_folder = self.folder / MODELS / fingerprint.hex()
+            self.blocks = self.model_folder / "blocks"
+            self._open_model_folder(fingerprint, description)
+            self.others = other_models(self.folder, fingerprint.hex())
+            self.other_bytes = sum(model.nbytes for model in self.others)
         except OSError as exc:
-            raise TierFolderError(f"the KV disk tier folder {self.folder} cannot be used: "
-                                  f"{exc.strerror or exc} (set [cache] disk_dir / "
-                                  "--kv-disk-dir to a folder this user can write)") from exc
-        try:
-            self._check_manifest(fingerprint, description)
+            self.close()
+            raise unusable(self.folder, exc) from exc
         except BaseException:
             self.close()
             raise
@@ -120,44 +124,52 @@ class DiskBackend:
     def check_folder(folder: str | os.PathLike) -> None:
         """Raise ``TierFolderError`` unless ``folder`` can be created, written and locked
         now (the lock is released again)."""
-        path = Path(folder)
-        try:
-            path.mkdir(parents=True, exist_ok=True, mode=0o700)
-            os.close(_take_lock(path / "lock"))
-        except TierFolderError:
-            raise
-        except OSError as exc:
-            raise TierFolderError(f"the KV disk tier folder {path} cannot be used: "
-                                  f"{exc.strerror or exc} (set [cache] disk_dir / "
-                                  "--kv-disk-dir to a folder this user can write)") from exc
+        os.close(open_locked(Path(folder)))
 
     # ---- start -------------------------------------------------------------------------
-    def _check_manifest(self, fingerprint: bytes, description: str) -> None:
-        manifest = self.folder / "tier.json"
-        wanted = {"format": FORMAT_VERSION, "fingerprint": fingerprint.hex()}
-        try:
-            found = json.loads(manifest.read_text())
-        except (OSError, ValueError):
-            found = None
-        if found is not None and {k: found.get(k) for k in wanted} == wanted:
+    def _open_model_folder(self, fingerprint: bytes, description: str) -> None:
+        """This model's subfolder, private; the layout before per-model subfolders (records
+        straight under ``DIR/blocks``) moves into it when its fingerprint is this one, else
+        is dropped; leftover temporary files go."""
+        remove_temporary_files(self.folder)
+        self._adopt_flat_layout(fingerprint)
+        for folder in (self.folder / MODELS, self.model_folder, self.blocks):
+            make_private_dir(folder)
+        remove_temporary_files(self.model_folder)
+        manifest = {"format": FORMAT_VERSION, "fingerprint": fingerprint.hex(),
+                    "model": description}
+        _write_atomic(self.model_folder / "tier.json", json.dumps(manifest).encode())
+
+    def _adopt_flat_layout(self, fingerprint: bytes) -> None:
+        old_manifest, old_blocks = self.folder / "tier.json", self.folder / "blocks"
+        if not old_manifest.exists() and not old_blocks.exists():
             return
-        if found is not None or self.blocks.exists():
-            log.warning("KV disk tier %s holds blocks of another model, KV layout or format "
-                        "(%s): they are dropped, none can be read by this one", self.folder,
-                        (found or {}).get("model", "unknown"))
-            shutil.rmtree(self.blocks, ignore_errors=True)
+        try:
+            found = json.loads(old_manifest.read_text())
+        except (OSError, ValueError):
+            found = {}
+        same = (found.get("format") == FORMAT_VERSION
+                and found.get("fingerprint") == fingerprint.hex())
+        if same and old_blocks.is_dir() and not self.blocks.exists():
+            make_private_dir(self.model_folder)
+            os.replace(old_blocks, self.blocks)
+            old_retention = self.folder / "retention.json"
+            if old_retention.exists():
+                os.replace(old_retention, self.model_folder / "retention.json")
+        else:
+            shutil.rmtree(old_blocks, ignore_errors=True)
             (self.folder / "retention.json").unlink(missing_ok=True)
-        _write_atomic(manifest, json.dumps({**wanted, "model": description}).encode())
+        old_manifest.unlink(missing_ok=True)
 
     def scan(self) -> list[TierRecord]:
         """Every record file (parsed from its name and size, read lazily: its checksum is
-        checked when it is loaded), oldest first; leftover temporary files are removed."""
+        checked when it is loaded), oldest first; leftover temporary files are removed and
+        every namespace folder is made private."""
         found: list[tuple[float, TierRecord]] = []
-        if not self.blocks.is_dir():
-            return []
         for space_dir in self.blocks.iterdir():
             if not space_dir.is_dir():
                 continue
+            make_private_dir(space_dir)
             for entry in os.scandir(space_dir):
                 if entry.name.endswith(".tmp"):
                     Path(entry.path).unlink(missing_ok=True)
@@ -171,12 +183,28 @@ class DiskBackend:
         found.sort(key=lambda item: item[0])
         return [record for _, record in found]
 
+    # ---- other models ------------------------------------------------------------------
+    def take_oldest_other(self) -> OtherModel | None:
+        """The least recently used other model, no longer counted (``other_bytes``); its
+        folder is the caller's to delete (``drop_other``), outside any lock."""
+        if not self.others:
+            return None
+        model = self.others.pop(0)
+        self.other_bytes -= model.nbytes
+        return model
+
+    def drop_other(self, model: OtherModel) -> None:
+        log.info("KV disk tier %s: dropped the blocks of another model (%s, %.1f MiB) for "
+                 "room", self.folder, model.folder.name, model.nbytes / 2**20)
+        delete_folder(model.folder)
+
     # ---- records -----------------------------------------------------------------------
     def put(self, record: TierRecord, prefix: bytes, parts: Sequence[memoryview]) -> None:
         path = self._path(record)
-        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if not path.parent.is_dir():
+            make_private_dir(path.parent)
         tmp = path.with_name(path.name + ".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, PRIVATE_FILE)
         try:
             with os.fdopen(fd, "wb") as out:
                 out.write(prefix)
@@ -206,22 +234,30 @@ class DiskBackend:
         self._path(record).unlink(missing_ok=True)
 
     def purge(self, space: str | None) -> None:
-        shutil.rmtree(self.blocks if space is None else self.blocks / space, ignore_errors=True)
+        if space is not None:
+            shutil.rmtree(self.blocks / space, ignore_errors=True)
+            return
+        for entry in list(self.blocks.iterdir()):
+            shutil.rmtree(entry, ignore_errors=True)
 
     def load_retention(self) -> dict[bytes, tuple[float, float]]:
         try:
-            raw = json.loads((self.folder / "retention.json").read_text())
+            raw = json.loads((self.model_folder / "retention.json").read_text())
             return {bytes.fromhex(k): (float(v[0]), float(v[1])) for k, v in raw.items()}
         except (OSError, ValueError, TypeError, IndexError):
             return {}
 
     def save_retention(self, retention: dict[bytes, tuple[float, float]]) -> None:
         data = {k.hex(): [until, ttl] for k, (until, ttl) in retention.items()}
-        _write_atomic(self.folder / "retention.json", json.dumps(data).encode())
+        _write_atomic(self.model_folder / "retention.json", json.dumps(data).encode())
 
     def close(self) -> None:
         fd, self._lock_fd = getattr(self, "_lock_fd", None), None
         if fd is not None:
+            try:
+                os.utime(self.model_folder / "tier.json")   # this model was used until now
+            except (OSError, AttributeError):
+                pass
             os.close(fd)       # releases the flock
 
     def _path(self, record: TierRecord) -> Path:
@@ -230,26 +266,9 @@ class DiskBackend:
         return self.blocks / record.space / name
 
 
-def _take_lock(path: Path) -> int:
-    """An exclusive flock on ``path`` (held until the fd closes); TierFolderError when
-    another process (or engine) holds it."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = os.read(fd, 64).decode(errors="replace").strip() or "unknown"
-        os.close(fd)
-        raise TierFolderError(
-            f"the KV disk tier folder {path.parent} is in use by another radixgate server "
-            f"(pid {holder}): give each server, and each replica, its own folder") from None
-    os.ftruncate(fd, 0)
-    os.write(fd, f"{os.getpid()}\n".encode())
-    return fd
-
-
 def _write_atomic(path: Path, data: bytes) -> None:
     tmp = path.with_name(path.name + f".{os.getpid()}.{time.monotonic_ns()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, PRIVATE_FILE)
     try:
         with os.fdopen(fd, "wb") as out:
             out.write(data)

@@ -240,8 +240,19 @@ class KVTier:
         parts, i = found
         return [part[i, :, :count] for part in parts]
 
+    def touch_run(self, run: TierRun) -> None:
+        """``run``'s records become the most recently used: call it before evicting memory
+        for a load, so the writes of what that eviction spills push out other records, not
+        the ones the load is about to read."""
+        with self.lock:
+            now = self.clock()
+            for record in run.records:
+                if self.index.get(record.digest) is record:
+                    self.index.touch(record.digest, now)
+
     def load(self, run: TierRun, blocks: list[int]) -> LoadTicket:
         """Queue ``run``'s records into ``blocks`` (one per record, the caller's own)."""
+        self.touch_run(run)
         ticket = LoadTicket(run, list(blocks), self.block_size)
         with self.lock:
             self.counts["loads"] += 1

@@ -72,9 +72,12 @@ def write(tier, job: StagedWrite) -> None:
 def write_one(tier, job: StagedWrite, i: int, address: BlockAddress) -> None:
     record = TierRecord(address.digest, job.space, address.parent, address.count,
                         tier.record_bytes(address.count), address.full)
-    victims = make_room(tier, record, job.epoch)
-    if victims is None:
+    room = make_room(tier, record, job.epoch)
+    if room is None:
         return
+    victims, other_models = room
+    for model in other_models:
+        tier.backend.drop_other(model)
     for victim in victims:
         tier.backend.delete(victim)
     # numpy copies: a torch copy of a real-size block goes parallel on this thread and
@@ -98,21 +101,27 @@ def write_one(tier, job: StagedWrite, i: int, address: BlockAddress) -> None:
         tier.backend.delete(record)        # purged while it was being written
 
 
-def make_room(tier, record: TierRecord, epoch: tuple[int, int]) -> list[TierRecord] | None:
+def make_room(tier, record: TierRecord, epoch: tuple[int, int]) -> tuple[list, list] | None:
     """Under the lock: None when ``record`` is not to be written (purged since it was
-    staged, or larger than the whole budget), else the records evicted for it (already
-    out of the index; their files are the caller's to delete)."""
+    staged, or larger than the whole budget), else what goes for it: this model's records
+    evicted (already out of the index) and other models' folders (no longer counted),
+    those first (least recently used model first). Deleting them is the caller's."""
     with tier.lock:
         if epoch != (tier.epoch, tier.epochs.get(record.space, 0)):
             return None
-        if record.nbytes > tier.index.budget_bytes:
+        index, backend = tier.index, tier.backend
+        if record.nbytes > index.budget_bytes:
             tier.drops["too_large"] += 1
             return None
-        victims = tier.index.victims(record.nbytes, tier.clock())
+        others = []
+        while (backend.other_bytes and
+               index.nbytes + record.nbytes + backend.other_bytes > index.budget_bytes):
+            others.append(backend.take_oldest_other())
+        victims = index.victims(record.nbytes, tier.clock())
         for victim in victims:
-            tier.index.remove(victim.digest)
+            index.remove(victim.digest)
         tier.counts["evicted"] += len(victims)
-        return victims
+        return victims, others
 
 
 def write_failed(tier, exc: OSError) -> None:
