@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -66,3 +67,109 @@ def test_tier_threads_add_no_openmp_pool_across_a_tail_write_and_a_disk_load(tmp
     finally:
         tier.close()
         torch.set_num_threads(kept)
+
+
+CRASHED_SERVER = """
+import sys, time
+from radixgate.runtime.api import Breakpoint
+from radixgate.runtime.engine import Engine
+from radixgate.runtime.loader import load_model
+from tests.support.engine import engine_config
+from tests.support.engine_compare import greedy
+from tests.test_kv_tier_real import PINNED, PROMPTS, wait_settled
+loaded = load_model(sys.argv[2], device="cpu", dtype="float32", weights_dtype="float32")
+engine = Engine(loaded, engine_config(num_blocks=40, disk_dir=sys.argv[1], disk_gb=0.5)).start()
+for tokens in PROMPTS:
+    engine.generate(greedy(tokens, max_tokens=2, namespace="ns-a"))
+engine.generate(greedy(PINNED, max_tokens=2, namespace="ns-pin",
+                       breakpoints=(Breakpoint(len(PINNED), 3600.0),)))
+wait_settled(engine)
+print("ready", flush=True)
+time.sleep(600)
+"""
+SHARED_HEAD = list(range(1000, 1100))          # 100 tokens every prompt starts with
+PROMPTS = [SHARED_HEAD + list(range(5000 + 300 * k, 5200 + 300 * k)) for k in range(4)]
+PINNED = list(range(20000, 20150))
+
+
+def wait_settled(engine, timeout_s: float = 60) -> None:
+    """Until nothing is staged and the writes stopped moving (the tier's stats)."""
+    stop, last = time.monotonic() + timeout_s, -1
+    while time.monotonic() < stop:
+        stats = engine.request_snapshot().result(timeout=30).tier
+        if not stats.staged_bytes and stats.writes == last:
+            return
+        last = stats.writes
+        time.sleep(0.2)
+
+
+def test_blocks_on_disk_before_a_kill_9_are_served_after_it_at_real_size(tmp_path, real_model,
+                                                                        default_model_path):
+    """Four 300-token prompts sharing a 100-token head through 40 blocks of the default
+    model's KV (16-token blocks, 46 KiB a token): the first two are evicted to disk while
+    the shared head stays in memory, hot. A 1h pin is set last. Then ``kill -9``: no
+    shutdown, nothing persisted. The restarted server reads every evicted prompt and the
+    pinned prefix from disk, with the answers of a cold run."""
+    import subprocess
+    import sys
+
+    from radixgate.runtime.engine import Engine
+    from tests.support.engine import engine_config
+    from tests.support.engine_compare import compare_greedy, greedy
+
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get(
+        "PYTHONPATH", "")])}
+    child = subprocess.Popen([sys.executable, "-c", CRASHED_SERVER, str(tmp_path),
+                              str(default_model_path)], cwd=root, env=env,
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "ready"
+    finally:
+        child.kill()                                  # SIGKILL: no shutdown, no flush
+        child.wait(30)
+    restarted = Engine(real_model, engine_config(num_blocks=40, disk_dir=str(tmp_path),
+                                                 disk_gb=0.5, record_logits=True)).start()
+    cold = Engine(real_model, engine_config(num_blocks=40, record_logits=True,
+                                            enable_prefix_cache=False)).start()
+    try:
+        for tokens in PROMPTS[:2]:                    # evicted to disk before the kill
+            got = restarted.generate(greedy(tokens, max_tokens=4, namespace="ns-a"))
+            assert got.usage.cache_read_tokens == len(tokens) - 1
+            ref = cold.generate(greedy(tokens, max_tokens=4, namespace="ns-a"))
+            compare_greedy(restarted, got, cold, ref, 0.01)
+        pinned = restarted.generate(greedy(PINNED, max_tokens=2, namespace="ns-pin"))
+        assert pinned.usage.cache_read_tokens == len(PINNED) - 1     # written through
+        assert restarted.request_snapshot().result(timeout=30).tier.drops["corrupt"] == 0
+        restarted.check_integrity().result(timeout=30)
+    finally:
+        restarted.shutdown(grace_s=0)
+        cold.shutdown(grace_s=0)
+
+
+def test_the_weights_identity_survives_a_move_and_a_touch_but_not_other_weights(
+        tmp_path, default_model_path):
+    """The default GGUF copied elsewhere and touched is the same weights (the tier keeps
+    its blocks); one changed byte in its header or in a sampled piece of its tensor data
+    is other weights (a fine-tune changes nearly every piece; the embedding probe of
+    model_fingerprint covers seeded random weights)."""
+    import shutil
+
+    from radixgate.runtime.kv_tier.fingerprint import SAMPLE_BYTES, SAMPLES, weights_identity
+
+    original = weights_identity(str(default_model_path))
+    moved = tmp_path / "elsewhere" / "model.gguf"
+    moved.parent.mkdir()
+    shutil.copyfile(default_model_path, moved)
+    os.utime(moved, (1_000_000, 1_000_000))
+    assert weights_identity(str(moved)) == original
+    sampled = (moved.stat().st_size - SAMPLE_BYTES) * (SAMPLES // 2) // (SAMPLES - 1) + 100
+    for offset in (sampled, 40):      # a byte of a sampled piece of tensor data; the header
+        changed = tmp_path / f"changed-{offset}.gguf"
+        shutil.copyfile(default_model_path, changed)
+        with open(changed, "r+b") as out:
+            out.seek(offset)
+            byte = out.read(1)
+            out.seek(offset)
+            out.write(bytes([byte[0] ^ 0xFF]))
+        assert weights_identity(str(changed)) != original
