@@ -1,26 +1,32 @@
 """One engine replica of the Ray Serve deployment (the class body; ``serve_app.py``
 wraps it in ``serve.deployment``).
 
-A replica loads the model, starts an ``Engine`` whose KV events go out on a loopback ZMQ
+A replica claims its index first when there is a disk tier (the lowest free one:
+``tier_folders.py``; its tier is ``disk_dir/replica-<index>`` with its part of the budget),
+loads the model, starts an ``Engine`` whose KV events go out on a loopback ZMQ
 endpoint with a free port (the replica's id is the topic), and answers:
 
 - ``generate(request, ttl_s)``: an async generator of ``(replica, event)``; a cancelled
   stream (the gateway's client left) aborts the engine request; a structured-output
   request's grammar is compiled here from its source (a grammar state does not pickle);
 - ``call(command, *args, target=...)``: an engine command (flush, pin, unpin, publish,
-  expect_continuation, check_integrity, snapshot) on this replica; ``target`` is read by
+  expect_continuation, check_integrity, snapshot, retire_namespace) on this replica; ``target`` is read by
   the router only (``serve_router.py``: a call for one replica goes to that one);
 - ``record_routing_stats()``: what the router and the gateway's stats read (Ray Serve
   polls it): the KV-event endpoint and hash seed, block size, running / waiting requests,
-  block counts, pinned tokens per tenant and the engine's latest snapshot;
+  block counts, pinned tokens per tenant, ``pins_settled`` (the requests with breakpoints
+  whose stream ended before that snapshot: its pinned counts include their pins; the
+  gateway's ``admission.PinBook`` drops their reservations) and the engine's latest snapshot;
 - ``check_health()``: raises once the engine thread has stopped, so Serve replaces it.
 """
 from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass
 
 log = logging.getLogger(__name__)
@@ -37,11 +43,14 @@ class ReplicaSpec:
     threads: int = 0
     engine_config: object = None          # runtime.engine_config.EngineConfig
     events_host: str = "127.0.0.1"
+    replica_slots: int = 1                # the most replicas at once: indices 0 .. slots-1
 
 
 GRAMMAR_CACHE = 64
+PIN_ENDS_KEPT = 4096          # requests with breakpoints that ended, for ``pins_settled``
+PIN_ENDS_WINDOW_S = 60.0      # ... listed in every report for this long after the snapshot
 COMMANDS = ("flush", "pin", "unpin", "publish", "expect_continuation", "check_integrity",
-            "request_snapshot")
+            "request_snapshot", "retire_namespace")
 
 
 class EngineReplica:
@@ -49,11 +58,12 @@ class EngineReplica:
         from radixgate.runtime.engine import Engine
         from radixgate.runtime.loader import load_model, set_cpu_threads
         self.name = _replica_name()
+        self.index, self._claim, cache = replica_cache(spec)
         set_cpu_threads(spec.threads)
         loaded = load_model(spec.model_path, tiny=spec.tiny, max_model_len=spec.max_model_len,
                             weights_dtype=spec.weights_dtype)
         config = dataclasses.replace(
-            spec.engine_config, kv_events_endpoint=f"tcp://{spec.events_host}:*",
+            spec.engine_config, cache=cache, kv_events_endpoint=f"tcp://{spec.events_host}:*",
             kv_events_topic=self.name,
             kv_events_allow_remote=spec.events_host not in ("127.0.0.1", "localhost", "::1"))
         self.engine = Engine(loaded, config)
@@ -62,8 +72,11 @@ class EngineReplica:
         self._compiler = None
         self._grammars: dict = {}
         self._grammar_lock = threading.Lock()
-        log.info("replica %s ready: KV events on %s", self.name,
-                 self.engine.kv_events.bound_endpoint)
+        self._pin_ends: deque[tuple[float, str]] = deque(maxlen=PIN_ENDS_KEPT)
+        log.info("replica %s (index %s) ready: KV events on %s%s", self.name, self.index,
+                 self.engine.kv_events.bound_endpoint,
+                 f", KV disk tier {cache.disk_dir} ({cache.disk_gb:g} GiB)"
+                 if cache.disk_dir else "")
 
     async def generate(self, request, ttl_s: float | None = None, target: str | None = None):
         import asyncio
@@ -79,6 +92,8 @@ class EngineReplica:
                 yield self.name, event
         finally:
             handle.abort()            # no-op once finished; a cancelled stream ends here
+            if request.breakpoints:   # its pins (made at prefill) are in the tree by now
+                self._pin_ends.append((time.monotonic(), request.request_id))
 
     def _compiled(self, source: str):
         """The grammar compiled against this replica's vocabulary (the gateway validated
@@ -105,13 +120,16 @@ class EngineReplica:
 
     def record_routing_stats(self) -> dict:
         snap = self.engine.snapshot()
-        return {"replica": self.name, "kv_events_endpoint": self.engine.kv_events.bound_endpoint,
+        return {"replica": self.name, "index": self.index,
+                "kv_events_endpoint": self.engine.kv_events.bound_endpoint,
                 "seed": self.seed, "block_size": self.engine.block_size,
                 "running": snap.running, "waiting": snap.waiting,
                 "blocks_total": snap.blocks.total, "blocks_free": snap.blocks.free,
                 "blocks_cached": snap.blocks.cached, "blocks_in_use": snap.blocks.in_use,
                 "pinned_tokens": {t: c.pinned_tokens for t, c in snap.tenants.items()
                                   if c.pinned_tokens},
+                "pins_settled": [rid for t, rid in list(self._pin_ends)
+                                 if snap.time - PIN_ENDS_WINDOW_S <= t <= snap.time],
                 "snapshot": picklable_snapshot(snap)}
 
     def check_health(self) -> None:
@@ -122,6 +140,21 @@ class EngineReplica:
         engine = getattr(self, "engine", None)
         if engine is not None:
             engine.shutdown(grace_s=0)
+        claim = getattr(self, "_claim", None)
+        if claim is not None:          # after the engine closed its tier: the index is free
+            os.close(claim)
+
+
+def replica_cache(spec: ReplicaSpec):
+    """(index, claim fd, cache config) of this replica: with a disk tier, the lowest free
+    index's subfolder and its part of the budget (``tier_folders.py``); without one, no
+    index."""
+    cache = spec.engine_config.cache
+    if not cache.disk_dir:
+        return None, None, cache
+    from .tier_folders import claim_replica_index
+    index, claim = claim_replica_index(cache, spec.replica_slots)
+    return index, claim, cache.for_replica(index, spec.replica_slots)
 
 
 def picklable_snapshot(snap):

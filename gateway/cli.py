@@ -101,10 +101,12 @@ def _model_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-disk-dir", metavar="DIR",
                    help="folder of the KV disk tier: evicted prefixes are kept there and "
                         "loaded back instead of recomputed, also after a restart ([cache] "
-                        "disk_dir; needs --kv-disk-gb; one server per folder)")
+                        "disk_dir; needs --kv-disk-gb; one server per folder; with "
+                        "--replicas N, replica i uses DIR/replica-i)")
     p.add_argument("--kv-disk-gb", type=float, metavar="G",
                    help="the disk tier's budget in GiB ([cache] disk_gb; least recently used "
-                        "blocks go first)")
+                        "blocks go first); with --replicas N the total, split evenly: G/N "
+                        "each (G/max_replicas under autoscaling)")
     p.add_argument("--kv-dtype", choices=list(KV_DTYPES),
                    help="KV cache element type ([cache] kv_dtype; auto: the model's dtype; "
                         "int8 / fp8: 8-bit codes with a float16 scale per token and kv head, "
@@ -158,13 +160,19 @@ def apply_threads(config: GatewayConfig) -> None:
 
 
 def _check_disk_tier(config: GatewayConfig) -> None:
-    """An unusable disk tier folder (unwritable, held by another server) is a ConfigError
-    before anything loads."""
+    """An unusable disk tier folder (unwritable, held by another server; with replicas, a
+    replica subfolder too) is a ConfigError before anything loads or Ray starts. With
+    replicas the folder stays held by this process (``cluster/tier_folders.py``)."""
     if not config.cache.disk_dir:
         return
     from radixgate.runtime.kv_tier import TierFolderError, check_disk_folder
     try:
-        check_disk_folder(config.cache)
+        if config.cluster.enabled:
+            from radixgate.cluster.tier_folders import prepare_deployment_folder
+            from radixgate.gateway.scaleout import replica_slots
+            prepare_deployment_folder(config.cache, replica_slots(config))
+        else:
+            check_disk_folder(config.cache)
     except TierFolderError as exc:
         raise ConfigError(str(exc)) from None
 
@@ -188,12 +196,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def serve(config: GatewayConfig) -> int:
+    config.check_host_allowed()
+    _check_disk_tier(config)            # refusals first: before the web stack imports
     from aiohttp import web
 
     from radixgate.gateway.app import create_app
     from radixgate.gateway.http_util import STATE
-    config.check_host_allowed()
-    _check_disk_tier(config)
     _setup_logging(config.server.log_level)
     apply_threads(config)
     logging.getLogger("radixgate.gateway").info(

@@ -3,7 +3,8 @@
 Builds what the replicas get (``cluster.replica.ReplicaSpec``: the model settings, torch
 threads split between replicas, an engine config whose tenant running/queue quotas are
 off, since the gateway enforces them once for the deployment: ``cluster/admission.py``),
-starts the deployment and wraps its handle in ``cluster.client.ClusterEngine``. The
+holds the disk tier's folder and checks each replica's subfolder before Ray starts
+(``cluster/tier_folders.py``), starts the deployment and wraps its handle in ``cluster.client.ClusterEngine``. The
 gateway loads the model's tokenizer itself (it renders prompts).
 """
 from __future__ import annotations
@@ -23,9 +24,12 @@ def start_cluster_engine(config: GatewayConfig, gateway_engine):
     from radixgate.cluster.policy import RoutingParams
     from radixgate.cluster.replica import ReplicaSpec
     from radixgate.cluster.serve_app import ClusterSettings, start_cluster
+    from radixgate.cluster.tier_folders import prepare_deployment_folder
     from radixgate.runtime.engine_config import TenantQuota
     from radixgate.runtime.loader import load_model
     c = config.cluster
+    slots = replica_slots(config)
+    prepare_deployment_folder(config.cache, slots)     # before Ray: a clear error, no loop
     replica_engine = dataclasses.replace(
         gateway_engine, kv_events_endpoint=None, tenant_quotas=_replica_quotas(gateway_engine),
         default_quota=TenantQuota(max_namespaces=gateway_engine.default_quota.max_namespaces,
@@ -35,7 +39,8 @@ def start_cluster_engine(config: GatewayConfig, gateway_engine):
                        max_model_len=config.model.max_model_len,
                        weights_dtype=config.model.weights_dtype,
                        threads=replica_threads(config.model.threads, c.replicas),
-                       engine_config=replica_engine, events_host=c.events_host)
+                       engine_config=replica_engine, events_host=c.events_host,
+                       replica_slots=slots)
     settings = ClusterSettings(
         replicas=c.replicas, ray_address=c.ray_address, min_replicas=c.min_replicas,
         max_replicas=c.max_replicas, num_cpus=c.num_cpus or None,
@@ -48,6 +53,13 @@ def start_cluster_engine(config: GatewayConfig, gateway_engine):
     log.info("%d engine replicas on Ray Serve (%s), %d torch threads each", c.replicas,
              c.ray_address or "local cluster", spec.threads)
     return ClusterEngine(handle, loaded, gateway_engine, started_ray=not c.ray_address)
+
+
+def replica_slots(config: GatewayConfig) -> int:
+    """The most replicas the deployment runs at once (``max_replicas`` under autoscaling):
+    the replica indices, each with its disk tier subfolder and ``disk_gb / slots``."""
+    c = config.cluster
+    return max(c.replicas, c.max_replicas)
 
 
 def replica_threads(configured: int, replicas: int) -> int:

@@ -81,12 +81,24 @@ class CacheConfig:
     def disk_bytes(self) -> int:
         return int(self.disk_gb * (1 << 30))
 
-    def for_replica(self, index: int) -> "CacheConfig":
-        """This config for replica ``index`` of a deployment: its disk tier in its own
-        subfolder ``disk_dir/replica-<index>`` (one server per folder), the budget each."""
+    def for_replica(self, index: int, count: int) -> "CacheConfig":
+        """This config for replica ``index`` of a deployment of at most ``count``: its disk
+        tier in its own subfolder ``disk_dir/replica-<index>`` (one server per folder) with
+        an equal part of ``disk_gb`` (the replicas together stay within it)."""
+        if not 0 <= index < count:
+            raise ValueError(f"replica index {index} outside the deployment's {count}")
         if not self.disk_dir:
             return self
-        return replace(self, disk_dir=f"{self.disk_dir.rstrip('/')}/replica-{index}")
+        return replace(self, disk_dir=replica_disk_dir(self.disk_dir, index),
+                       disk_gb=self.disk_gb / count)
+
+
+REPLICA_FOLDER_PREFIX = "replica-"
+
+
+def replica_disk_dir(disk_dir: str, index: int) -> str:
+    """The disk tier folder of replica ``index`` inside a deployment's ``disk_dir``."""
+    return f"{disk_dir.rstrip('/')}/{REPLICA_FOLDER_PREFIX}{index}"
 
 
 def make_policy(config: CacheConfig) -> EvictionPolicy:

@@ -562,15 +562,6 @@ def test_kill_9_while_writing_loses_only_unwritten_blocks_and_never_serves_wrong
         engine.shutdown(grace_s=0)
 
 
-def test_each_replica_gets_its_own_tier_folder():
-    from radixgate.radix_cache import CacheConfig
-
-    cache = CacheConfig(disk_dir="/srv/kv/", disk_gb=2)
-    assert [cache.for_replica(i).disk_dir for i in (0, 1)] == ["/srv/kv/replica-0",
-                                                              "/srv/kv/replica-1"]
-    assert CacheConfig().for_replica(3) == CacheConfig()
-
-
 def test_random_prefix_traffic_through_a_small_memory_and_the_tier_answers_as_cold(
         tmp_path, cold):
     """Prompts sharing prefixes of every alignment (ends inside blocks, tails on disk,

@@ -1,0 +1,113 @@
+"""The disk tier with replicas (cluster/tier_folders.py): replica i uses ``DIR/replica-i``
+with its part of the budget, indices are the lowest free ones and a replaced replica gets
+its predecessor's back, folders of indices the deployment no longer has are reclaimed at
+start, and setups that cannot work are refused at start with one line (before Ray)."""
+from __future__ import annotations
+
+import fcntl
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from radixgate.cluster.tier_folders import (claim_replica_index, prepare_deployment_folder,
+                                            release_deployment_folder)
+from radixgate.radix_cache import CacheConfig
+from radixgate.runtime.kv_tier import TierFolderError
+
+
+def tier(folder: Path, gb: float = 4.0) -> CacheConfig:
+    return CacheConfig(disk_dir=str(folder), disk_gb=gb)
+
+
+def hold(path: Path) -> int:
+    """A lock another process would hold (flock conflicts across fds of one process too)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    os.write(fd, b"4242\n")
+    return fd
+
+
+@pytest.fixture
+def deployment(tmp_path):
+    folders = []
+
+    def prepare(cache: CacheConfig, slots: int) -> None:
+        prepare_deployment_folder(cache, slots)
+        folders.append(cache.disk_dir)
+    yield prepare
+    for folder in folders:
+        release_deployment_folder(folder)
+
+
+def test_each_replica_gets_its_own_folder_and_an_equal_part_of_the_budget():
+    cache = tier(Path("/srv/kv/"), gb=4)
+    parts = [cache.for_replica(i, 2) for i in (0, 1)]
+    assert [p.disk_dir for p in parts] == ["/srv/kv/replica-0", "/srv/kv/replica-1"]
+    assert sum(p.disk_bytes for p in parts) == cache.disk_bytes == 4 << 30
+    assert CacheConfig().for_replica(3, 4) == CacheConfig()
+    with pytest.raises(ValueError):
+        cache.for_replica(2, 2)
+
+
+def test_indices_are_the_lowest_free_and_a_replaced_replica_gets_its_own_back(tmp_path):
+    cache = tier(tmp_path)
+    claims = [claim_replica_index(cache, 3, wait_s=0) for _ in range(3)]
+    assert [index for index, _ in claims] == [0, 1, 2]
+    with pytest.raises(TierFolderError, match="claimed by a running replica"):
+        claim_replica_index(cache, 3, wait_s=0)          # a 4th of at most 3
+    os.close(claims[1][1])                                 # replica 1 dies ...
+    index, fd = claim_replica_index(cache, 3, wait_s=0)    # ... and Serve starts another
+    assert index == 1 and (tmp_path / "replica-1" / "claim").read_text() == f"{os.getpid()}\n"
+    for _, claim in (claims[0], claims[2], (index, fd)):
+        os.close(claim)
+
+
+def test_folders_of_replicas_that_no_longer_exist_are_reclaimed_at_start(tmp_path, deployment):
+    for index in range(4):
+        (tmp_path / f"replica-{index}" / "models").mkdir(parents=True)
+        (tmp_path / f"replica-{index}" / "models" / "block.f").write_bytes(b"kv")
+    (tmp_path / "replica-notes").mkdir()
+    deployment(tier(tmp_path), 2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "lock", "replica-0", "replica-1", "replica-notes"]
+    assert (tmp_path / "replica-1" / "models" / "block.f").read_bytes() == b"kv"   # kept
+
+
+def test_a_deployment_refuses_folders_it_cannot_use(tmp_path, deployment):
+    held = hold(tmp_path / "kv" / "lock")                  # another server on the folder
+    with pytest.raises(TierFolderError, match="in use by another radixgate server .pid 4242"):
+        deployment(tier(tmp_path / "kv"), 2)
+    os.close(held)
+    held = hold(tmp_path / "kv" / "replica-1" / "claim")   # a replica of another run
+    with pytest.raises(TierFolderError, match="in use by replica 1 .*pid 4242"):
+        deployment(tier(tmp_path / "kv"), 2)
+    with pytest.raises(TierFolderError, match="in use by replica 1"):
+        deployment(tier(tmp_path / "kv"), 1)               # not reclaimed while in use
+    os.close(held)
+    (tmp_path / "file").write_text("")
+    with pytest.raises(TierFolderError, match="cannot be used"):
+        deployment(tier(tmp_path / "file" / "kv"), 2)
+    deployment(tier(tmp_path / "kv"), 2)
+    (tmp_path / "alias").symlink_to(tmp_path / "kv")
+    with pytest.raises(TierFolderError, match=f"in use by another radixgate server .pid {os.getpid()}"):
+        prepare_deployment_folder(tier(tmp_path / "alias"), 2)   # a second deployment
+
+
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_serve_refuses_a_folder_in_use_with_one_line_before_anything_starts(tmp_path, replicas):
+    folder = tmp_path / "kv"
+    held = hold(folder / ("replica-1/claim" if replicas > 1 else "lock"))
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "radixgate.gateway.cli", "serve", "--tiny", "--port", "1",
+             "--replicas", str(replicas), "--kv-disk-dir", str(folder), "--kv-disk-gb", "1"],
+            capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    finally:
+        os.close(held)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1, done.stderr
+    assert lines[0].startswith(f"radixgate: the KV disk tier folder {folder}") and "in use" in lines[0]
