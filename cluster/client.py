@@ -10,9 +10,10 @@ It offers what the gateway uses of ``runtime.engine.Engine`` (``submit``, ``snap
   (``target=``); their results are combined (freed blocks summed, pinned length max).
 - **Tenants, once**: a tenant's ``max_running`` / ``max_queued`` and the server's
   ``max_queue`` are enforced here for the whole deployment (``admission.py``); the replicas
-  run without those quotas. Pins: a request whose tenant already holds its
-  ``max_pinned_tokens`` across the replicas (their last reported counts) has its
-  breakpoints dropped, as one engine skips pins beyond the share.
+  run without those quotas. Pins: a request's breakpoints are reserved against the
+  tenant's ``max_pinned_tokens`` across the replicas before it is sent (those that do not
+  fit are dropped, as one engine skips pins beyond the share); ``max_namespaces`` is counted
+  over the deployment too, its retired namespaces dropped on every replica (admission.py).
 - **Faults**: a request whose replica dies before the first event is sent to another
   replica (up to ``MAX_ATTEMPTS`` tries, pausing 0.2, 0.4, ... s); one that had started
   streaming ends with an ``internal`` error event. Ray Serve restarts the replica.
@@ -46,7 +47,7 @@ class ClusterEngine:
         self.max_model_len = min(engine_config.max_model_len or loaded.max_model_len,
                                  loaded.max_model_len)
         self.num_blocks = 0                  # per replica: learned from the first stats
-        self.admission = TenantAdmission(engine_config)
+        self.admission = TenantAdmission(engine_config, retire=self.retire_namespace)
         self.started_ray = started_ray
         self.replica_usage: dict[str, list[int]] = {}    # replica -> [cached, prompt]
         self.fresh: dict[str, object] = {}              # replica -> last requested snapshot
@@ -60,14 +61,7 @@ class ClusterEngine:
     def _within_pin_share(self, request: Request) -> Request:
         if not request.breakpoints:
             return request
-        quota = self.config.quota_for(request.tenant).max_pinned_tokens
-        if quota is None:
-            return request
-        pinned = sum(s.get("pinned_tokens", {}).get(request.tenant, 0)
-                     for s in self._router_stats())
-        if pinned < quota:
-            return request
-        return dataclasses.replace(request, breakpoints=())
+        return self.admission.pins.admit(request, self._router_stats())
 
     def book(self, replica: str, finished: Finished) -> None:
         if finished.usage is None:
@@ -131,6 +125,9 @@ class ClusterEngine:
 
     def unpin(self, namespace, tokens) -> Future:
         return self._combined("unpin", any, namespace, list(tokens))
+
+    def retire_namespace(self, namespace: str) -> Future:
+        return self._combined("retire_namespace", sum, namespace)
 
     def expect_continuation(self, namespace, tokens) -> Future:
         return self._combined("expect_continuation", max, namespace, list(tokens))

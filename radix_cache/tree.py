@@ -613,6 +613,17 @@ class RadixTree:
         ``max_namespaces`` are evicted (unlocked, unpinned content) and dropped."""
         return namespaces.open_namespace(self, namespace, tenant, max_namespaces)
 
+    def retire_namespace(self, namespace: str) -> int:
+        """What a tenant's ``max_namespaces`` does to its least recently used idle namespace,
+        on request (a deployment counts the cap over all its replicas: cluster/admission.py):
+        its unlocked content not on the path to an unexpired pin goes and the namespace is
+        dropped once nothing holds it. A namespace a request has open is left alone.
+        Returns the blocks freed."""
+        ns = self.namespaces.get(namespace)
+        if ns is None or ns.users or ns.locks:
+            return 0
+        return self.evict_unpinned(ns)
+
     def close_namespace(self, namespace: str) -> None:
         """The request that opened ``namespace`` is done (call after its last insert and
         unlock); an unused namespace is dropped."""

@@ -182,6 +182,11 @@ class Engine:
         (with a disk tier: kept there for ``ttl_s``, in memory at most an hour)."""
         return self._command(self.core.blocks.pin_prefix, namespace, list(tokens), ttl_s, owner)
 
+    def retire_namespace(self, namespace: str) -> Future:
+        """Future[int]: ``namespace`` goes as its tenant's ``max_namespaces`` would drop it
+        (``RadixTree.retire_namespace``; pinned paths stay); returns the blocks freed."""
+        return self._command(self.core.tree.retire_namespace, namespace)
+
     def expect_continuation(self, namespace: str, tokens: Sequence[int]) -> Future:
         """Future[int]: a request extending ``tokens`` is expected soon (the response ends
         in a tool call); their cached path outlives other leaves for a while
