@@ -13,7 +13,7 @@ from radixgate.gateway.render import ChatMessage, Conversation, Piece
 from radixgate.gateway.schemas_anthropic import (CacheControl, InputMessage, TextBlock,
                                                  ToolResultBlock, ToolUseBlock,
                                                  UnsupportedBlock, PromptFields)
-from radixgate.gateway.structured import strict_tool_calls, tool_calls
+from radixgate.gateway.structured import auto_tool_constraint, tool_calls
 from radixgate.gateway.structured_fields import anthropic_constraint
 from radixgate.gateway.tools import ToolSpec, forced_call_prefill, tool_call_text, tool_result_text
 
@@ -49,11 +49,10 @@ def convert_messages_request(req: PromptFields) -> ConvertedPrompt:
     forced = (tool_calls("tool_choice", specs, choice.name if choice.type == "tool" else None,
                          parallel) if output_prefix else None)
     strict = {t.name for t in tools if t.strict}
-    auto = (strict_tool_calls("tools", specs, strict, parallel)
-            if strict and names and not output_prefix else None)
+    auto = (None if output_prefix else auto_tool_constraint(
+        anthropic_constraint(req), specs if names else [], strict if names else set(), parallel))
     return ConvertedPrompt(Conversation(tuple(system), tuple(messages), prefill),
-                           tuple(names), output_prefix, forced or anthropic_constraint(req) or auto,
-                           None if parallel else 1)
+                           tuple(names), output_prefix, forced or auto, None if parallel else 1)
 
 
 def _ttl(cache_control: CacheControl | None) -> str | None:

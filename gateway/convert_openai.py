@@ -14,7 +14,7 @@ from radixgate.gateway.prompt_parts import (BreakpointRules, ConvertedPrompt,
                                             check_unique_tool_names, tool_pieces)
 from radixgate.gateway.render import ChatMessage, Conversation, Piece
 from radixgate.gateway.schemas_openai import ChatCompletionRequest, ChatMessageIn, TextPart
-from radixgate.gateway.structured import strict_tool_calls, tool_calls
+from radixgate.gateway.structured import auto_tool_constraint, tool_calls
 from radixgate.gateway.structured_fields import openai_constraint
 from radixgate.gateway.tools import ToolSpec, forced_call_prefill, tool_call_text, tool_result_text
 
@@ -37,15 +37,17 @@ def convert_chat_request(req: ChatCompletionRequest) -> ConvertedPrompt:
                        param="messages")
     parsed, prefix = _tool_choice(req, names)
     prefill = (Piece(prefix),) if prefix else ()
-    parallel = req.parallel_tool_calls is not False
-    forced = (tool_calls("tool_choice", specs, _forced_name(req.tool_choice), parallel)
-              if prefix else None)
+    named = _forced_name(req.tool_choice) if prefix else None
+    # a named function is "call exactly one specific function": one call, never parallel
+    parallel = req.parallel_tool_calls is not False and named is None
     strict = {t.function.name for t in tools if t.function.strict}
-    auto = (strict_tool_calls("tools", specs, strict, parallel)
-            if strict and parsed and not prefix else None)
+    if prefix:
+        found = tool_calls("tool_choice", specs, named, parallel)
+    else:
+        found = auto_tool_constraint(openai_constraint(req), specs if parsed else [],
+                                     strict if parsed else set(), parallel)
     return ConvertedPrompt(Conversation(tuple(system), tuple(messages), prefill),
-                           tuple(parsed), prefix, forced or openai_constraint(req) or auto,
-                           None if parallel else 1)
+                           tuple(parsed), prefix, found, None if parallel else 1)
 
 
 def _forced_name(choice) -> str | None:

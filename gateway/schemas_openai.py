@@ -20,6 +20,13 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True)   # "yes" is not a bool, "4" not an int
 
 
+class _Closed(_Model):
+    """A structured-output object: an unknown or misspelled key is a 400 naming it (it would
+    otherwise drop the constraint silently), unlike unknown top-level fields."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
 class TextPart(_Model):
     type: Literal["text"]
     text: str
@@ -73,28 +80,33 @@ class NamedToolChoice(_Model):
     function: NamedFunction
 
 
-class JsonSchemaFormat(_Model):
+class JsonSchemaFormat(_Closed):
     name: str = Field(default="response", pattern=r"^[a-zA-Z0-9_-]{1,64}$")
     description: str | None = None
     schema_: dict[str, Any] | bool = Field(default_factory=dict, alias="schema")
     strict: bool | None = None
 
 
-class ResponseFormat(_Model):
+class ResponseFormat(_Closed):
     """``text`` (free), ``json_object`` (any JSON object) or ``json_schema`` (that schema)."""
 
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JsonSchemaFormat | None = None
 
 
-class StructuredOutputs(_Model):
-    """vLLM's ``structured_outputs``: exactly one of these constrains the output."""
+class StructuredOutputs(_Closed):
+    """vLLM's ``structured_outputs``: exactly one of json, regex, choice, grammar or
+    json_object constrains the output. ``disable_any_whitespace`` and ``disable_fallback``
+    hold already (JSON is generated without free whitespace; there is no fallback backend);
+    vLLM's other keys (``structural_tag``, ``whitespace_pattern``, ...) are a 400."""
 
     json_: dict[str, Any] | str | bool | None = Field(default=None, alias="json")
     regex: str | None = None
     choice: list[str] | None = None
     grammar: str | None = None
     json_object: bool | None = None
+    disable_any_whitespace: bool | None = None
+    disable_fallback: bool | None = None
 
 
 class StreamOptions(_Model):

@@ -123,7 +123,10 @@ class NamedFunctionChoice(_Model):
 
 
 class TextFormat(_Model):
-    """``text`` (free), ``json_object``, or ``json_schema`` (name, schema, strict)."""
+    """``text`` (free), ``json_object``, or ``json_schema`` (name, schema, strict). An
+    unknown or misspelled key is a 400 naming it (it would drop the constraint silently)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     type: Literal["text", "json_object", "json_schema"]
     name: str | None = None

@@ -12,9 +12,11 @@ prefilled (``tools.forced_call_prefill``) and the grammar covers the rest of the
 
     <tool_call>{"name": "NAME", "arguments": {...}}</tool_call>
 
-further calls (parallel ones) follow after a newline, and nothing else. Strict tools under
-``tool_choice`` auto get free text (that never contains ``<tool_call>``) or text followed by
-such calls.
+further calls (parallel ones) follow after a newline, and nothing else; a forced call to
+one named function is exactly one call on OpenAI's APIs (the converters pass
+``parallel=False``). Strict tools under ``tool_choice`` auto get free text (that never
+contains ``<tool_call>``) or text followed by such calls; an answer format (``response_format``)
+with tools under auto gets the formatted answer or calls alone (``format_or_calls``).
 """
 from __future__ import annotations
 
@@ -27,8 +29,8 @@ from dataclasses import dataclass
 from radixgate.gateway.errors import ApiError, Kind
 from radixgate.gateway.tools import CALL_CLOSE, CALL_OPEN, ToolSpec
 from radixgate.runtime.grammar import (CompiledGrammar, GrammarCompiler, GrammarError,
-                                       choice_grammar, json_grammar, lark_json, lark_literal,
-                                       regex_grammar)
+                                       GrammarTooSlow, choice_grammar, json_grammar, lark_json,
+                                       lark_literal, regex_grammar)
 
 CACHE_ENTRIES = 512        # compiled grammars kept (all tenants together), least recent out
 COMPILE_TIMEOUT_S = 10.0   # a compile still running then is answered with a 400
@@ -101,6 +103,26 @@ def strict_tool_calls(param: str, tools: list[ToolSpec], strict: set[str],
     return constraint(param, _auto_calls_source, tools, strict, parallel)
 
 
+def format_or_calls(fmt: Constraint, tools: list[ToolSpec], strict: set[str],
+                    parallel: bool) -> Constraint:
+    """``tool_choice`` auto with an answer format (``response_format``, ...): the answer is
+    either in that format or tool calls alone (no text before them: any text would be
+    outside the format), as OpenAI does. Arguments as in ``strict_tool_calls``. The format's
+    grammar is embedded whole (``@answer``), so any format combines."""
+    return Constraint(_format_or_calls_source(fmt.source, tools, strict, parallel), fmt.param)
+
+
+def auto_tool_constraint(fmt: Constraint | None, tools: list[ToolSpec], strict: set[str],
+                         parallel: bool) -> Constraint | None:
+    """What constrains an answer under ``tool_choice`` auto: the format or calls, strict
+    tools' calls or free text, the format alone when no tool is callable, or nothing."""
+    if fmt is not None and tools:
+        return format_or_calls(fmt, tools, strict, parallel)
+    if fmt is None and strict:
+        return strict_tool_calls("tools", tools, strict, parallel)
+    return fmt
+
+
 NAME_OPEN = CALL_OPEN + '{"name": "'     # what forced_call_prefill(None) prefills
 FREE_TEXT = "/(?s:.*)/ & ~/(?s:.*" + CALL_OPEN + ".*)/"
 
@@ -118,6 +140,14 @@ def _auto_calls_source(tools: list[ToolSpec], strict: set[str], parallel: bool) 
         f"{_more_calls(parallel)}",
         f"FREE: {FREE_TEXT}", f"text[suffix={lark_literal(CALL_OPEN)}]: /(?s:.*)/",
         *_call_rules(tools, strict)])
+
+
+def _format_or_calls_source(answer: str, tools: list[ToolSpec], strict: set[str],
+                            parallel: bool) -> str:
+    main = "\n".join([f"start: @answer | {lark_literal(NAME_OPEN)} named{_more_calls(parallel)}",
+                      *_call_rules(tools, strict)])
+    return json.dumps({"grammars": [{"lark_grammar": main},
+                                    {"name": "answer", "lark_grammar": answer}]})
 
 
 def _more_calls(parallel: bool) -> str:
@@ -149,7 +179,8 @@ class GrammarCache:
         self.compiles = 0
 
     def get(self, tenant: str, source: str) -> CompiledGrammar:
-        """The compiled grammar; raises GrammarError (also for a cached failure)."""
+        """The compiled grammar; raises GrammarError (also for a cached failure). A
+        ``GrammarTooSlow`` verdict is a measurement, not the grammar's: never cached."""
         key = (tenant, source)
         with self._lock:
             found = self._entries.get(key)
@@ -157,10 +188,11 @@ class GrammarCache:
                 self._entries.move_to_end(key)
         if found is None:
             found = self._compile(source)
-            with self._lock:
-                self._entries[key] = found
-                while len(self._entries) > self.max_entries:
-                    self._entries.popitem(last=False)
+            if not isinstance(found, GrammarTooSlow):
+                with self._lock:
+                    self._entries[key] = found
+                    while len(self._entries) > self.max_entries:
+                        self._entries.popitem(last=False)
         if isinstance(found, GrammarError):
             raise found
         return found

@@ -8,10 +8,14 @@
 - Anthropic: ``output_config.format`` ``{type: "json_schema", schema}`` and the earlier
   beta ``output_format`` of the same shape.
 - Responses: ``text.format`` ``{type: "json_schema", name, schema, strict}`` or
-  ``{type: "json_object"}``.
+  ``{type: "json_object"}``, read as the chat request's ``response_format``
+  (``convert_responses``).
 
+An unknown key inside ``response_format``, ``structured_outputs`` or ``text.format`` is a
+400 naming it (their schema models forbid extras); an empty ``structured_outputs`` too.
 A forced tool call's grammar (``tool_choice``) is made by the converters and wins over
-these fields.
+these fields; under ``tool_choice`` auto the format and the tools combine
+(``structured.format_or_calls``).
 """
 from __future__ import annotations
 
@@ -46,8 +50,12 @@ def _vllm(body) -> list[Constraint | None]:
     out: list[Constraint | None] = []
     outputs = getattr(body, "structured_outputs", None)
     if outputs is not None:
-        out += _vllm_fields("structured_outputs.", outputs.json_, outputs.regex, outputs.choice,
-                            outputs.grammar, outputs.json_object)
+        given = _vllm_fields("structured_outputs.", outputs.json_, outputs.regex,
+                             outputs.choice, outputs.grammar, outputs.json_object)
+        if not given:
+            raise ApiError(Kind.BAD_REQUEST, "structured_outputs: give one of json, regex, "
+                           "choice, grammar or json_object", param="structured_outputs")
+        out += given
     out += _vllm_fields("guided_", getattr(body, "guided_json", None),
                         getattr(body, "guided_regex", None), getattr(body, "guided_choice", None),
                         getattr(body, "guided_grammar", None), None)
@@ -83,13 +91,3 @@ def anthropic_constraint(body) -> Constraint | None:
     param, fmt = given[0]
     return structured.json_schema(param + ".schema", fmt.schema_)
 
-
-def responses_constraint(text_config) -> Constraint | None:
-    """The Responses API's ``text`` object (``text.format``)."""
-    fmt = getattr(text_config, "format", None) if text_config is not None else None
-    kind = getattr(fmt, "type", "text") if fmt is not None else "text"
-    if kind == "json_object":
-        return structured.json_object("text.format")
-    if kind == "json_schema":
-        return structured.json_schema("text.format.schema", fmt.schema_)
-    return None

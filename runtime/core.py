@@ -246,9 +246,16 @@ class EngineCore:
             [c.seq.num_computed for c in chunks], [c.seq.block_table for c in chunks],
             self.pool.block_size, self.kv.device, logits_rows=rows)
         sampled = [c.seq for c, s in zip(chunks, sampling) if s]
-        masks = self.grammar_masks.start(sampled)    # computed while the forward runs
+        pending = self.grammar_masks.start(sampled)  # computed while the forward runs
         forward_started = time.perf_counter()
-        logits = self.model.forward(batch, self.kv)  # [rows wanted, V]
+        try:
+            logits = self.model.forward(batch, self.kv)  # [rows wanted, V]
+            # read before num_computed moves: a failed mask fill leaves the step retryable
+            masks = pending.result() if pending is not None else None
+        except BaseException:
+            if pending is not None:
+                pending.wait()      # the worker is done with the grammars before any retry
+            raise
         forward_s = time.perf_counter() - forward_started
         logits = self._record_prompt_logprobs(chunks, sampling, rows, logits)
         self.counters.forward_s += forward_s
@@ -283,9 +290,9 @@ class EngineCore:
 
     def _sample_and_emit(self, seqs: list[Sequence], logits: torch.Tensor, masks=None) -> None:
         """One token per sequence (logits: [len(seqs), V]; ``masks``: the constrained rows'
-        ``PendingMasks``); an exception while sampling or emitting a sequence's token fails
+        ``TokenMasks``); an exception while sampling or emitting a sequence's token fails
         that sequence alone."""
-        tokens = self._sample(seqs, logits, masks.result() if masks is not None else None)
+        tokens = self._sample(seqs, logits, masks)
         if self.config.record_logits:
             for seq, gap, row in zip(seqs, top2_gaps(logits), logits):
                 seq.gaps.append(gap)

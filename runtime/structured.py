@@ -41,6 +41,10 @@ class PendingMasks:
         banned, ends_only = self._future.result()
         return TokenMasks(self.rows, banned, frozenset(self.rows[i] for i in ends_only))
 
+    def wait(self) -> None:
+        """Blocks until the computation ended (its outcome, an error included, is dropped)."""
+        self._future.exception()
+
 
 class MaskWorker:
     """One thread that computes masks during forward passes (started at first use).

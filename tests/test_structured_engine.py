@@ -5,12 +5,14 @@ min_tokens, blocks are conserved."""
 from __future__ import annotations
 
 import json
+import logging
+import re
 
 import jsonschema
 import pytest
 import torch
 
-from radixgate.runtime.api import FinishReason, Request, SamplingParams
+from radixgate.runtime.api import FinishReason, Request, SamplingParams, TextDelta
 from radixgate.runtime.grammar import (GrammarCompiler, GrammarError, choice_grammar,
                                        json_grammar, regex_grammar)
 from radixgate.runtime.sampling import TokenMasks, sample_tokens
@@ -61,23 +63,80 @@ def test_regex_and_choice_outputs_match(compiler):
     pick = compiler.compile(choice_grammar(["red", "green", "blue"]))
     with running_engine() as engine:
         for temperature in (0.0, 1.0):
-            assert engine.generate(constrained(regex, "code", temperature=temperature)
-                                   ).text.__len__() == 6
+            done = engine.generate(constrained(regex, "code", temperature=temperature, seed=4))
+            assert re.fullmatch(r"[A-Z]{2}-[0-9]{3}", done.text), done.text
             assert engine.generate(constrained(pick, "color", temperature=temperature)
                                    ).text in ("red", "green", "blue")
         integrity(engine)
+
+
+def submit_noting_steps(engine, request: Request, steps: dict[str, set[int]]):
+    """``submit_future`` whose ``on_event`` notes the engine steps that gave the request
+    tokens (read on the engine thread, where ``counters.steps`` counts the running step)."""
+    noted = steps.setdefault(request.request_id, set())
+
+    def record(event):
+        if isinstance(event, TextDelta) and event.token_ids:
+            noted.add(engine.core.counters.steps)
+    return engine.submit_future(request, record)
 
 
 def test_free_rows_of_a_mixed_batch_are_untouched(compiler):
     grammar = compiler.compile(json_grammar(SCHEMA))
     with running_engine() as engine:
         alone = engine.generate(free("The free request"))
-        futures = [engine.submit_future(constrained(grammar, f"Mixed {i}", temperature=1.0, seed=i))
-                   for i in range(3)]
-        mixed = engine.submit_future(free("The free request"))
+        steps: dict[str, set[int]] = {}
+        jsons = [constrained(grammar, f"Mixed {i}", temperature=1.0, seed=i) for i in range(3)]
+        futures = [submit_noting_steps(engine, r, steps) for r in jsons]
+        free_request = free("The free request")
+        mixed = submit_noting_steps(engine, free_request, steps)
         for future in futures:
             jsonschema.validate(json.loads(future.result(timeout=120).text), SCHEMA)
         assert mixed.result(timeout=120).output_token_ids == alone.output_token_ids
+        shared = steps[free_request.request_id] & set().union(
+            *(steps[r.request_id] for r in jsons))
+        assert len(shared) >= 5, steps           # the free row was sampled beside masked rows
+        integrity(engine)
+
+
+class FailsOnce:
+    """A request grammar whose ``at``-th mask fill raises (then behaves)."""
+
+    def __init__(self, inner, at: int):
+        self.inner, self.at, self.fills = inner, at, 0
+
+    def fill_mask(self, pointer: int, num_bytes: int) -> None:
+        self.fills += 1
+        if self.fills == self.at:
+            raise RuntimeError("injected mask failure")
+        self.inner.fill_mask(pointer, num_bytes)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+def test_a_failed_overlapped_mask_leaves_the_step_retryable(compiler, caplog):
+    """The masks are computed on the worker thread during the forward (forced on: CI has
+    no spare core) and fail once in a step of two rows: both rows are retried alone from
+    the right position, so the free one answers as it does alone and the constrained one
+    still matches its schema."""
+    grammar = compiler.compile(json_grammar(SCHEMA))
+    with running_engine() as engine:
+        alone = engine.generate(free("The free request", max_tokens=16))
+        engine.core.grammar_masks.overlap = True
+        flaky = FailsOnce(grammar.matcher(), at=2)
+        request = Request(tiny_model().tokenizer.encode("Weather?"),
+                          SamplingParams(max_tokens=64, temperature=0.0), tenant="acme",
+                          namespace="ns-acme", grammar=flaky)
+        with caplog.at_level(logging.WARNING):
+            json_done = engine.submit_future(request)
+            free_done = engine.submit_future(free("The free request", max_tokens=16))
+            answer, mixed = json_done.result(timeout=120), free_done.result(timeout=120)
+        assert engine.core.grammar_masks._executor is not None   # the overlapped path ran
+        assert flaky.fills > 2 and "a step of 2 requests failed" in caplog.text
+        assert mixed.output_token_ids == alone.output_token_ids, mixed
+        assert answer.reason is FinishReason.EOS, answer
+        jsonschema.validate(json.loads(answer.text), SCHEMA)
         integrity(engine)
 
 
@@ -176,3 +235,62 @@ def test_the_mask_worker_thread_gives_the_masks_computed_inline(compiler):
 def test_a_grammar_whose_masks_cost_too_much_is_refused(compiler):
     with pytest.raises(GrammarError, match="too complex|too many"):
         compiler.compile(regex_grammar("((a{100}){100}){100}"))
+
+
+class StallingClock:
+    """``real`` plus a jump of ``stall_s`` at each of the next ``stalls`` even readings, so
+    that ``stalls`` consecutive measured intervals (start, end) look slow."""
+
+    def __init__(self, real, stalls: int, stall_s: float = 1.0):
+        self.real, self.stalls, self.stall_s = real, stalls, stall_s
+        self.readings, self.offset = 0, 0.0
+
+    def __call__(self) -> float:
+        self.readings += 1
+        if self.readings % 2 == 0 and self.stalls > 0:
+            self.stalls -= 1
+            self.offset += self.stall_s
+        return self.real() + self.offset
+
+
+def stall_clocks(monkeypatch, stalls: int) -> None:
+    """The next ``stalls`` measurements of both wall and thread CPU time look 1 s long."""
+    import time
+    for name in ("perf_counter", "thread_time"):
+        monkeypatch.setattr(time, name, StallingClock(getattr(time, name), stalls))
+
+
+def test_one_slow_mask_measurement_does_not_refuse_a_grammar(compiler, monkeypatch):
+    """A mask that was slow once (the thread preempted, a cold cache) is measured again; a
+    refusal needs every try to be slow."""
+    from radixgate.gateway.structured import GrammarCache
+    cache = GrammarCache(compiler)
+    source = json_grammar({**SCHEMA, "title": "slow once"})
+    with monkeypatch.context() as patched:
+        stall_clocks(patched, stalls=1)
+        assert cache.get("acme", source).matcher() is not None
+
+
+def test_a_wall_clock_stall_is_not_mask_cost(compiler, monkeypatch):
+    """Only the probing thread's CPU time counts: a busy machine (wall time alone passing)
+    does not make a grammar too complex."""
+    import time
+    with monkeypatch.context() as patched:
+        patched.setattr(time, "perf_counter", StallingClock(time.perf_counter, stalls=100))
+        compiler.compile(json_grammar({**SCHEMA, "title": "busy machine"}))
+
+
+def test_a_too_complex_verdict_is_not_cached(compiler, monkeypatch):
+    from radixgate.gateway.structured import GrammarCache
+    cache = GrammarCache(compiler)
+    source = json_grammar({**SCHEMA, "title": "slow while measured"})
+    with monkeypatch.context() as patched:
+        stall_clocks(patched, stalls=100)
+        with pytest.raises(GrammarError, match="too complex"):
+            cache.get("acme", source)
+    assert cache.get("acme", source).matcher() is not None and cache.compiles == 2
+    with pytest.raises(GrammarError, match="strin"):        # grammar errors stay cached
+        cache.get("acme", json_grammar({"type": "strin"}))
+    with pytest.raises(GrammarError, match="strin"):
+        cache.get("acme", json_grammar({"type": "strin"}))
+    assert cache.compiles == 3

@@ -64,3 +64,56 @@ async def test_responses_text_format_on_the_real_model(gateway):
         input="Describe Alan Turing as JSON.",
         text={"format": {"type": "json_schema", "name": "person", "schema": PERSON}})
     jsonschema.validate(json.loads(done.output_text), PERSON)
+
+
+STRICT_WEATHER = {"type": "object", "additionalProperties": False,
+                  "required": ["city", "unit", "days"],
+                  "properties": {"city": {"type": "string", "maxLength": 20},
+                                 "unit": {"enum": ["celsius", "fahrenheit"]},
+                                 "days": {"type": "integer", "minimum": 1, "maximum": 7}}}
+ONE_SHOT = [{"role": "user", "content": "What is the weather in Rome?"},
+            {"role": "assistant", "content": None, "tool_calls": [
+                {"id": "call_1", "type": "function",
+                 "function": {"name": "get_weather", "arguments": '{"city": "Rome"}'}}]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "Sunny, 24 C"},
+            {"role": "assistant", "content": "It is sunny in Rome, 24 C."},
+            {"role": "user", "content": "What is the weather in Paris?"}]
+
+
+def weather_tool(schema: dict) -> list[dict]:
+    return [{"type": "function", "function": {"name": "get_weather", "strict": True,
+                                              "description": "Current weather in a city.",
+                                              "parameters": schema}}]
+
+
+async def test_response_format_with_tools_under_auto_lets_the_real_model_call(gateway):
+    """OpenAI's behaviour: a response_format does not rule tool calls out under auto (this
+    model calls get_weather here; with the format alone it could only answer in JSON)."""
+    client = openai.AsyncOpenAI(base_url=gateway + "/v1", api_key=tenant_key("acme"),
+                                max_retries=0, timeout=300)
+    done = await client.chat.completions.create(
+        model="gpt-4o-mini", max_tokens=60, temperature=0.0, parallel_tool_calls=False,
+        messages=[{"role": "user", "content": "What is the weather in Paris?"}],
+        tools=weather_tool(WEATHER),
+        response_format={"type": "json_schema", "json_schema": {"name": "person",
+                                                                "schema": PERSON}})
+    choice = done.choices[0]
+    (call,) = choice.message.tool_calls
+    assert choice.finish_reason == "tool_calls" and not choice.message.content
+    arguments = json.loads(call.function.arguments)
+    jsonschema.validate(arguments, WEATHER)
+    assert call.function.name == "get_weather" and arguments["city"] == "Paris"
+
+
+async def test_strict_tool_under_auto_calls_with_valid_arguments(gateway):
+    """A one-shot prompt makes this model call under auto; left alone it imitates the
+    example's arguments ({"city": ...} only, which this schema refuses) or invents keys:
+    the strict tool's grammar makes the call valid."""
+    client = openai.AsyncOpenAI(base_url=gateway + "/v1", api_key=tenant_key("acme"),
+                                max_retries=0, timeout=300)
+    done = await client.chat.completions.create(
+        model="gpt-4o-mini", max_tokens=60, temperature=0.0, parallel_tool_calls=False,
+        messages=ONE_SHOT, tools=weather_tool(STRICT_WEATHER))
+    (call,) = done.choices[0].message.tool_calls
+    assert done.choices[0].finish_reason == "tool_calls"
+    jsonschema.validate(json.loads(call.function.arguments), STRICT_WEATHER)
