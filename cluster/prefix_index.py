@@ -5,7 +5,8 @@ hashes, so a block id stands for the whole token prefix up to its block's end, i
 namespace). Two kinds of entries:
 
 - **stored**: a replica announced the block (``BlockStored``) and has not removed it
-  (``BlockRemoved``, ``AllBlocksCleared``, or the replica left: ``drop_replica``);
+  (``BlockRemoved``; ``AllBlocksCleared``, which also starts a resync's snapshot, so the
+  blocks a replica no longer holds leave with it; or the replica left: ``drop_replica``);
 - **routed**: the router just sent a prompt with that block to the replica, whose events
   have not arrived yet (its prefill is still running). Such an entry lasts ``routed_ttl``
   (seconds of the index's clock) unless a ``BlockStored`` confirms it, so requests with
@@ -43,7 +44,7 @@ class PrefixIndex:
             elif isinstance(event, BlockRemoved):
                 self._remove(replica, event.block_hashes)
             elif isinstance(event, AllBlocksCleared):
-                self.drop_replica(replica)
+                self._clear_stored(replica)
 
     def note_routed(self, replica: Replica, ids: Sequence[int]) -> None:
         """``replica`` was sent a prompt whose full blocks are ``ids``."""
@@ -58,14 +59,19 @@ class PrefixIndex:
             self._prune_routed()
 
     def drop_replica(self, replica: Replica) -> None:
-        """Forgets everything about ``replica`` (it died, left or restarted)."""
+        """Forgets everything about ``replica`` (it died or left)."""
+        self._clear_stored(replica)
+        for block in [b for b, h in self._routed.items() if replica in h]:
+            self._drop_routed(block, replica)
+
+    def _clear_stored(self, replica: Replica) -> None:
+        """Drops what ``replica`` announced; routing notes of its prefills in flight stay
+        (they expire, or its next ``BlockStored`` confirms them)."""
         for block in self._by_replica.pop(replica, ()):
             holders = self._stored[block]
             holders.discard(replica)
             if not holders:
                 del self._stored[block]
-        for block in [b for b, h in self._routed.items() if replica in h]:
-            self._drop_routed(block, replica)
 
     def _store(self, replica: Replica, ids: Sequence[int]) -> None:
         mine = self._by_replica.setdefault(replica, set())

@@ -11,9 +11,11 @@ turns the tree's node-level events into those block-level ones:
 - ``BlockRemoved`` for the announced blocks an eviction, trim or flush takes out;
 - ``AllBlocksCleared`` when the tracker starts over (an engine that starts or restarts).
 
-The tracker remembers the hash of each announced block by ``(namespace, block id)``: only
-one node of a namespace holds a block as full (a boundary block shared with a parent is
-partial for the parent), so a removal names exactly what it announced. Pure Python; the
+The tracker remembers each announced block by ``(namespace, block id)`` (its hash, its
+parent's hash and its token ids): only one node of a namespace holds a block as full (a
+boundary block shared with a parent is partial for the parent), so a removal names exactly
+what it announced, and ``snapshot()`` lists what is announced now (for a subscriber that
+lost track: ``runtime/kv_events.py`` answers a replay request with it). Pure Python; the
 wire encoding (msgpack over ZMQ) lives in ``runtime/kv_events.py``.
 """
 from __future__ import annotations
@@ -58,7 +60,8 @@ class BlockTracker:
     def __init__(self, seed: bytes | str, block_size: int):
         self.seed = seed
         self.block_size = block_size
-        self._announced: dict[tuple[str, int], int] = {}   # (namespace, block id) -> event id
+        # (namespace, block id) -> (event id, parent event id, packed token ids)
+        self._announced: dict[tuple[str, int], tuple[int, int | None, bytes]] = {}
 
     @property
     def num_announced(self) -> int:
@@ -82,15 +85,37 @@ class BlockTracker:
         tokens.frombytes(event.tokens[:end_full * B * tokens.itemsize])
         chain = block_hashes(root_hash(self.seed, event.namespace), tokens, B)
         ids = [as_event_id(h) for h in chain[first:end_full]]
-        for index, event_id in zip(range(first, end_full), ids):
-            self._announced[(event.namespace, event.blocks[index - first])] = event_id
         parent = as_event_id(chain[first - 1]) if first else None
+        width = B * tokens.itemsize
+        for index, event_id, before in zip(range(first, end_full), ids, [parent] + ids):
+            self._announced[(event.namespace, event.blocks[index - first])] = (
+                event_id, before, event.tokens[index * width:(index + 1) * width])
         return BlockStored(tuple(ids), parent, tuple(tokens[first * B:end_full * B]), B)
 
     def _removed(self, event: CacheEvent) -> BlockRemoved | None:
         ids = []
         for block in event.blocks:
-            event_id = self._announced.pop((event.namespace, block), None)
-            if event_id is not None:
-                ids.append(event_id)
+            announced = self._announced.pop((event.namespace, block), None)
+            if announced is not None:
+                ids.append(announced[0])
         return BlockRemoved(tuple(ids)) if ids else None
+
+    def snapshot(self) -> list[KVEvent]:
+        """What a subscriber starting from nothing needs to know now: ``AllBlocksCleared``,
+        then every announced block as ``BlockStored`` (a run of chained blocks in one event,
+        each block after its parent, in the order they were announced)."""
+        events: list[KVEvent] = [AllBlocksCleared()]
+        run: list[int] = []
+        run_parent: int | None = None
+        tokens = array("i")
+        for event_id, parent, packed in self._announced.values():
+            if run and parent != run[-1]:
+                events.append(BlockStored(tuple(run), run_parent, tuple(tokens), self.block_size))
+                run, tokens = [], array("i")
+            if not run:
+                run_parent = parent
+            run.append(event_id)
+            tokens.frombytes(packed)
+        if run:
+            events.append(BlockStored(tuple(run), run_parent, tuple(tokens), self.block_size))
+        return events

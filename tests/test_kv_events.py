@@ -2,6 +2,9 @@
 addressed by chained content hashes, encoded as vLLM's msgpack KVEventBatch."""
 from __future__ import annotations
 
+import threading
+import time
+
 import msgpack
 import pytest
 
@@ -134,3 +137,201 @@ def test_other_hosts_need_an_explicit_allow(endpoint):
 def test_malformed_endpoints_are_refused(endpoint):
     with pytest.raises(EndpointError):
         check_endpoint(endpoint)
+
+
+def test_a_snapshot_lists_the_announced_blocks_in_chained_runs():
+    rec = Recorder(num_blocks=8)
+    rec.cache("ns", list(range(12)))                     # 3 blocks
+    rec.cache("ns", list(range(8)) + [70, 71, 72, 73])   # shares 2, adds 1
+    rec.cache("other", list(range(8)))
+    long, branch = ids("ns", list(range(12))), ids("ns", list(range(8)) + [70, 71, 72, 73])
+    assert rec.tracker.snapshot() == [
+        AllBlocksCleared(),
+        BlockStored(tuple(long), None, tuple(range(12)), B),
+        BlockStored((branch[2],), branch[1], (70, 71, 72, 73), B),
+        BlockStored(tuple(ids("other", list(range(8)))), None, tuple(range(8)), B)]
+    rec.tree.flush()
+    assert rec.tracker.snapshot() == [AllBlocksCleared()]
+
+
+# -- the stream over real ZMQ sockets (loopback): sequence numbers, replay, snapshot --------
+
+class DroppingSocket:
+    """The publisher's PUB socket, losing the batches numbered in ``drop`` (as a full send
+    queue or a reconnect would); the publisher still counts them as sent."""
+
+    def __init__(self, socket, drop: set[int]):
+        self.socket, self.drop = socket, drop
+
+    def send_multipart(self, frames):
+        if int.from_bytes(frames[1], "big") not in self.drop:
+            self.socket.send_multipart(frames)
+
+    def close(self, linger=None):
+        self.socket.close(linger=linger)
+
+
+class Replica:
+    """A tree whose events go out through a real KVEventPublisher with a replay socket."""
+
+    def __init__(self, endpoint: str = "tcp://127.0.0.1:*",
+                 replay: str | None = "tcp://127.0.0.1:*", replay_batches: int = 64):
+        from radixgate.runtime.kv_events import KVEventPublisher
+        self.pub = KVEventPublisher(endpoint, SEED, B, topic="r0", replay_endpoint=replay,
+                                    replay_batches=replay_batches)
+        self.pool = BlockPool(32, B)
+        self.tree = RadixTree(self.pool, on_event=self.pub.put)
+        wait_until(lambda: self.pub.published_batches >= 1)     # its AllBlocksCleared
+
+    def lose(self, *sequences: int) -> None:
+        self.pub._socket = DroppingSocket(self.pub._socket, set(sequences))
+
+    def cache(self, tokens: list[int]) -> None:
+        """Caches ``tokens`` in ``ns`` and waits until its batch is published."""
+        sent = self.pub.published_batches
+        Recorder.cache(self, "ns", tokens)
+        wait_until(lambda: self.pub.published_batches > sent)
+
+    def flush(self) -> None:
+        sent = self.pub.published_batches
+        self.tree.flush()
+        wait_until(lambda: self.pub.published_batches > sent)
+
+    def close(self) -> None:
+        self.pub.close()
+
+
+def wait_until(condition, timeout_s: float = 15.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+@pytest.fixture
+def follow():
+    """``follow(replica, **subscriber options)``: an index fed by a KVEventSubscriber that
+    follows ``replica`` (its live and replay endpoints)."""
+    from radixgate.cluster.prefix_index import PrefixIndex
+    from radixgate.cluster.subscriber import KVEventSubscriber
+    started = []
+
+    def make(replica: Replica, **options):
+        sub = KVEventSubscriber(PrefixIndex(), threading.Lock(), **options)
+        started.append(sub)
+        sub.follow("r0", replica.pub.bound_endpoint, replica.pub.bound_replay_endpoint)
+        return sub
+
+    yield make
+    for sub in started:
+        sub.close()
+
+
+def indexed(sub, tokens: list[int]) -> int:
+    """Leading blocks of ``tokens`` the subscriber's index has on r0."""
+    with sub.lock:
+        return sub.index.match(ids("ns", tokens), ["r0"])["r0"]
+
+
+A, C, D = list(range(12)), list(range(40, 52)), list(range(80, 92))      # 3 blocks each
+
+
+def test_events_published_before_the_router_subscribed_are_indexed(follow):
+    replica = Replica()
+    replica.cache(A)
+    sub = follow(replica, check_s=60.0)
+    assert wait_until(lambda: indexed(sub, A) == 3), indexed(sub, A)
+    replica.close()
+
+
+def test_a_gap_in_the_sequence_is_filled_by_a_replay(follow):
+    replica = Replica()
+    sub = follow(replica, check_s=60.0)
+    assert wait_until(lambda: sub.last_applied("r0") == 0)
+    time.sleep(0.3)                                  # the SUB has joined
+    replica.lose(1)
+    replica.cache(A)                                 # batch 1: lost on the way
+    replica.cache(C)                                 # batch 2: the gap shows
+    assert wait_until(lambda: indexed(sub, A) == 3 and indexed(sub, C) == 3)
+    assert sub.last_applied("r0") == 2 and sub.resyncs >= 2
+    replica.close()
+
+
+def test_a_lost_last_batch_is_found_while_the_replica_is_idle(follow):
+    replica = Replica()
+    sub = follow(replica, check_s=0.2)
+    assert wait_until(lambda: sub.last_applied("r0") == 0)
+    replica.lose(1)
+    replica.cache(A)                                 # lost, and nothing follows it
+    assert wait_until(lambda: indexed(sub, A) == 3)
+    replica.close()
+
+
+def test_blocks_removed_during_a_gap_older_than_the_replay_buffer_leave_the_index(follow):
+    replica = Replica(replay_batches=1)
+    sub = follow(replica, check_s=60.0)
+    replica.cache(A)
+    assert wait_until(lambda: indexed(sub, A) == 3)
+    time.sleep(0.3)
+    replica.lose(2, 3)
+    replica.flush()                                  # batch 2: A removed, lost
+    replica.cache(C)                                 # batch 3: lost
+    replica.cache(D)                                 # batch 4: the only one kept for replay
+    assert wait_until(lambda: indexed(sub, D) == 3 and indexed(sub, A) == 0)
+    assert indexed(sub, C) == 3 and sub.index.stored_blocks("r0") == 6
+    replica.close()
+
+
+def test_a_restarted_publisher_is_resynced_and_its_earlier_blocks_leave_the_index(follow):
+    from benchmarks.launch import free_port
+    endpoints = dict(endpoint=f"tcp://127.0.0.1:{free_port()}",
+                     replay=f"tcp://127.0.0.1:{free_port()}")
+    first = Replica(**endpoints)
+    sub = follow(first, check_s=60.0)                # found by the stream, not the idle check
+    first.cache(A)
+    first.cache(C)
+    assert wait_until(lambda: indexed(sub, A) == 3 and indexed(sub, C) == 3)
+    first.close()
+    second = rebind(endpoints)                       # its AllBlocksCleared goes before the
+    time.sleep(0.5)                                  # SUB reconnects: lost
+    second.cache(D)
+    assert wait_until(lambda: indexed(sub, D) == 3 and indexed(sub, A) == 0)
+    assert indexed(sub, C) == 0 and sub.index.stored_blocks("r0") == 3
+    second.close()
+
+
+def rebind(endpoints: dict) -> Replica:
+    """A new publisher on the same ports (ZMQ frees a closed socket's port a moment later)."""
+    import zmq
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            return Replica(**endpoints)
+        except zmq.ZMQError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
+def test_the_replay_socket_answers_like_vllms(follow):
+    """A REQ-style client: ``[start]`` in, ``[seq, payload]`` per batch and ``[-1, b""]``."""
+    import zmq
+    replica = Replica()
+    replica.cache(A)
+    replica.cache(C)
+    client = zmq.Context.instance().socket(zmq.DEALER)
+    client.setsockopt(zmq.LINGER, 0)
+    client.connect(replica.pub.bound_replay_endpoint)
+    client.send_multipart((b"", (1).to_bytes(8, "big")))
+    answer = []
+    while client.poll(5000):
+        _, seq, payload = client.recv_multipart()
+        answer.append((int.from_bytes(seq, "big", signed=True), payload))
+        if not payload:
+            break
+    client.close()
+    replica.close()
+    assert [seq for seq, _ in answer] == [1, 2, -1]
+    assert decode_batch(answer[0][1])[1][0].block_hashes == tuple(ids("ns", A))
