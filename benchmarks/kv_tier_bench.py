@@ -15,7 +15,11 @@ without the tier, and time to first token from disk against recomputation.
    dropped from the page cache first (``posix_fadvise``, only our own files). The load
    speed is the loader's bytes over its time.
 
-Run: ``python -m benchmarks.kv_tier_bench`` (``--quick``: smaller trace, 2k only).
+3. Decode. Single-stream decode over HTTP with the tier on against off, as ``make serve``
+   runs it, after traffic that makes the tier write and load (``benchmarks.tier_decode``).
+
+Run: ``python -m benchmarks.kv_tier_bench`` (``--quick``: smaller trace, 2k only, one decode
+repetition).
 """
 from __future__ import annotations
 
@@ -184,7 +188,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="smaller trace, 2k TTFT only")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/out"))
-    parser.add_argument("--skip-ttft", action="store_true", help="hit rates only")
+    parser.add_argument("--skip-ttft", action="store_true", help="no TTFT section")
+    parser.add_argument("--skip-decode", action="store_true", help="no decode section")
     parser.add_argument("--fractions", type=float, nargs="+", default=list(FRACTIONS),
                         help="memory budgets as fractions of the working set")
     args = parser.parse_args(argv)
@@ -194,6 +199,10 @@ def main(argv: list[str] | None = None) -> None:
     if not args.skip_ttft:
         print("TTFT from disk vs recomputation (SmolLM2-135M):", flush=True)
         result["ttft"] = ttft(args.quick)
+    if not args.skip_decode:
+        from benchmarks.tier_decode import run as tier_decode
+        print("single-stream decode over HTTP, tier on / off (SmolLM2-135M):", flush=True)
+        result["decode"] = tier_decode(args.quick)
     result["elapsed_s"] = round(time.perf_counter() - started, 1)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "kv_tier.json").write_text(json.dumps(result, indent=1))
