@@ -15,8 +15,10 @@ It offers what the gateway uses of ``runtime.engine.Engine`` (``submit``, ``snap
   fit are dropped, as one engine skips pins beyond the share); ``max_namespaces`` is counted
   over the deployment too, its retired namespaces dropped on every replica (admission.py).
 - **Faults**: a request whose replica dies before the first event is sent to another
-  replica (up to ``MAX_ATTEMPTS`` tries, pausing 0.2, 0.4, ... s); one that had started
-  streaming ends with an ``internal`` error event. Ray Serve restarts the replica.
+  replica (up to ``MAX_ATTEMPTS`` tries, pausing 0.2, 0.4, ... s): each retry excludes the
+  replicas that died under it (the router says where each try went), which Serve may still
+  list for a moment; one that had started streaming ends with an ``internal`` error event.
+  Ray Serve restarts the replica.
 """
 from __future__ import annotations
 
@@ -94,6 +96,15 @@ class ClusterEngine:
         from .registry import routers
         for router in routers():
             router.request_done(replica, request_id)
+
+    def take_placement(self, request_id: str) -> str | None:
+        """The replica the router sent the last try of ``request_id`` to (None: unknown)."""
+        from .registry import routers
+        for router in routers():
+            placed = router.take_placement(request_id)
+            if placed is not None:
+                return placed
+        return None
 
     def hit_rates(self) -> dict[str, float]:
         return {name: cached / prompt for name, (cached, prompt) in self.replica_usage.items()
@@ -182,6 +193,7 @@ class ClusterHandle:
         self.request_id = request.request_id
         self.finished: Finished | None = None
         self.replica: str | None = None
+        self.placed: str | None = None       # the replica of the last try (started or not)
         self._events = self._run()
         self._stream = None
         self._aborted = False
@@ -224,21 +236,24 @@ class ClusterHandle:
     async def _attempts(self):
         import ray.exceptions as rex
         request = _for_replica(self.request)
+        failed_on: list[str] = []                  # replicas that died under this request
         for attempt in range(MAX_ATTEMPTS):
             if self._aborted:
                 yield _aborted(request)
                 return
             self._started = False
             try:
-                async for event in self._one_attempt(request):
+                async for event in self._one_attempt(request, tuple(failed_on)):
                     yield event
                 return
             except (rex.RayActorError, rex.ActorUnavailableError) as e:
-                log.warning("replica failed under request %s (attempt %d, started=%s): %s",
-                            request.request_id, attempt + 1, self._started, e)
+                log.warning("replica %s failed under request %s (attempt %d, started=%s): %s",
+                            self.placed, request.request_id, attempt + 1, self._started, e)
                 if self._started:
                     yield _failed(request, ErrorKind.INTERNAL, REPLICA_FAILED)
                     return
+                if self.placed is not None and self.placed not in failed_on:
+                    failed_on.append(self.placed)
                 await asyncio.sleep(RETRY_PAUSE_S * 2 ** attempt)
             except asyncio.CancelledError:
                 raise
@@ -251,11 +266,14 @@ class ClusterHandle:
                 return
         yield _failed(request, ErrorKind.OVERLOADED, REPLICA_FAILED)
 
-    async def _one_attempt(self, request: Request):
-        """The events of one try on the replica the router picks."""
+    async def _one_attempt(self, request: Request, exclude: tuple[str, ...]):
+        """The events of one try on the replica the router picks, not one of ``exclude``
+        while there is another; ``placed`` says which one it was."""
         ttl = None if self.request.deadline is None else max(
             0.0, self.request.deadline - time.monotonic())
-        self._stream = self.engine.handle.options(stream=True).generate.remote(request, ttl)
+        self.placed = None
+        self._stream = self.engine.handle.options(stream=True).generate.remote(
+            request, ttl, exclude=exclude)
         try:
             async for replica, event in self._stream:
                 self._started, self.replica = True, replica
@@ -264,11 +282,14 @@ class ClusterHandle:
                     async for _ in self._stream:     # its end: Serve counts it done
                         pass
                     self.engine.request_done(replica, request.request_id)
+                    self.engine.take_placement(request.request_id)
                 yield event
         except asyncio.CancelledError:
             self._stream.cancel()
             raise
         finally:
+            placed = self.engine.take_placement(request.request_id)
+            self.placed = self.replica or placed
             if self.replica is not None:
                 self.engine.request_done(self.replica, request.request_id)
 

@@ -10,10 +10,11 @@ endpoint with a free port (the replica's id is the topic), and answers:
   stream (the gateway's client left) aborts the engine request; a structured-output
   request's grammar is compiled here from its source (a grammar state does not pickle);
 - ``call(command, *args, target=...)``: an engine command (flush, pin, unpin, publish,
-  expect_continuation, check_integrity, snapshot, retire_namespace) on this replica; ``target`` is read by
-  the router only (``serve_router.py``: a call for one replica goes to that one);
+  expect_continuation, check_integrity, snapshot, retire_namespace) on this replica; ``target`` (and
+  ``generate``'s ``exclude``) is read by the router only (``serve_router.py``: a call for
+  one replica goes to that one; a retried request avoids the replicas that failed it);
 - ``record_routing_stats()``: what the router and the gateway's stats read (Ray Serve
-  polls it): the KV-event endpoint and hash seed, block size, running / waiting requests,
+  polls it): the KV-event endpoints (live, replay) and hash seed, block size, running / waiting requests,
   block counts, pinned tokens per tenant, ``pins_settled`` (the requests with breakpoints
   whose stream ended before that snapshot: its pinned counts include their pins; the
   gateway's ``admission.PinBook`` drops their reservations) and the engine's latest snapshot;
@@ -64,7 +65,7 @@ class EngineReplica:
                             weights_dtype=spec.weights_dtype)
         config = dataclasses.replace(
             spec.engine_config, cache=cache, kv_events_endpoint=f"tcp://{spec.events_host}:*",
-            kv_events_topic=self.name,
+            kv_events_replay_endpoint=f"tcp://{spec.events_host}:*", kv_events_topic=self.name,
             kv_events_allow_remote=spec.events_host not in ("127.0.0.1", "localhost", "::1"))
         self.engine = Engine(loaded, config)
         self.engine.start()
@@ -78,7 +79,8 @@ class EngineReplica:
                  f", KV disk tier {cache.disk_dir} ({cache.disk_gb:g} GiB)"
                  if cache.disk_dir else "")
 
-    async def generate(self, request, ttl_s: float | None = None, target: str | None = None):
+    async def generate(self, request, ttl_s: float | None = None, target: str | None = None,
+                       exclude: tuple[str, ...] = ()):
         import asyncio
         deadline = None if ttl_s is None else time.monotonic() + ttl_s
         grammar = None
@@ -122,6 +124,7 @@ class EngineReplica:
         snap = self.engine.snapshot()
         return {"replica": self.name, "index": self.index,
                 "kv_events_endpoint": self.engine.kv_events.bound_endpoint,
+                "kv_events_replay_endpoint": self.engine.kv_events.bound_replay_endpoint,
                 "seed": self.seed, "block_size": self.engine.block_size,
                 "running": snap.running, "waiting": snap.waiting,
                 "blocks_total": snap.blocks.total, "blocks_free": snap.blocks.free,

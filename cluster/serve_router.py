@@ -8,10 +8,14 @@ the first rank's replica unless that one is full (``max_ongoing_requests``), the
   ``request_done`` from the gateway when a stream ends or Serve's ``on_request_completed``):
   exact, not a sampled queue length, since one gateway sends everything.
 - The prefix index is fed by each replica's KV events (``subscriber.py``), at the endpoint
-  the replica reports in ``record_routing_stats``; a replica that dies or leaves is
-  forgotten, its index entries with it.
+  the replicas report in ``record_routing_stats`` (the live one and the replay one the
+  subscriber resyncs from); a replica that dies or leaves is forgotten, its index entries
+  with it.
 - A call with ``target=<replica id>`` (the gateway's per-replica commands and stats) goes
-  to that replica only.
+  to that replica only; a request with ``exclude=(replica ids)`` (the gateway's retry of a
+  request whose replica died) goes to another one while there is another.
+- Where each request went is kept for the gateway (``take_placement``): a retry excludes
+  the replica that died before answering. The last ``MAX_PLACEMENTS`` are kept.
 
 The gateway finds its router through ``registry.routers()`` (same process) to read the
 replicas' stats.
@@ -19,6 +23,7 @@ replicas' stats.
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 
 from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
 
@@ -28,6 +33,7 @@ from .prefix_index import PrefixIndex
 from .subscriber import KVEventSubscriber
 
 PENDING_SEED = "radixgate-router-pending"
+MAX_PLACEMENTS = 4096
 
 
 class RadixPrefixRouter(RequestRouter):
@@ -43,6 +49,7 @@ class RadixPrefixRouter(RequestRouter):
         self.in_flight: dict[str, set[str]] = {}        # replica -> engine request ids
         self.routed_ids: dict[str, tuple[str, str]] = {}  # Serve's id -> (replica, request id)
         self.routed_by_reason: dict[str, int] = {}
+        self.placements: OrderedDict[str, str] = OrderedDict()   # request id -> replica
         registry.register(self)
 
     # -- choosing ---------------------------------------------------------------------
@@ -51,13 +58,14 @@ class RadixPrefixRouter(RequestRouter):
                               ) -> list[list[RunningReplica]]:
         by_id = {r.replica_id.unique_id: r for r in candidate_replicas}
         self._follow(candidate_replicas)
-        target = (pending_request.kwargs.get("target") if pending_request is not None
-                  else None)
+        kwargs = pending_request.kwargs if pending_request is not None else {}
+        target = kwargs.get("target")
         if target is not None:
             return [[by_id[target]]] if target in by_id else []
+        by_id = _without(by_id, kwargs.get("exclude") or ())
         request = _engine_request(pending_request)
         if request is None or not by_id:
-            return [sorted(candidate_replicas, key=lambda r: self.load(r.replica_id.unique_id))]
+            return [sorted(by_id.values(), key=lambda r: self.load(r.replica_id.unique_id))]
         loads = {name: self.load(name) for name in by_id}
         with self.lock:
             decision = self.policy.rank(request.namespace, request.tokens, loads,
@@ -75,7 +83,8 @@ class RadixPrefixRouter(RequestRouter):
             stats = replica.routing_stats or {}
             endpoint = stats.get("kv_events_endpoint")
             if endpoint:
-                self.subscriber.follow(replica.replica_id.unique_id, endpoint)
+                self.subscriber.follow(replica.replica_id.unique_id, endpoint,
+                                       stats.get("kv_events_replay_endpoint"))
                 if self.policy.seed == PENDING_SEED:
                     self.policy = PrefixRouter(stats["seed"], stats["block_size"], self.params,
                                                self.index)
@@ -88,6 +97,14 @@ class RadixPrefixRouter(RequestRouter):
             self.in_flight.setdefault(replica_id.unique_id, set()).add(request.request_id)
             self.routed_ids[pending_request.metadata.internal_request_id] = (
                 replica_id.unique_id, request.request_id)
+            self.placements[request.request_id] = replica_id.unique_id
+            self.placements.move_to_end(request.request_id)
+            while len(self.placements) > MAX_PLACEMENTS:
+                self.placements.popitem(last=False)
+
+    def take_placement(self, request_id: str) -> str | None:
+        """The replica the last try of ``request_id`` went to (once: it is forgotten)."""
+        return self.placements.pop(request_id, None)
 
     def on_request_completed(self, replica_id: ReplicaID, internal_request_id: str) -> None:
         replica, request_id = self.routed_ids.pop(internal_request_id, (None, None))
@@ -129,6 +146,12 @@ class RadixPrefixRouter(RequestRouter):
 
     def replica_ids(self) -> list[str]:
         return sorted(r.unique_id for r in self.curr_replicas)
+
+
+def _without(by_id: dict, exclude) -> dict:
+    """The candidates but the excluded ones, unless none would be left."""
+    kept = {name: r for name, r in by_id.items() if name not in exclude}
+    return kept or by_id
 
 
 def _engine_request(pending_request: PendingRequest | None):

@@ -73,7 +73,8 @@ class Engine:
         publisher = KVEventPublisher(self.config.kv_events_endpoint, seed, self.block_size,
                                      rank=self.config.kv_events_rank,
                                      topic=self.config.kv_events_topic,
-                                     allow_remote=self.config.kv_events_allow_remote)
+                                     allow_remote=self.config.kv_events_allow_remote,
+                                     replay_endpoint=self.config.kv_events_replay_endpoint)
         self.core.tree.on_event = publisher.put
         return publisher
 

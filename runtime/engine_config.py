@@ -54,7 +54,8 @@ class EngineConfig:
     ``kv_events_endpoint``: where the tree's KV events are published (vLLM's format over
     ZMQ PUB, ``runtime/kv_events.py``; None: off); a loopback address unless
     ``kv_events_allow_remote``. ``kv_events_rank``: the batches' ``data_parallel_rank``;
-    ``kv_events_topic``: the ZMQ topic frame of every message.
+    ``kv_events_topic``: the ZMQ topic frame of every message. ``kv_events_replay_endpoint``:
+    where a subscriber that lost batches asks for them again (a ZMQ ROUTER; None: none).
     ``adapt_threads``: the engine thread runs its steps on one torch thread while other
     processes keep a core busy, on all of them otherwise (``cpu_threads.ThreadGovernor``);
     another thread count sums in another order, so logits may differ in their last bits.
@@ -82,6 +83,7 @@ class EngineConfig:
     kv_events_allow_remote: bool = False
     kv_events_rank: int | None = None
     kv_events_topic: str = ""
+    kv_events_replay_endpoint: str | None = None
 
     def __post_init__(self) -> None:
         if self.max_step_tokens <= 0 or self.max_num_seqs <= 0:

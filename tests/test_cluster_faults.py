@@ -1,6 +1,7 @@
 """The gateway side of a dying replica, with a stand-in deployment handle: a request
-whose replica dies before its first event goes to another try; one that had started
-streaming ends with a clean internal error; quotas are released either way."""
+whose replica dies before its first event goes to another try, on another replica; one
+that had started streaming ends with a clean internal error; quotas are released either
+way."""
 from __future__ import annotations
 
 import pytest
@@ -11,6 +12,7 @@ from radixgate.runtime.engine_config import EngineConfig, TenantQuota
 rex = pytest.importorskip("ray.exceptions")
 
 from radixgate.cluster import client as cluster_client  # noqa: E402
+from radixgate.cluster import registry  # noqa: E402
 
 
 class Stream:
@@ -47,9 +49,41 @@ class Handle:
     def generate(self):
         return self
 
-    def remote(self, request, ttl):
+    def remote(self, request, ttl, exclude=()):
         self.calls += 1
         return self.streams.pop(0)
+
+
+class Router:
+    """What the client reads of the prefix router: where each try went."""
+
+    def __init__(self):
+        self.placements: dict[str, str] = {}
+
+    def take_placement(self, request_id: str):
+        return self.placements.pop(request_id, None)
+
+    def request_done(self, replica: str, request_id: str) -> None:
+        pass
+
+
+class RoutingHandle(Handle):
+    """Routes like the router: each try to the first of ``replicas`` that the call does
+    not exclude (all excluded: the first); a replica in ``dying`` dies before answering."""
+
+    def __init__(self, replicas: list[str], dying: set[str], router: Router):
+        super().__init__([])
+        self.replicas, self.dying, self.router = replicas, dying, router
+        self.tries: list[str] = []
+
+    def remote(self, request, ttl, exclude=()):
+        self.calls += 1
+        replica = ([r for r in self.replicas if r not in exclude] or self.replicas)[0]
+        self.router.placements[request.request_id] = replica
+        self.tries.append(replica)
+        if replica in self.dying:
+            return Stream([], die=True)
+        return Stream([(replica, finished(replica))], die=False)
 
 
 class Loaded:
@@ -80,6 +114,30 @@ async def test_a_replica_dying_before_the_first_event_is_retried_elsewhere():
     out = await events_of(eng, Request([1, 2, 3], tenant="acme"))
     assert out == [finished()] and eng.handle.calls == 2
     assert eng.admission.running == {}
+
+
+@pytest.fixture
+def router():
+    """A stand-in router, in the registry the client asks."""
+    stand_in = Router()
+    registry.register(stand_in)
+    yield stand_in
+
+
+async def test_the_retry_goes_to_another_replica_than_the_one_that_died(router):
+    handle = RoutingHandle(["r1", "r2", "r3"], dying={"r1"}, router=router)
+    config = EngineConfig(tenant_quotas={"acme": TenantQuota(max_running=1, max_queued=0)})
+    eng = cluster_client.ClusterEngine(handle, Loaded(), config)
+    out = await events_of(eng, Request([1, 2, 3], tenant="acme"))
+    assert out == [finished("r2")] and handle.tries == ["r1", "r2"]
+    assert router.placements == {} and eng.admission.running == {}
+
+
+async def test_each_retry_excludes_every_replica_that_died_under_the_request(router):
+    handle = RoutingHandle(["r1", "r2", "r3"], dying={"r1", "r2"}, router=router)
+    eng = cluster_client.ClusterEngine(handle, Loaded(), EngineConfig())
+    out = await events_of(eng, Request([1, 2, 3], tenant="acme"))
+    assert out == [finished("r3")] and handle.tries == ["r1", "r2", "r3"]
 
 
 async def test_a_replica_dying_mid_stream_ends_the_request_with_an_internal_error():
