@@ -50,6 +50,9 @@ class ServerSpec:
     tenant_overrides: tuple[tuple[str, tuple[tuple[str, int], ...]], ...] = ()
     # more [server] keys, as TOML values: (("strict_max_tokens", "true"), ...)
     server_settings: tuple[tuple[str, str], ...] = ()
+    # [cluster] keys, as TOML values: (("routed_ttl_s", "0"),)
+    cluster_settings: tuple[tuple[str, str], ...] = ()
+    tiny: bool = True              # False: the default model (SmolLM2-135M) at its real size
 
 
 def config_toml(spec: ServerSpec) -> str:
@@ -68,6 +71,8 @@ def config_toml(spec: ServerSpec) -> str:
         f"block_size = {spec.block_size}",
         "[admin]",
         f"api_keys = [{json.dumps(ADMIN_KEY)}]",
+        *(["[cluster]"] if spec.cluster_settings else []),
+        *(f"{name} = {value}" for name, value in spec.cluster_settings),
     ]
     overrides = dict(spec.tenant_overrides)
     for tenant in spec.tenants:
@@ -81,7 +86,8 @@ def config_toml(spec: ServerSpec) -> str:
 
 @dataclass
 class ServerProcess:
-    """One ``radixgate serve --tiny`` subprocess; logs go to ``workdir/server.log``."""
+    """One ``radixgate serve`` subprocess (``--tiny`` unless the spec says otherwise); logs
+    go to ``workdir/server.log``."""
 
     spec: ServerSpec = field(default_factory=ServerSpec)
     workdir: Path | None = None
@@ -100,7 +106,8 @@ class ServerProcess:
     def command(self) -> list[str]:
         assert self.workdir is not None
         return radixgate_command() + [
-            "serve", "--tiny", "--config", str(self.workdir / "radixgate.toml"),
+            "serve", *(["--tiny"] if self.spec.tiny else []),
+            "--config", str(self.workdir / "radixgate.toml"),
             "--host", "127.0.0.1", "--port", str(self.port),
             "--kv-cache-gb", str(self.spec.kv_cache_gb),
             "--max-model-len", str(self.spec.max_model_len),
