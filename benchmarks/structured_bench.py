@@ -6,13 +6,18 @@ For 1 and 16 concurrent streams (each its own prompt, greedy), interleaved round
 - ``free``: unconstrained, ``ignore_eos``, ``--tokens`` output tokens each;
 - ``json``: a JSON schema (an array of 8 small objects: longer than ``--tokens``, so every
   stream decodes as many tokens as a free one) with jump-forward off: the cost of masks;
-- ``json+jf``: the same with jump-forward on (forced tokens computed in one step).
+- ``json+jf``: the same with jump-forward on (forced tokens computed in one step);
+- ``json+batched``: ``json`` with the k constrained rows' masks filled by llguidance's
+  batched fill (its thread pool) instead of one after another (the A/B of
+  ``structured.MaskFill``; ``--kinds json json+batched`` runs just that pair).
 
 Reported per configuration: output tokens per second over the wall time, forward steps
 per output token, and the ratio to ``free`` (goal >= 0.9 without jump-forward). Also the
 mask time per constrained token (on the worker thread, overlapped with the forward) and
-the time the sampler still waited for masks after the forward, and compile times of a few
-schemas on this vocabulary (each a fresh one: no cache).
+the time the sampler still waited for masks after the forward, compile times of a few
+schemas on this vocabulary (each a fresh one: no cache), and ``fill_us``: the fill of k
+masks alone (no engine), one after another against batched, interleaved position by
+position along a valid instance (median microseconds).
 """
 from __future__ import annotations
 
@@ -20,6 +25,8 @@ import argparse
 import json
 import statistics
 import time
+
+import torch
 
 from radixgate.runtime import structured
 from radixgate.runtime.api import Request, SamplingParams
@@ -61,9 +68,9 @@ class MaskTimer:
     def install(self) -> None:
         timer = self
 
-        def compute(grammars, vocab_size):
+        def compute(grammars, vocab_size, fill=None):
             started = time.perf_counter()
-            out = timer._compute(grammars, vocab_size)
+            out = timer._compute(grammars, vocab_size, fill)
             timer.compute_s.append(time.perf_counter() - started)
             timer.rows += len(grammars)
             return out
@@ -102,6 +109,30 @@ def requests_for(loaded, compiled, streams: int, tokens: int, kind: str) -> list
     return out
 
 
+def fill_times(loaded, compiled, ks: list[int]) -> dict:
+    """Filling k masks alone, one after another vs batched (separate matchers fed the same
+    tokens), at each of the first 64 positions of a valid instance; medians in us."""
+    instance = json.dumps({"rows": [{"name": f"player {i}", "score": 7 * i} for i in range(8)]},
+                          separators=(", ", ": "))
+    tokens = loaded.tokenizer.encode(instance)[:64]
+    words = (loaded.config.vocab_size + 31) // 32
+    out = {}
+    for k in ks:
+        fills = {"loop": structured.MaskFill(None), "batched": structured.MaskFill(1)}
+        grammars = {name: [compiled.matcher() for _ in range(k)] for name in fills}
+        times: dict[str, list[float]] = {name: [] for name in fills}
+        for token in tokens:
+            for name, fill in fills.items():
+                bits = torch.empty((k, words), dtype=torch.int32)
+                started = time.perf_counter()
+                fill(grammars[name], bits)
+                times[name].append(time.perf_counter() - started)
+                for grammar in grammars[name]:
+                    grammar.consume(token)
+        out[f"k={k}"] = {name: round(1e6 * statistics.median(t), 1) for name, t in times.items()}
+    return out
+
+
 def compile_times(compiler: GrammarCompiler, rounds: int) -> dict:
     out = {}
     for name, schema in COMPILE_SCHEMAS.items():
@@ -120,16 +151,23 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=64, help="output tokens per stream")
     parser.add_argument("--streams", type=int, nargs="+", default=[1, 16])
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--kinds", nargs="+", default=list(KINDS), choices=list(KINDS),
+                        help="configurations to compare (ratios are to free when it runs)")
     args = parser.parse_args()
     loaded = load_model("default")
     compiler = GrammarCompiler(loaded.tokenizer, loaded.config.vocab_size)
     compiled = compiler.compile(json_grammar(ROWS))
-    report: dict = {"compile_ms": compile_times(compiler, 5)}
+    report: dict = {"compile_ms": compile_times(compiler, 5),
+                    "fill_us": fill_times(loaded, compiled, sorted(set(args.streams)))}
     timer = MaskTimer()
     timer.install()
-    engines = {jump: Engine(loaded, EngineConfig(
-        cache=CacheConfig(kv_cache_gb=0.25, enable_prefix_cache=False), jump_forward=jump,
-        max_num_seqs=64)).start() for jump in (False, True)}
+    engines = {}
+    for kind in args.kinds:
+        jump, batched = KINDS[kind]
+        engines[kind] = Engine(loaded, EngineConfig(
+            cache=CacheConfig(kv_cache_gb=0.25, enable_prefix_cache=False), jump_forward=jump,
+            max_num_seqs=64)).start()
+        engines[kind].core.grammar_masks.fill = structured.MaskFill(1 if batched else None)
     try:
         for engine in engines.values():
             engine.generate(requests_for(loaded, compiled, 1, 8, "free")[0])   # warm up
@@ -143,22 +181,27 @@ def main() -> None:
     print(json.dumps(report, indent=1))
 
 
+KINDS = {"free": (False, False), "json": (False, False), "json+jf": (True, False),
+         "json+batched": (False, True)}     # kind: (jump-forward, batched mask fill)
+
+
 def compare(engines, loaded, compiled, streams: int, args) -> dict:
-    """The three configurations interleaved round by round; the median round of each."""
-    runs: dict[str, list[dict]] = {"free": [], "json": [], "json+jf": []}
+    """The configurations interleaved round by round (each on its own engine); the median
+    round of each, with its ratio to ``free`` and ``json+batched``'s to ``json``."""
+    runs: dict[str, list[dict]] = {kind: [] for kind in engines}
     for _ in range(args.rounds):
-        for kind, engine in (("free", engines[False]), ("json", engines[False]),
-                             ("json+jf", engines[True])):
+        for kind, engine in engines.items():
             runs[kind].append(run(engine, requests_for(loaded, compiled, streams, args.tokens,
                                                        kind)))
     out = {}
     for kind, results in runs.items():
         results.sort(key=lambda r: r["tok_s"])
         out[f"{streams} streams {kind}"] = results[len(results) // 2]
-    free = out[f"{streams} streams free"]["tok_s"]
-    for kind in ("json", "json+jf"):
-        entry = out[f"{streams} streams {kind}"]
-        entry["vs_free"] = round(entry["tok_s"] / free, 3)
+    for kind, base in (("json", "free"), ("json+jf", "free"), ("json+batched", "free"),
+                       ("json+batched", "json")):
+        if kind in engines and base in engines:
+            entry = out[f"{streams} streams {kind}"]
+            entry[f"vs_{base}"] = round(entry["tok_s"] / out[f"{streams} streams {base}"]["tok_s"], 3)
     return out
 
 

@@ -117,6 +117,19 @@ class RequestGrammar:
         return self.matcher.get_error() if self.matcher.is_error() else None
 
 
+def mask_pool(threads: int):
+    """llguidance's thread pool for batched mask fills."""
+    return llguidance.LLExecutor(threads)
+
+
+def fill_masks_batched(pool, grammars: list[RequestGrammar], pointer: int,
+                       mask_bytes: int) -> None:
+    """Writes grammars[i]'s next-token bitmask at ``pointer + i * mask_bytes``, the rows
+    shared out over ``pool``'s threads (llguidance releases the interpreter lock)."""
+    pool.unsafe_compute_mask_ptr([(g.matcher, i) for i, g in enumerate(grammars)], pointer,
+                                 mask_bytes, len(grammars))
+
+
 class CompiledGrammar:
     """A validated grammar: ``matcher()`` gives a fresh per-request state (thread-safe)."""
 

@@ -5,7 +5,8 @@ A request with ``Request.grammar`` (a ``grammar.RequestGrammar``) is constrained
 never touch this module's work. Each step, ``MaskWorker.start`` hands the constrained
 sampling rows' grammars to one worker thread, which computes their next-token bitmasks
 while the forward pass runs (llguidance releases the interpreter lock; on a CPU forward
-without a spare core, before it, see ``MaskWorker``) and unpacks them
+without a spare core, before it, see ``MaskWorker``; one after another, or by llguidance's
+batched fill where at least two cores are spare, see ``MaskFill``) and unpacks them
 into a ``[k, V]`` boolean "banned" tensor; the sampler waits for it only after the forward
 and applies it to those k rows alone (``sampling.TokenMasks``).
 
@@ -28,6 +29,8 @@ from .api import ErrorKind, FinishReason
 from .output import Finish, append_token
 from .sampling import TokenMasks
 from .sequence import Sequence
+
+BATCHED_MIN_ROWS = 2    # where cores are spare: from this many rows, llguidance's batched fill
 
 
 class PendingMasks:
@@ -57,7 +60,9 @@ class MaskWorker:
 
     def __init__(self, vocab_size: int, device="cpu"):
         self.vocab_size = vocab_size
-        self.overlap = torch.device(device).type != "cpu" or spare_cpu_core()
+        accelerated = torch.device(device).type != "cpu"
+        self.overlap = accelerated or spare_cpu_core()
+        self.fill = MaskFill.for_machine(accelerated)
         self._executor: ThreadPoolExecutor | None = None
 
     def start(self, seqs: list[Sequence]) -> PendingMasks | None:
@@ -71,13 +76,54 @@ class MaskWorker:
         grammars = [seqs[i].request.grammar for i in rows]
         if not self.overlap:
             done: Future = Future()
-            done.set_result(compute_masks(grammars, self.vocab_size))
+            done.set_result(compute_masks(grammars, self.vocab_size, self.fill))
             return PendingMasks(rows, done)
-        return PendingMasks(rows, self._executor.submit(compute_masks, grammars, self.vocab_size))
+        return PendingMasks(rows, self._executor.submit(compute_masks, grammars,
+                                                        self.vocab_size, self.fill))
 
     def close(self) -> None:
         if self._executor is not None:
             self._executor.shutdown(wait=False)
+
+
+class MaskFill:
+    """How a step's k bitmasks are filled: one grammar after another on the calling thread,
+    or, from ``min_rows`` rows on (None: never), by llguidance's batched fill over its own
+    pool of ``threads`` threads (``LLExecutor``, made at first use).
+
+    The pool's threads compete with torch's for cores: on 2 cores the batched fill lost
+    (0.90-0.92x decode at 1 and 16 constrained streams, benchmarks/RESULTS.md), so it is
+    used only where at least two cores are left over (``spare_mask_threads``)."""
+
+    def __init__(self, min_rows: int | None, threads: int = 2):
+        self.min_rows = min_rows
+        self.threads = threads
+        self._pool = None
+
+    @classmethod
+    def for_machine(cls, accelerated: bool) -> "MaskFill":
+        spare = spare_mask_threads(len(os.sched_getaffinity(0)), torch.get_num_threads(),
+                                   accelerated)
+        return cls(BATCHED_MIN_ROWS if spare >= 2 else None, max(spare, 1))
+
+    def __call__(self, grammars, bits: torch.Tensor) -> None:
+        """Fills ``bits`` [k, W] int32 (row i: grammars[i]'s next-token bitmask)."""
+        mask_bytes = bits.shape[1] * bits.element_size()
+        if self.min_rows is None or len(grammars) < self.min_rows:
+            for i, grammar in enumerate(grammars):
+                grammar.fill_mask(bits[i].data_ptr(), mask_bytes)
+            return
+        from .grammar import fill_masks_batched, mask_pool   # llguidance, once constrained
+        if self._pool is None:
+            self._pool = mask_pool(self.threads)
+        fill_masks_batched(self._pool, grammars, bits.data_ptr(), mask_bytes)
+
+
+def spare_mask_threads(cores: int, torch_threads: int, accelerated: bool) -> int:
+    """Cores neither the engine thread nor torch's CPU threads use (with an accelerator
+    the forward runs there, and only the engine thread holds a core), at most 16."""
+    busy = 1 if accelerated else max(torch_threads, 1)
+    return max(0, min(cores - busy, 16))
 
 
 def spare_cpu_core() -> bool:
@@ -85,12 +131,12 @@ def spare_cpu_core() -> bool:
     return len(os.sched_getaffinity(0)) > torch.get_num_threads()
 
 
-def compute_masks(grammars, vocab_size: int) -> tuple[torch.Tensor, list[int]]:
+def compute_masks(grammars, vocab_size: int, fill: MaskFill | None = None
+                  ) -> tuple[torch.Tensor, list[int]]:
     """(banned [k, V] bool, the indices of grammars that allow only the end)."""
     words = (vocab_size + 31) // 32
     bits = torch.empty((len(grammars), words), dtype=torch.int32)          # [k, W]
-    for i, grammar in enumerate(grammars):
-        grammar.fill_mask(bits[i].data_ptr(), 4 * words)
+    (fill or MaskFill(None))(grammars, bits)
     inverted = np.invert(bits.numpy().view(np.uint8))                      # [k, 4W]
     banned = np.unpackbits(inverted, axis=1, count=vocab_size, bitorder="little")  # [k, V]
     banned = torch.from_numpy(banned).view(torch.bool)                      # 0/1 bytes as bool

@@ -216,20 +216,63 @@ def test_masks_touch_only_constrained_rows_and_exempt_ends_from_min_tokens(compi
 
 def test_the_mask_worker_thread_gives_the_masks_computed_inline(compiler):
     from types import SimpleNamespace
-    from radixgate.runtime.structured import MaskWorker
+    from radixgate.runtime.structured import MaskFill, MaskWorker
     pick = compiler.compile(choice_grammar(["alpha", "beta"]))
     vocab = tiny_model().config.vocab_size
     rows = [SimpleNamespace(request=SimpleNamespace(grammar=g))
             for g in (None, pick.matcher(), None, pick.matcher())]
-    worker = MaskWorker(vocab)
-    worker.overlap = True                     # as on an accelerator / with a spare core
-    try:
-        masks = worker.start(rows).result()
-    finally:
-        worker.close()
     banned, _ = compute_masks([pick.matcher()], vocab)
-    assert masks.rows == (1, 3) and torch.equal(masks.banned[0], banned[0])
-    assert torch.equal(masks.banned[1], banned[0]) and MaskWorker(vocab).start(rows[:1]) is None
+    for min_rows in (None, 2):                # one fill after another, batched
+        worker = MaskWorker(vocab)
+        worker.overlap = True                 # as on an accelerator / with a spare core
+        worker.fill = MaskFill(min_rows)
+        try:
+            masks = worker.start(rows).result()
+        finally:
+            worker.close()
+        assert masks.rows == (1, 3) and torch.equal(masks.banned[0], banned[0])
+        assert torch.equal(masks.banned[1], banned[0])
+    assert MaskWorker(vocab).start(rows[:1]) is None
+
+
+def test_the_batched_fill_gives_the_masks_of_one_fill_after_another(compiler):
+    """llguidance's batched fill (``MaskFill`` from ``min_rows`` rows) against the loop, for
+    rows of different grammars in different states, an ended one included."""
+    from radixgate.runtime.structured import MaskFill
+    vocab = tiny_model().config.vocab_size
+    tokenizer = tiny_model().tokenizer
+    sources = [json_grammar(SCHEMA), choice_grammar(["yes", "no"]), regex_grammar("[a-c]{3}")]
+    prefixes = ['{"city": "Ro', "yes", "ab"]
+
+    def rows():
+        out = []
+        for source, prefix in zip(sources, prefixes):
+            for cut in (0, len(prefix)):
+                grammar = compiler.compile(source).matcher()
+                assert all(grammar.consume(t) for t in tokenizer.encode(prefix[:cut]))
+                out.append(grammar)
+        return out
+    loop, ends = compute_masks(rows(), vocab, MaskFill(None))
+    batched, batched_ends = compute_masks(rows(), vocab, MaskFill(2))
+    assert torch.equal(loop, batched) and ends == batched_ends == [3]
+    assert not torch.equal(loop[0], loop[1])
+
+
+def test_the_batched_fill_is_used_only_where_two_cores_are_spare(monkeypatch):
+    """On 2 cores it lost to one fill after another (benchmarks/RESULTS.md): a CPU forward
+    on every core, or one core left, keeps the loop; an accelerator's host batches."""
+    import os
+    from radixgate.runtime.structured import MaskFill, spare_mask_threads
+    assert spare_mask_threads(2, 2, False) == 0 and spare_mask_threads(2, 1, False) == 1
+    assert spare_mask_threads(2, 1, True) == 1 and spare_mask_threads(64, 1, True) == 16
+    for cores, threads, accelerated, batched in ((2, 2, False, None), (2, 1, True, None),
+                                                 (16, 16, False, None), (16, 4, False, 12),
+                                                 (16, 16, True, 15)):
+        monkeypatch.setattr(os, "sched_getaffinity", lambda _: set(range(cores)))
+        monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
+        fill = MaskFill.for_machine(accelerated)
+        assert (fill.min_rows, fill.threads if batched else None) == (
+            (2, batched) if batched else (None, None))
 
 
 def test_a_grammar_whose_masks_cost_too_much_is_refused(compiler):
