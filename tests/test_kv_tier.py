@@ -607,3 +607,25 @@ def test_serve_refuses_a_held_tier_folder_before_loading_anything(tmp_path, caps
         assert "in use by another radixgate server" in capsys.readouterr().err
     finally:
         engine.shutdown(grace_s=0)
+
+
+def test_a_folder_of_the_flat_layout_moves_into_its_model_subfolder(tmp_path, cold):
+    """A tier folder written before per-model subfolders (DIR/tier.json, DIR/blocks) is
+    adopted by the same model: its blocks are served, now from DIR/models/FP."""
+    run_once_and_stop(tmp_path)
+    model = next((tmp_path / "models").iterdir())
+    os.replace(model / "blocks", tmp_path / "blocks")
+    os.replace(model / "tier.json", tmp_path / "tier.json")
+    for leftover in model.iterdir():
+        leftover.unlink()
+    model.rmdir()
+    (tmp_path / "models").rmdir()
+    engine = start(tmp_path)
+    try:
+        got = engine.generate(greedy(PROMPT, namespace="ns-a"))
+        assert got.usage.cache_read_tokens == len(PROMPT) - 1
+        same_answer(engine, got, cold, PROMPT)
+        assert not (tmp_path / "blocks").exists() and not (tmp_path / "tier.json").exists()
+        assert blocks_dir(tmp_path).parent.name == model.name
+    finally:
+        engine.shutdown(grace_s=0)
