@@ -81,6 +81,8 @@ class ClusterConfig:
     balance_abs: int = 2             # routing: cache-aware while a replica's load is within
     balance_rel: float = 1.5         # min + balance_abs or min x balance_rel ...
     load_tokens: int = 128           # ... and a queued request weighs this many tokens
+    routed_ttl_s: float = 30.0       # a routed prefix counts as cached there until its KV
+                                     # events confirm it, or for this long
     events_host: str = "127.0.0.1"   # replicas bind their KV-event endpoints here
 
     @property
@@ -320,6 +322,8 @@ def _validate_cluster(cfg: GatewayConfig) -> None:
         raise ConfigError("cluster autoscaling needs min_replicas <= replicas <= max_replicas")
     if c.balance_abs < 0 or c.balance_rel < 1.0 or c.load_tokens < 0:
         raise ConfigError("cluster.balance_abs and load_tokens must be >= 0, balance_rel >= 1")
+    if not c.routed_ttl_s >= 0:
+        raise ConfigError("cluster.routed_ttl_s must be >= 0")
     if cfg.server.kv_events_endpoint:
         from radixgate.runtime.kv_events import EndpointError, check_endpoint
         try:

@@ -45,7 +45,7 @@ def start_cluster_engine(config: GatewayConfig, gateway_engine):
         replicas=c.replicas, ray_address=c.ray_address, min_replicas=c.min_replicas,
         max_replicas=c.max_replicas, num_cpus=c.num_cpus or None,
         routing=RoutingParams(balance_abs=c.balance_abs, balance_rel=c.balance_rel,
-                              load_tokens=c.load_tokens))
+                              load_tokens=c.load_tokens, routed_ttl_s=c.routed_ttl_s))
     loaded = load_model(config.model.path, tiny=config.model.tiny,
                         max_model_len=config.model.max_model_len,
                         weights_dtype=config.model.weights_dtype)

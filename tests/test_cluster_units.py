@@ -82,12 +82,15 @@ def test_replicas_and_kv_events_come_from_flags_and_the_config_file():
     assert not config_from_dict({}).cluster.enabled
     scaled = config_from_dict({"cluster": {"replicas": 2, "min_replicas": 1, "max_replicas": 8}})
     assert scaled.cluster.max_replicas == 8
+    assert config_from_dict({"cluster": {"routed_ttl_s": 0}}).cluster.routed_ttl_s == 0.0
+    assert config_from_dict({}).cluster.routed_ttl_s == 30.0
 
 
 @pytest.mark.parametrize("raw, problem", [
     ({"cluster": {"replicas": 0}}, "replicas"),
     ({"cluster": {"replicas": 9, "max_replicas": 4}}, "autoscaling"),
     ({"cluster": {"balance_rel": 0.5}}, "balance_rel"),
+    ({"cluster": {"routed_ttl_s": -1}}, "routed_ttl_s"),
     ({"server": {"kv_events_endpoint": "tcp://0.0.0.0:5557"}}, "loopback"),
     ({"cluster": {"replica": 2}}, "unknown keys"),
 ])
