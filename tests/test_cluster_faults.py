@@ -154,3 +154,42 @@ async def test_replicas_that_keep_dying_end_the_request_overloaded_after_the_tri
     out = await events_of(eng, Request([1, 2, 3], tenant="acme"))
     assert len(out) == 1 and out[0].error_kind is ErrorKind.OVERLOADED
     assert eng.handle.calls == cluster_client.MAX_ATTEMPTS and eng.admission.running == {}
+
+
+async def test_the_router_sends_a_retry_to_a_replica_the_request_does_not_exclude():
+    pytest.importorskip("ray.serve")
+    import gc
+    from types import SimpleNamespace
+
+    from ray.serve._private.common import DeploymentHandleSource, DeploymentID
+
+    from radixgate.cluster.serve_router import RadixPrefixRouter
+
+    def replica(name: str):
+        return SimpleNamespace(replica_id=SimpleNamespace(unique_id=name), routing_stats={})
+
+    def pending(request: Request, **kwargs):
+        return SimpleNamespace(args=[request], kwargs=kwargs,
+                               metadata=SimpleNamespace(internal_request_id=request.request_id))
+
+    router = RadixPrefixRouter(DeploymentID(name="engines", app_name="test"),
+                               DeploymentHandleSource.UNKNOWN)
+    router.initialize_state(block_size=4)
+    try:
+        replicas = [replica(name) for name in ("r1", "r2", "r3")]
+        request = Request(list(range(40)), tenant="acme")
+        first = (await router.choose_replicas(replicas, pending(request)))[0][0].replica_id
+        router.on_request_routed(pending(request), first, None)
+        assert router.take_placement(request.request_id) == first.unique_id
+        assert router.take_placement(request.request_id) is None       # told once
+        retry = await router.choose_replicas(replicas, pending(request, exclude=(first.unique_id,)))
+        ranked = [r.replica_id.unique_id for rank in retry for r in rank]
+        assert sorted(ranked) == sorted({"r1", "r2", "r3"} - {first.unique_id})
+        everyone = await router.choose_replicas(replicas, pending(request,
+                                                                  exclude=("r1", "r2", "r3")))
+        ranked = sorted(r.replica_id.unique_id for rank in everyone for r in rank)
+        assert ranked == ["r1", "r2", "r3"]                              # none left: all
+    finally:
+        router.subscriber.close()
+        del router
+        gc.collect()
