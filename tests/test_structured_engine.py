@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import threading
 
 import jsonschema
 import pytest
@@ -132,7 +133,8 @@ def test_a_failed_overlapped_mask_leaves_the_step_retryable(compiler, caplog):
             json_done = engine.submit_future(request)
             free_done = engine.submit_future(free("The free request", max_tokens=16))
             answer, mixed = json_done.result(timeout=120), free_done.result(timeout=120)
-        assert engine.core.grammar_masks._executor is not None   # the overlapped path ran
+        assert any(t.name.startswith("grammar-masks")             # the overlapped path ran
+                   for t in threading.enumerate())
         assert flaky.fills > 2 and "a step of 2 requests failed" in caplog.text
         assert mixed.output_token_ids == alone.output_token_ids, mixed
         assert answer.reason is FinishReason.EOS, answer
