@@ -45,6 +45,7 @@ class ServerConfig:
     log_level: str = "info"
     kv_events_endpoint: str = ""     # publish KV events (vLLM format, ZMQ PUB) here; "" off
     kv_events_allow_remote: bool = False   # bind kv_events_endpoint to a non-loopback host
+    kv_events_replay_endpoint: str = ""    # answer replay requests (ZMQ ROUTER) here; "" off
 
 
 @dataclass(frozen=True, slots=True)
@@ -324,9 +325,17 @@ def _validate_cluster(cfg: GatewayConfig) -> None:
         raise ConfigError("cluster.balance_abs and load_tokens must be >= 0, balance_rel >= 1")
     if not c.routed_ttl_s >= 0:
         raise ConfigError("cluster.routed_ttl_s must be >= 0")
-    if cfg.server.kv_events_endpoint:
-        from radixgate.runtime.kv_events import EndpointError, check_endpoint
-        try:
-            check_endpoint(cfg.server.kv_events_endpoint, cfg.server.kv_events_allow_remote)
-        except EndpointError as e:
-            raise ConfigError(f"server.kv_events_endpoint: {e}") from None
+    server = cfg.server
+    if server.kv_events_replay_endpoint and not server.kv_events_endpoint:
+        raise ConfigError("server.kv_events_replay_endpoint needs server.kv_events_endpoint")
+    for name in ("kv_events_endpoint", "kv_events_replay_endpoint"):
+        if getattr(server, name):
+            _check_events_endpoint(name, getattr(server, name), server.kv_events_allow_remote)
+
+
+def _check_events_endpoint(name: str, endpoint: str, allow_remote: bool) -> None:
+    from radixgate.runtime.kv_events import EndpointError, check_endpoint
+    try:
+        check_endpoint(endpoint, allow_remote)
+    except EndpointError as e:
+        raise ConfigError(f"server.{name}: {e}") from None

@@ -57,7 +57,8 @@ def engine_config(config: GatewayConfig):
                         max_queue=config.server.max_queue, tenant_quotas=quotas,
                         max_unsent_events=config.server.max_unsent_events,
                         kv_events_endpoint=config.server.kv_events_endpoint or None,
-                        kv_events_allow_remote=config.server.kv_events_allow_remote)
+                        kv_events_allow_remote=config.server.kv_events_allow_remote,
+                        kv_events_replay_endpoint=config.server.kv_events_replay_endpoint or None)
 
 
 def _warm_up(tokenizer) -> None:

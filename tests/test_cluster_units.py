@@ -92,6 +92,9 @@ def test_replicas_and_kv_events_come_from_flags_and_the_config_file():
     ({"cluster": {"balance_rel": 0.5}}, "balance_rel"),
     ({"cluster": {"routed_ttl_s": -1}}, "routed_ttl_s"),
     ({"server": {"kv_events_endpoint": "tcp://0.0.0.0:5557"}}, "loopback"),
+    ({"server": {"kv_events_replay_endpoint": "tcp://127.0.0.1:5558"}}, "needs"),
+    ({"server": {"kv_events_endpoint": "tcp://127.0.0.1:5557",
+                 "kv_events_replay_endpoint": "tcp://0.0.0.0:5558"}}, "replay_endpoint.*loopback"),
     ({"cluster": {"replica": 2}}, "unknown keys"),
 ])
 def test_bad_cluster_settings_are_config_errors(raw, problem):

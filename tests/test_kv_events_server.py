@@ -1,6 +1,7 @@
 """``radixgate serve --kv-events-endpoint``: a single server publishes its cache's KV events
 (vLLM's format) to a real ZMQ SUB socket over loopback, addressed by the chained hashes of
-the prompt's full blocks in the tenant's namespace."""
+the prompt's full blocks in the tenant's namespace; ``[server] kv_events_replay_endpoint``
+answers a late subscriber with what it missed."""
 from __future__ import annotations
 
 import time
@@ -10,15 +11,18 @@ import zmq
 
 from benchmarks.launch import free_port
 from radixgate.cluster.kv_decode import decode_batch
+from radixgate.cluster.prefix_index import PrefixIndex
 from radixgate.gateway.auth import namespace_for
 from radixgate.radix_cache.kv_events import BlockRemoved, BlockStored, prompt_block_ids
 from radixgate.runtime.kv_events import hash_seed
 from tests.support.server import ADMIN_KEY, ServerProcess, ServerSpec
 from tests.test_cluster_ray import call, complete
 
-PORT = free_port()
+PORT, REPLAY_PORT = free_port(), free_port()
 SPEC = ServerSpec(tenants=("acme",),
-                  extra_args=("--kv-events-endpoint", f"tcp://127.0.0.1:{PORT}"))
+                  extra_args=("--kv-events-endpoint", f"tcp://127.0.0.1:{PORT}"),
+                  server_settings=(("kv_events_replay_endpoint",
+                                    f'"tcp://127.0.0.1:{REPLAY_PORT}"'),))
 PROMPT = list(range(2000, 2000 + 70))          # 4 full blocks of 16 and a partial one
 
 
@@ -72,3 +76,38 @@ def test_a_prompt_s_full_blocks_are_published_by_content_and_removed_on_flush(se
     assert status == 200
     events = receive(subscriber, lambda ev: expected <= hashes(ev, BlockRemoved))
     assert expected <= hashes(events, BlockRemoved)
+
+
+def test_a_late_subscriber_gets_what_it_missed_from_the_replay_endpoint(server):
+    """Asked from batch 0, the replay brings every batch the server sent (or a snapshot):
+    applied in order, they say which of the prompt's blocks are cached now."""
+    status, stats = call(server, "/v1/cache/stats", ADMIN_KEY)
+    seed = hash_seed("tiny-random-llama", stats["kv_dtype"], 16)
+    prompt = list(range(5000, 5000 + 70))
+    complete(server, "acme", prompt)
+    ids = prompt_block_ids(seed, namespace_for("acme"), prompt, 16)
+    index = PrefixIndex()
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and index.match(ids, ["s"])["s"] < 4:
+        index = PrefixIndex()
+        for payload in replay(f"tcp://127.0.0.1:{REPLAY_PORT}", start=0):
+            index.apply("s", decode_batch(payload)[1])
+    assert index.match(ids, ["s"]) == {"s": 4}
+
+
+def replay(endpoint: str, start: int) -> list[bytes]:
+    """The payloads a DEALER gets for ``[start]``, up to the end marker."""
+    socket = zmq.Context.instance().socket(zmq.DEALER)
+    socket.setsockopt(zmq.LINGER, 0)
+    socket.connect(endpoint)
+    socket.send_multipart((b"", start.to_bytes(8, "big")))
+    payloads = []
+    try:
+        while socket.poll(10_000):
+            _, _, payload = socket.recv_multipart()
+            if not payload:
+                return payloads
+            payloads.append(payload)
+        raise AssertionError(f"no end of replay from {endpoint}")
+    finally:
+        socket.close(linger=0)
