@@ -29,6 +29,7 @@ from radixgate.runtime.api import ErrorKind, Request
 
 MEMORY_PIN_MAX_S = 3600.0     # a pin keeps its namespace busy at most this long (memory pins)
 SETTLE_TIMEOUT_S = 30.0       # a reservation no report covered goes this long after its end
+ABANDONED_S = 3600.0          # ... and one whose request never ended (never read) this long
 
 
 class TenantAdmission:
@@ -52,9 +53,13 @@ class TenantAdmission:
 
     async def enter(self, request: Request) -> tuple[ErrorKind, str] | None:
         """Waits for a running slot of the request's tenant; the refusal, if any."""
-        refusal = await self._admit(request)
+        try:
+            refusal = await self._admit(request)
+        except asyncio.CancelledError:
+            self.pins.drop(request)           # it reaches no replica: it pins nothing
+            raise
         if refusal is not None:
-            self.pins.ended(request)          # it reaches no replica: it pins nothing
+            self.pins.drop(request)
             return refusal
         for namespace in self.namespaces.open(request):
             if self.retire is not None:
@@ -82,7 +87,7 @@ class TenantAdmission:
             await slot               # leave() hands its slot over: running stays counted
         except asyncio.CancelledError:
             if slot.done() and not slot.cancelled():
-                self.leave(request)  # handed over just as the waiter left
+                self._release_slot(tenant)   # handed over just as the waiter left
             else:
                 queue.remove(slot)
                 self.num_waiting -= 1
@@ -93,7 +98,9 @@ class TenantAdmission:
         """The request ended: its slot goes to the tenant's next waiter, if any."""
         self.namespaces.close(request)
         self.pins.ended(request)
-        tenant = request.tenant
+        self._release_slot(request.tenant)
+
+    def _release_slot(self, tenant: str) -> None:
         queue = self.waiting.get(tenant)
         while queue:
             slot = queue.popleft()
@@ -159,6 +166,7 @@ class NamespaceBook:
 class _Reservation:
     tenant: str
     tokens: int
+    made: float
     ended: float | None = None        # when the request ended at the gateway
 
 
@@ -186,10 +194,14 @@ class PinBook:
         kept = tuple(p for p in request.breakpoints if p.offset <= room)
         if kept:
             self.reservations[request.request_id] = _Reservation(
-                request.tenant, max(p.offset for p in kept))
+                request.tenant, max(p.offset for p in kept), self.clock())
         if len(kept) == len(request.breakpoints):
             return request
         return dataclasses.replace(request, breakpoints=kept)
+
+    def drop(self, request: Request) -> None:
+        """``request`` never reached a replica: its reservation goes now."""
+        self.reservations.pop(request.request_id, None)
 
     def ended(self, request: Request) -> None:
         reservation = self.reservations.get(request.request_id)
@@ -199,13 +211,14 @@ class PinBook:
     def settle(self, reports: Iterable[dict]) -> None:
         """Drops the reservations a report covers (the pinned counts include them now) and
         those of requests that ended ``SETTLE_TIMEOUT_S`` ago without one (their replica
-        left, or never pinned)."""
+        left, or never pinned) and of requests never read (``ABANDONED_S``)."""
         for report in reports:
             for request_id in report.get("pins_settled", ()):
                 self.reservations.pop(request_id, None)
-        stale = self.clock() - SETTLE_TIMEOUT_S
+        now = self.clock()
         for request_id, r in list(self.reservations.items()):
-            if r.ended is not None and r.ended < stale:
+            if (r.ended is not None and r.ended < now - SETTLE_TIMEOUT_S
+                    or r.made < now - ABANDONED_S):
                 del self.reservations[request_id]
 
     def reserved_tokens(self, tenant: str) -> int:

@@ -162,9 +162,10 @@ def replica_cache(spec: ReplicaSpec):
 
 def picklable_snapshot(snap):
     """``snap`` with plain dicts for its read-only mappings (which do not pickle)."""
+    tier = None if snap.tier is None else dataclasses.replace(snap.tier, drops=dict(snap.tier.drops))
     return dataclasses.replace(
         snap, tenants=dict(snap.tenants), evictions=dict(snap.evictions),
-        tenant_prefixes=dict(snap.tenant_prefixes), hit_tokens=dict(snap.hit_tokens))
+        tenant_prefixes=dict(snap.tenant_prefixes), hit_tokens=dict(snap.hit_tokens), tier=tier)
 
 
 def _replica_name() -> str:

@@ -2,16 +2,20 @@
 
 Counts (blocks, tree, requests, tenants, evictions, tokens reused per tier, steps...) add
 up; the top prefixes are merged by hits; ``replicas`` lists each replica
-(``runtime.stats.ReplicaCounts``). A disk tier's own stats (``tier``) are per replica and
-not merged: the deployment's snapshot has none.
+(``runtime.stats.ReplicaCounts``). The replicas' disk tiers (each its own subfolder with
+its part of the budget) are summed into one ``tier``: budgets, blocks, bytes, loads,
+writes and drops add up, ``full`` when any replica's disk is full, ``folder`` the
+deployment's (the replicas' parent folder).
 """
 from __future__ import annotations
 
 import heapq
+import os
 import time
 from collections.abc import Mapping
 from types import MappingProxyType
 
+from radixgate.runtime.kv_tier import TierStats
 from radixgate.runtime.stats import (BlockCounts, EngineSnapshot, ReplicaCounts, TenantCounts,
                                      TreeCounts, empty_snapshot)
 
@@ -47,6 +51,7 @@ def merge_snapshots(snapshots: Mapping[str, EngineSnapshot], hit_rates: Mapping[
         tenant_prefixes=MappingProxyType(_tenant_prefixes(snaps)),
         kv_dtype=first.kv_dtype, kv_bytes_per_token=first.kv_bytes_per_token,
         hit_tokens=MappingProxyType(_summed(s.hit_tokens for s in snaps)),
+        tier=merge_tiers([s.tier for s in snaps if s.tier is not None]),
         replicas=tuple(ReplicaCounts(name, s.blocks, round(hit_rates.get(name, 0.0), 6),
                                      s.running, s.waiting,
                                      views.get(name, {}).get("in_flight", 0),
@@ -82,3 +87,17 @@ def _tenant_prefixes(snaps) -> dict:
         for tenant, entries in s.tenant_prefixes.items():
             merged.setdefault(tenant, []).extend(entries)
     return {tenant: _top(entries) for tenant, entries in merged.items()}
+
+
+def merge_tiers(tiers: list[TierStats]) -> TierStats | None:
+    """The replicas' disk tiers as one (None without any)."""
+    if not tiers:
+        return None
+    summed = {name: sum(getattr(t, name) for t in tiers)
+              for name in ("budget_bytes", "blocks", "bytes", "retained_blocks", "hit_tokens",
+                           "loads", "loaded_blocks", "load_bytes", "load_s", "writes",
+                           "write_bytes", "evicted", "staged_bytes")}
+    folders = {os.path.dirname(t.folder.rstrip("/")) for t in tiers}
+    return TierStats(kind=tiers[0].kind, folder=folders.pop() if len(folders) == 1 else "",
+                     drops=MappingProxyType(_summed(t.drops for t in tiers)),
+                     full=any(t.full for t in tiers), **summed)

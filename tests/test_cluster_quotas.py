@@ -143,6 +143,24 @@ async def test_a_burst_of_pins_between_two_reports_cannot_overrun_the_quota(clus
     assert engine.submit(pinning(100)).request.breakpoints
 
 
+async def test_a_pin_that_never_reaches_a_replica_gives_its_reservation_back(cluster):
+    _, build = cluster
+    engine = build(max_pinned_tokens=100, max_running=1, max_queued=1)
+    first = engine.submit(pinning(60)).request
+    assert await engine.admission.enter(first) is None
+    waiter = engine.submit(pinning(30)).request
+    waiting = asyncio.ensure_future(engine.admission.enter(waiter))
+    await asyncio.sleep(0)
+    refused = engine.submit(pinning(8)).request
+    assert (await engine.admission.enter(refused))[0].name == "OVER_CAPACITY"
+    assert engine.admission.pins.reserved_tokens("acme") == 60 + 30
+    waiting.cancel()                           # its client left while it waited
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    assert engine.admission.pins.reserved_tokens("acme") == 60
+    engine.admission.leave(first)
+
+
 async def test_max_namespaces_counts_the_whole_deployment_and_retires_on_every_replica(cluster):
     _, build = cluster
     engine = build(max_namespaces=2)

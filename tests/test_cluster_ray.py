@@ -33,10 +33,10 @@ def server():
         yield srv
     finally:
         srv.stop(timeout_s=60)
-        _end_leftovers(family)
+        end_leftovers(family)
 
 
-def _end_leftovers(pids: list[int]) -> None:
+def end_leftovers(pids: list[int]) -> None:
     """Ray's processes started by the server end with it; whatever is left (a crash) is
     ended here, by pid: only processes this test's server started."""
     for pid in pids:

@@ -1,21 +1,26 @@
 """The disk tier with replicas (cluster/tier_folders.py): replica i uses ``DIR/replica-i``
 with its part of the budget, indices are the lowest free ones and a replaced replica gets
 its predecessor's back, folders of indices the deployment no longer has are reclaimed at
-start, and setups that cannot work are refused at start with one line (before Ray)."""
+start, and setups that cannot work are refused at start with one line (before Ray). Then
+the real default model on 2 replicas with the tier on (Ray): both serve, tenants stay
+apart, and a prefix evicted from a replica's memory is read back from its disk folder."""
 from __future__ import annotations
 
 import fcntl
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
+import psutil
 import pytest
 
 from radixgate.cluster.tier_folders import (claim_replica_index, prepare_deployment_folder,
                                             release_deployment_folder)
 from radixgate.radix_cache import CacheConfig
-from radixgate.runtime.kv_tier import TierFolderError
+from radixgate.runtime.kv_tier import TierFolderError, TierStats
+from tests.support.server import ADMIN_KEY, ServerProcess, ServerSpec
 
 
 def tier(folder: Path, gb: float = 4.0) -> CacheConfig:
@@ -111,3 +116,62 @@ def test_serve_refuses_a_folder_in_use_with_one_line_before_anything_starts(tmp_
     lines = done.stderr.strip().splitlines()
     assert done.returncode == 2 and len(lines) == 1, done.stderr
     assert lines[0].startswith(f"radixgate: the KV disk tier folder {folder}") and "in use" in lines[0]
+
+
+def test_the_replicas_disk_tiers_sum_into_the_deployment_s():
+    from radixgate.cluster.stats import merge_tiers
+
+    def one(index: int, hits: int) -> TierStats:
+        return TierStats("disk", f"/srv/kv/replica-{index}", 1 << 29, 3, 300, 0, hits, 1, 2,
+                         200, 0.5, 4, 400, 0, {"backlog": 1}, index == 1, 0)
+    merged = merge_tiers([one(0, 10), one(1, 20)])
+    assert (merged.folder, merged.budget_bytes, merged.hit_tokens) == ("/srv/kv", 1 << 30, 30)
+    assert dict(merged.drops) == {"backlog": 2} and merged.full
+    assert merge_tiers([]) is None
+
+
+# ---- the real default model on 2 replicas, the tier on (Ray) ----------------------------
+
+DISK_GB = 0.5
+REAL_SPEC = ServerSpec(tiny=False, kv_cache_gb=0.03, max_model_len=1024, tenants=("acme", "beta"),
+                       extra_args=("--replicas", "2", "--threads", "1", "--policy", "lru",
+                                   "--kv-disk-gb", str(DISK_GB)))
+
+
+@pytest.fixture(scope="module")
+def real_replicas(tmp_path_factory):
+    pytest.importorskip("ray.serve")
+    from tests.test_cluster_ray import end_leftovers
+    folder = tmp_path_factory.mktemp("kv-tier") / "kv"
+    spec = replace(REAL_SPEC, extra_args=REAL_SPEC.extra_args + ("--kv-disk-dir", str(folder)))
+    srv = ServerProcess(spec).start(timeout_s=300)
+    family = [srv.proc.pid] + [p.pid for p in psutil.Process(srv.proc.pid).children(recursive=True)]
+    try:
+        yield srv, folder
+    finally:
+        srv.stop(timeout_s=60)
+        end_leftovers(family)
+
+
+def test_two_replicas_with_the_tier_serve_each_tenant_and_read_an_evicted_prefix_from_disk(
+        real_replicas):
+    from tests.test_cluster_ray import call, complete
+    srv, folder = real_replicas
+    prompt = list(range(2000, 2320))                  # 20 blocks of 16
+    assert complete(srv, "acme", prompt)[1] == 0
+    assert complete(srv, "acme", prompt)[1] >= 304    # from memory, on the replica holding it
+    assert complete(srv, "beta", prompt)[1] == 0      # another tenant reads none of it
+    # fillers sharing the prompt's first block go to its replica (the router follows the
+    # prefix) and push the rest of it out of that replica's 43 blocks, to its disk folder
+    for i in range(3):
+        complete(srv, "acme", prompt[:16] + list(range(6000 + 400 * i, 6384 + 400 * i)))
+    assert complete(srv, "acme", prompt)[1] >= 304    # memory's first block, disk's rest
+    status, stats = call(srv, "/v1/cache/stats", ADMIN_KEY)
+    assert status == 200, stats
+    disk = stats["tiers"]["disk"]
+    assert disk["enabled"] and disk["hit_tokens"] >= 288 and disk["writes"] > 0
+    assert disk["budget_bytes"] == int(DISK_GB / 2 * (1 << 30)) * 2    # one budget, split
+    assert sorted(p.name for p in folder.iterdir() if p.is_dir()) == ["replica-0", "replica-1"]
+    written = [p for p in folder.glob("replica-*/**/*.f")]
+    assert written and {p.relative_to(folder).parts[0] for p in written} <= {"replica-0",
+                                                                             "replica-1"}
