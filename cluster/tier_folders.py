@@ -22,15 +22,15 @@ import fcntl
 import logging
 import os
 import re
-import shutil
 import time
 from pathlib import Path
 
 from radixgate.radix_cache.config import REPLICA_FOLDER_PREFIX, CacheConfig, replica_disk_dir
 from radixgate.runtime.kv_tier import TierFolderError, check_disk_folder
+from radixgate.runtime.kv_tier.folders import (PRIVATE_FILE, delete_folder, make_private_dir,
+                                               open_locked, unusable)
 
 log = logging.getLogger(__name__)
-SERVER_LOCK = "lock"          # the tier folder's own lock file name (one server per folder)
 CLAIM = "claim"
 CLAIM_WAIT_S = 60.0           # a replica waits this long for a claim its predecessor frees
 CLAIM_POLL_S = 0.25
@@ -46,7 +46,7 @@ def prepare_deployment_folder(cache: CacheConfig, slots: int) -> None:
     if not cache.disk_dir or cache.disk_dir in _held:
         return
     folder = Path(cache.disk_dir)
-    fd = _hold(folder)
+    fd = open_locked(folder)      # the tier folder's own lock: one server per folder
     try:
         for index in range(slots):
             _check_replica_folder(Path(replica_disk_dir(cache.disk_dir, index)), index)
@@ -81,26 +81,12 @@ def claim_replica_index(cache: CacheConfig, slots: int, *, wait_s: float = CLAIM
         time.sleep(poll_s)
 
 
-def _hold(folder: Path) -> int:
-    try:
-        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-        fd = _try_lock(folder / SERVER_LOCK)
-    except OSError as exc:
-        raise _unusable(folder, exc) from exc
-    if fd is None:
-        raise TierFolderError(
-            f"the KV disk tier folder {folder} is in use by another radixgate server "
-            f"(pid {_holder(folder / SERVER_LOCK)}): give each server its own folder")
-    return fd
-
-
 def _check_replica_folder(folder: Path, index: int) -> None:
     """Raise unless replica ``index``'s folder is writable and nothing holds it."""
     try:
-        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
         fd = _try_lock(folder / CLAIM)
     except OSError as exc:
-        raise _unusable(folder, exc) from exc
+        raise unusable(folder, exc) from exc
     if fd is None:
         raise TierFolderError(
             f"the KV disk tier folder {folder} is in use by replica {index} of another "
@@ -117,7 +103,7 @@ def _reclaim_beyond(folder: Path, slots: int) -> None:
         if match is None or int(match.group(1)) < slots or not entry.is_dir():
             continue
         _check_replica_folder(entry, int(match.group(1)))    # nobody uses it any more
-        shutil.rmtree(entry)
+        delete_folder(entry)
         log.info("KV disk tier %s: deleted %s (a replica index the deployment no longer "
                  "has: it runs %d)", folder, entry.name, slots)
 
@@ -125,8 +111,8 @@ def _reclaim_beyond(folder: Path, slots: int) -> None:
 def _try_lock(path: Path) -> int | None:
     """An exclusive flock on ``path`` with this pid written in it, or None when another
     process (or another fd of this one) holds it."""
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    make_private_dir(path.parent)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, PRIVATE_FILE)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -143,8 +129,3 @@ def _holder(path: Path) -> str:
     except OSError:
         return "unknown"
 
-
-def _unusable(folder: Path, exc: OSError) -> TierFolderError:
-    return TierFolderError(f"the KV disk tier folder {folder} cannot be used: "
-                           f"{exc.strerror or exc} (set [cache] disk_dir / --kv-disk-dir to a "
-                           "folder this user can write)")

@@ -96,8 +96,10 @@ def test_a_deployment_refuses_folders_it_cannot_use(tmp_path, deployment):
     (tmp_path / "file").write_text("")
     with pytest.raises(TierFolderError, match="cannot be used"):
         deployment(tier(tmp_path / "file" / "kv"), 2)
-    deployment(tier(tmp_path / "kv"), 2)
-    (tmp_path / "alias").symlink_to(tmp_path / "kv")
+    deployment(tier(tmp_path / "kv" / "new"), 2)
+    for folder in ("kv", "kv/new", "kv/new/replica-0", "kv/new/replica-1"):
+        assert (tmp_path / folder).stat().st_mode & 0o777 == 0o700, folder
+    (tmp_path / "alias").symlink_to(tmp_path / "kv" / "new")
     with pytest.raises(TierFolderError, match=f"in use by another radixgate server .pid {os.getpid()}"):
         prepare_deployment_folder(tier(tmp_path / "alias"), 2)   # a second deployment
 
