@@ -1,6 +1,6 @@
 """Offline Belady-style baseline for the memory sweep: its own small radix tree + an oracle.
 
-The simulator mirrors the real cache's memory model (DESIGN.md section 3) so that block
+The simulator mirrors the real cache's memory model (docs/ARCHITECTURE.md section 3) so that block
 counts are comparable with ``RadixTree``: token-exact radix nodes; a node covering
 positions ``[s, e)`` holds one physical block per block index ``s // B .. (e - 1) // B``;
 a split shares the boundary block between parent and child; a request that reuses a

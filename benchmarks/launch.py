@@ -1,6 +1,6 @@
 """Start ``radixgate serve`` as a subprocess on a free loopback port, for the benchmarks.
 
-``BenchServer(variant_args, tenants).start()`` writes a TOML config (DESIGN.md section 8)
+``BenchServer(variant_args, tenants).start()`` writes a TOML config (docs/USAGE.md, Config file)
 with an admin key and one key per tenant, spawns the server with the default real model
 (or ``--tiny``), waits for ``GET /health`` and hands back the base URL; ``stop()`` sends
 SIGTERM (then SIGKILL after a grace period). Logs go to ``workdir/server.log``. With

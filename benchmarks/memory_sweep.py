@@ -2,7 +2,7 @@
 
 For each workload's token trace (``benchmarks.traces``) and each budget (a fraction of the
 working set = blocks the trace holds with unlimited memory), requests are replayed one at a
-time the way the engine admits them (DESIGN.md section 2): match, reuse
+time the way the engine admits them (docs/ARCHITECTURE.md section 2): match, reuse
 ``min(matched, len - 1)`` tokens, allocate blocks for the rest (copying a partial last
 block), insert the prompt, drop the request's references, then evict down to the budget.
 The budget is the cache's capacity between requests; the running request's blocks come on

@@ -1,4 +1,5 @@
-"""API keys -> tenants, namespaces and per-tenant request-rate limits (DESIGN.md section 4).
+"""API keys -> tenants, namespaces and per-tenant request-rate limits
+(docs/ARCHITECTURE.md section 4).
 
 A request authenticates with ``x-api-key: KEY`` or ``Authorization: Bearer KEY``. Every
 configured key is compared with ``hmac.compare_digest`` (all of them, always), so timing

@@ -1,4 +1,4 @@
-"""GET /v1/cache/stats: the JSON of DESIGN.md section 8, scoped to the caller.
+"""GET /v1/cache/stats: the JSON described in docs/USAGE.md (Endpoints), scoped to the caller.
 
 An admin sees the whole server and every tenant, with a text ``preview`` of each hot
 prefix. A tenant sees only itself: its tokens, hit rate, TTFT, history, running requests,

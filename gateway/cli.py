@@ -43,7 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="radixgate", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="run the HTTP gateway")
-    serve.add_argument("--config", help="TOML config file (DESIGN.md section 8)")
+    serve.add_argument("--config", help="TOML config file (docs/USAGE.md, Config file)")
     serve.add_argument("--host")
     serve.add_argument("--port", type=int)
     _model_flags(serve)

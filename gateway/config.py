@@ -1,4 +1,4 @@
-"""Gateway configuration: the TOML file of DESIGN.md section 8, overridden by CLI flags.
+"""Gateway configuration: the TOML file of docs/USAGE.md (Config file), overridden by CLI flags.
 
 Frozen dataclasses inside; pydantic only at the HTTP edge. Loading a config never loads a
 model. ``load_config(path, overrides)`` is the one entry point::

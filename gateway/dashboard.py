@@ -1,7 +1,7 @@
 """GET /dashboard: the live cache dashboard, served from the package's own static files.
 
 The page (``gateway/static/``) is plain HTML, CSS and hand-written JavaScript modules; it
-loads nothing from the network and polls ``GET /v1/cache/stats`` (DESIGN.md section 8)
+loads nothing from the network and polls ``GET /v1/cache/stats`` (docs/USAGE.md, Endpoints)
 every 1.5 s with the API key from the browser's sessionStorage in an ``x-api-key`` header.
 
 The page and its assets need no key (they hold no data), so an auth middleware must let

@@ -1,4 +1,4 @@
-"""Errors in each API's own envelope and status (DESIGN.md section 8).
+"""Errors in each API's own envelope and status (docs/USAGE.md, Endpoints and Limits).
 
 Handlers raise ``ApiError(kind, message, param=...)``; the error middleware renders it in
 the envelope of the route's API:

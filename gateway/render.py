@@ -1,4 +1,5 @@
-"""Prompt rendering: conversation -> token ids + breakpoint offsets (DESIGN.md sections 2, 7).
+"""Prompt rendering: conversation -> token ids + breakpoint offsets (docs/ARCHITECTURE.md
+section 2, step 3).
 
 Both APIs convert their request into a ``Conversation``: a system part (tool definitions
 first, then system text), then messages, each a list of ``Piece``s (one per content block).

@@ -1,4 +1,4 @@
-"""Paged KV-cache ops: ``store_kv``, ``paged_attention``, ``copy_blocks`` (DESIGN.md section 5).
+"""Paged KV-cache ops: ``store_kv``, ``paged_attention``, ``copy_blocks`` (docs/ARCHITECTURE.md section 3).
 
 Each op dispatches by device: CUDA tensors go to a Triton kernel, anything else to the plain-torch
 reference in ``reference.py`` (which is also the specification). ``backend="triton"`` /

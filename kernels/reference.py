@@ -1,6 +1,6 @@
 """Plain-torch KV ops: the specification of every kernel and the CPU path of the model.
 
-Layout (DESIGN.md section 5): per layer ``k_cache``/``v_cache`` are
+Layout (docs/ARCHITECTURE.md section 3): per layer ``k_cache``/``v_cache`` are
 ``[num_blocks, block_size, Hkv, D]``; position ``i`` of a sequence lives in slot
 ``i % block_size`` of block ``block_table[i // block_size]``. Slot ids are ``block * block_size
 + slot``. Everything here is vectorised: decode rows of a batch go through one batched

@@ -1,6 +1,6 @@
 """radixgate.radix_cache: block pool and radix tree of token prefixes (pure Python, no torch).
 
-See DESIGN.md section 3 for the reference, lock and copy-on-write rules.
+See docs/ARCHITECTURE.md section 3 for the reference, lock and copy-on-write rules.
 """
 
 from .config import CacheConfig, CreditParams, make_policy

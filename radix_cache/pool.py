@@ -1,7 +1,7 @@
 """BlockPool: a free list plus one refcount per KV block (pure Python, block ids are ints).
 
 The refcount of a block is the number of its holders: tree nodes and running requests
-(DESIGN.md section 3). A block is free exactly when its refcount is 0; ``decref`` to 0 puts
+(docs/ARCHITECTURE.md section 3). A block is free exactly when its refcount is 0; ``decref`` to 0 puts
 it back on the free list. Misuse (double free, incref of a free block, unknown id) raises
 ``BlockPoolError`` at once instead of corrupting the cache silently.
 """

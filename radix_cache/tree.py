@@ -1,6 +1,6 @@
 """RadixTree: token-exact prefix matching over refcounted, copy-on-write KV blocks.
 
-Reference, lock and copy-on-write rules are those of DESIGN.md section 3:
+Reference, lock and copy-on-write rules are those of docs/ARCHITECTURE.md section 3:
 - a node covering positions ``[s, e)`` holds one reference to each block for block indices
   ``s // B .. (e - 1) // B``; a split inside a block leaves parent and child both holding
   the boundary block (one reference each) and the new parent inherits the lock count;

@@ -1,7 +1,7 @@
 """The engine's public contract: what the gateway, CLI, benchmarks and tests code against.
 
 Pure Python (no torch), so the gateway can import it without touching tensors.
-See shared DESIGN.md section 2 for the request's path.
+docs/ARCHITECTURE.md section 2 follows a request's path.
 
 Submitting::
 
@@ -95,7 +95,7 @@ class Breakpoint:
 
 @dataclass(slots=True)
 class Request:
-    """One generation request. ``namespace`` is derived by the gateway (DESIGN.md section 4);
+    """One generation request. ``namespace`` is derived by the gateway (docs/ARCHITECTURE.md section 4);
     the engine never derives or checks it. ``deadline`` is a ``time.monotonic()`` value."""
 
     tokens: list[int]

@@ -1,4 +1,4 @@
-"""``ForwardBatch``: one model step's inputs (DESIGN.md section 5 layout)."""
+"""``ForwardBatch``: one model step's inputs (the KV layout of docs/ARCHITECTURE.md section 3)."""
 from __future__ import annotations
 
 from dataclasses import dataclass

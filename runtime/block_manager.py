@@ -1,6 +1,6 @@
 """A sequence's KV blocks against the radix tree: admission, copy-on-write, insert, release.
 
-Implements DESIGN.md sections 2-3 for one sequence at a time (the scheduler decides when):
+Implements docs/ARCHITECTURE.md sections 2-3 for one sequence at a time (the scheduler decides when):
 
 - ``admit``: match (own namespace, and ``public`` when the request opts in: the longer match
   wins, the other is released), reuse ``min(matched, len - 1)`` tokens (rounded down to whole

@@ -1,6 +1,6 @@
 """Engine: one thread running the step loop, fed by a thread-safe command queue.
 
-DESIGN.md section 6. Every call that changes engine state (submit, abort, flush, pin,
+docs/ARCHITECTURE.md section 5. Every call that changes engine state (submit, abort, flush, pin,
 unpin, publish, check_integrity, a fresh snapshot, fault injection, shutdown) is a command
 applied between steps by the engine thread; only that thread touches the tree, the pool
 and the KV tensors. Commands return ``concurrent.futures.Future``. When nothing runs or

@@ -1,4 +1,4 @@
-"""Engine configuration: plain frozen values, no side effects (STYLE.md rule 5)."""
+"""Engine configuration: plain frozen values, no side effects (pydantic only at the HTTP edge)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping

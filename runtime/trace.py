@@ -1,5 +1,5 @@
-"""Per-request debug record (``EngineConfig.record_logits``) for the near-tie rule of DESIGN.md
-section 9: cache-on vs cache-off comparisons stop at the first step whose top-2 gap is tiny."""
+"""Per-request debug record (``EngineConfig.record_logits``) for the near-tie rule of
+docs/ARCHITECTURE.md section 7: cache-on vs cache-off comparisons stop at the first step whose top-2 gap is tiny."""
 from __future__ import annotations
 
 from dataclasses import dataclass

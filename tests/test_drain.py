@@ -1,4 +1,4 @@
-"""Graceful drain (issue 8, DESIGN.md section 6): SIGTERM while requests run stops
+"""Graceful drain (docs/ARCHITECTURE.md section 5): SIGTERM while requests run stops
 admitting, lets every request finish or cleanly aborts it (a complete answer, an error in
 its envelope, or a stream that ends with an error event — never a torn connection), and the
 process exits with code 0 within the grace period."""

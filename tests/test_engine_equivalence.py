@@ -1,6 +1,6 @@
 """Greedy outputs with the prefix cache equal those without it (real SmolLM2 model).
 
-Near-tie rule (DESIGN.md section 9): tokens are compared up to the first step whose top-2
+Near-tie rule (docs/ARCHITECTURE.md section 7): tokens are compared up to the first step whose top-2
 logit gap is below 1e-3; up to there the logits must agree within LOGIT_TOL (CPU matmul
 rounding differs with how many rows go through together). Most comparisons must match to
 the end. After every scenario: tree/pool integrity, free + held == total, nothing locked.

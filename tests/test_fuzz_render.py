@@ -1,7 +1,7 @@
 """Hypothesis on prompt rendering (gateway/render.py) with the default model's tokenizer and
 chat template: arbitrary unicode and odd message shapes never crash the renderer (a
 ``TemplateError`` is the one allowed refusal), and rendering ``messages[:k]`` yields a token
-prefix, with the same breakpoints, of rendering all messages (DESIGN.md section 2)."""
+prefix, with the same breakpoints, of rendering all messages (docs/ARCHITECTURE.md section 2)."""
 from __future__ import annotations
 
 import pytest

@@ -248,7 +248,7 @@ async def wait_quiescent(session: aiohttp.ClientSession, base: str, admin_key: s
 
 
 def block_accounting_violation(stats: dict) -> str | None:
-    """in_use 0 and free + cached + pinned == total (states are disjoint, DESIGN.md 8)."""
+    """in_use 0 and free + cached + pinned == total (states are disjoint, docs/USAGE.md Endpoints)."""
     b = stats["blocks"]
     if b["in_use"] != 0:
         return f"blocks still in use after load: {b}"

@@ -1,5 +1,5 @@
 """Helpers for the engine tests: hold the engine thread, run requests, compare greedy runs
-under the near-tie rule of DESIGN.md section 9, check integrity after a scenario."""
+under the near-tie rule of docs/ARCHITECTURE.md section 7, check integrity after a scenario."""
 from __future__ import annotations
 
 import contextlib

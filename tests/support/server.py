@@ -1,8 +1,8 @@
 """Start ``radixgate serve --tiny`` as a subprocess on a free loopback port.
 
 A test builds a ``ServerSpec`` (tiny KV budget and context so eviction and preemption
-happen), ``ServerProcess(spec, workdir).start()`` writes the TOML config (DESIGN.md
-section 8) with an admin key and several tenant keys, waits for ``GET /health`` to answer
+happen), ``ServerProcess(spec, workdir).start()`` writes the TOML config (docs/USAGE.md,
+Config file) with an admin key and several tenant keys, waits for ``GET /health`` to answer
 200 and hands back the base URL. ``stop()`` sends SIGTERM and returns the exit code.
 
 ``shared_server(config, spec)`` starts one server per distinct spec per pytest session
@@ -56,7 +56,7 @@ class ServerSpec:
 
 
 def config_toml(spec: ServerSpec) -> str:
-    """The TOML text of DESIGN.md section 8 for ``spec`` (host/port come from flags)."""
+    """The TOML text (docs/USAGE.md, Config file) for ``spec`` (host/port come from flags)."""
     lines = [
         "[server]",
         f"max_queue = {spec.max_queue}",
