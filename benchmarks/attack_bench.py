@@ -1,6 +1,6 @@
 """Tenant-isolation attack benchmark: ``python -m benchmarks.attack_bench [--quick]``.
 
-For each attack of issue 21 it starts ``radixgate serve --tiny`` twice on a free loopback
+For each attack on tenant isolation it starts ``radixgate serve --tiny`` twice on a free loopback
 port (one server per phase, so phases do not share state), with two tenants: ``attacker``
 (the default tenant limits but ``requests_per_minute = 0``) and ``victim`` (the default
 tenant limits). In the *control* phase the attacker sends the same number of ordinary

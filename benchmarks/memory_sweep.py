@@ -229,7 +229,7 @@ def compare_policies(traces: dict[str, Trace], block_size: int = 16,
 
 
 def goal_checks(sweeps: list[WorkloadSweep]) -> dict:
-    """Issue 7's goals: ours >= 90% of Belady at budgets >= 25%; ours >= page-rounded always
+    """The eviction goals: ours >= 90% of Belady at budgets >= 25%; ours >= page-rounded always
     (and, for transparency, the first goal against the tail-trimming oracle too)."""
     within, within_trim, above = {}, {}, {}
     for s in sweeps:

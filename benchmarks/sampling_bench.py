@@ -4,7 +4,7 @@ The logits are the default model's own (a decode step of 16 streams with 128 cac
 each); each stream carries a 256-token prompt and a growing output, so the penalties count
 real histories incrementally. Configurations, interleaved round by round (median per step):
 
-- ``old``: the sampler before issue 22 (kept below: a per-row loop, ``.cpu()`` and
+- ``old``: the per-row sampler this replaced (kept below: a per-row loop, ``.cpu()`` and
   ``.item()`` per sampled row) with temperature, top_k and top_p;
 - ``off``: today's batched sampler, seeded temperature 1.0 and nothing else;
 - ``same``: today's, with the old configuration's values (temperature, top_k, top_p);
@@ -35,7 +35,7 @@ PROMPT_LEN = 256
 CACHED = 128
 
 
-# -- the sampler before issue 22 (runtime/sampling.py at 6d49a3f), for comparison ----------
+# -- the per-row sampler before batched sampling (runtime/sampling.py at 6d49a3f), for comparison ----------
 
 def old_sample_tokens(logits, params, generators):
     n = logits.shape[0]

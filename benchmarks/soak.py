@@ -11,12 +11,21 @@ Prints one JSON report: requests served, outcomes and errors by kind, p50/p99 la
 complete answers, RSS at idle after each round and its drift, and every violation.
 Exit code 1 when any request hung, broke its envelope, got an undocumented 5xx, or a block
 leaked.
+
+``--churn N`` runs the salt churn instead (``salt_churn``): one tenant sends N requests, each
+under a ``cache_salt`` never used before and with a prompt of a random length, so every
+prompt is computed afresh in a namespace of its own; the report gives the server's resident
+memory (VmRSS) as the churn goes and its growth over the second half, which a server that
+bounds its per-namespace, per-request and per-shape state keeps within
+``max(48 MB, 10%)`` (``churn_growth_limit_mb``). ``--default-model`` serves the real default
+model instead of ``--tiny``.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
 import json
+import random
 import statistics
 import sys
 import time
@@ -29,6 +38,7 @@ from tests.support.load import LoadConfig, LoadReport, run_load
 from tests.support.server import ADMIN_KEY, ServerProcess, ServerSpec, tenant_key
 
 MB = 1024 * 1024
+CHURN_TENANT = "acme"
 
 
 @dataclass
@@ -131,6 +141,94 @@ def default_load(base_url: str, spec: ServerSpec, seconds: float, clients: int,
     keys = {t: tenant_key(t) for t in spec.tenants[:4]}
     return LoadConfig(base_url=base_url, tenant_keys=keys, seconds=seconds, clients=clients,
                       seed=seed, admin_key=ADMIN_KEY)
+
+
+# ---- salt churn: resident memory while every request opens a namespace of its own ----------
+
+def vm_rss_mb(pid: int) -> float:
+    """Resident memory of process ``pid`` (``VmRSS`` of /proc/PID/status), in MiB."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    raise ValueError(f"no VmRSS for process {pid}")
+
+
+def churn_growth_limit_mb(rss_at_half_mb: float) -> float:
+    """The most resident memory the second half of a churn may add: 48 MB or 10%."""
+    return max(48.0, 0.10 * rss_at_half_mb)
+
+
+@dataclass
+class ChurnResult:
+    rss_mb: list[tuple[int, float]] = field(default_factory=list)   # (requests done, VmRSS)
+    failures: list[str] = field(default_factory=list)               # broken answers
+    wall_s: float = 0.0
+
+    @property
+    def requests(self) -> int:
+        return self.rss_mb[-1][0] if self.rss_mb else 0
+
+    def rss_at(self, done: int) -> float:
+        """VmRSS at the first sample taken once ``done`` requests had finished."""
+        return next(rss for n, rss in self.rss_mb if n >= done)
+
+    @property
+    def second_half_growth_mb(self) -> float:
+        return self.rss_mb[-1][1] - self.rss_at(self.requests // 2)
+
+    def summary(self) -> dict:
+        half = self.rss_at(self.requests // 2) if self.rss_mb else 0.0
+        return {"requests": self.requests, "wall_s": round(self.wall_s, 1),
+                "rss_start_mb": round(self.rss_mb[0][1], 1) if self.rss_mb else None,
+                "rss_half_mb": round(half, 1),
+                "rss_end_mb": round(self.rss_mb[-1][1], 1) if self.rss_mb else None,
+                "second_half_growth_mb": round(self.second_half_growth_mb, 1)
+                if self.rss_mb else None,
+                "limit_mb": round(churn_growth_limit_mb(half), 1),
+                "rss_samples_mb": [(n, round(r, 1)) for n, r in self.rss_mb],
+                "failures": self.failures[:10]}
+
+
+def churn_request(rng: random.Random, index: int, max_words: int) -> tuple[str, dict]:
+    """(path, body) of request ``index``: a salt of its own, a prompt of random length (so
+    the engine's batches take many row counts), one output token; both APIs in turn."""
+    prompt = c.words(rng, rng.randint(1, max_words))
+    salt = f"churn-{index}-{rng.getrandbits(32):08x}"
+    if index % 2:
+        return c.CHAT_PATH, c.chat_body(prompt, max_tokens=1, cache_salt=salt)
+    return c.ANTHROPIC_PATH, c.anthropic_body(prompt, max_tokens=1, cache_salt=salt)
+
+
+async def salt_churn(base_url: str, pid: int, requests: int, *, key: str | None = None,
+                     concurrency: int = 8, max_words: int = 200, samples: int = 20,
+                     seed: int = 0) -> ChurnResult:
+    """Send ``requests`` churn requests (``churn_request``) from ``concurrency`` clients and
+    sample the server's VmRSS ``samples`` times along the way (and once before)."""
+    key = key or tenant_key(CHURN_TENANT)
+    rng = random.Random(seed)
+    result = ChurnResult(rss_mb=[(0, vm_rss_mb(pid))])
+    every = max(1, requests // samples)
+    todo = iter(range(requests))
+    done = 0
+    started = time.monotonic()
+
+    async def client(http: aiohttp.ClientSession) -> None:
+        nonlocal done
+        for index in todo:
+            path, body = churn_request(rng, index, max_words)
+            async with http.post(base_url + path, headers=c.headers(key), json=body) as r:
+                problem = c.check_answer(path, False, r.status, await r.text(), 1)
+            if problem or r.status != 200:
+                result.failures.append(problem or f"status {r.status}")
+            done += 1
+            if done % every == 0 or done == requests:
+                result.rss_mb.append((done, vm_rss_mb(pid)))
+
+    async with aiohttp.ClientSession() as http:
+        await asyncio.gather(*(client(http) for _ in range(concurrency)))
+    result.wall_s = time.monotonic() - started
+    return result
 
 
 def main(argv: list[str] | None = None) -> int:

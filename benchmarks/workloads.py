@@ -1,6 +1,6 @@
 """Seeded prefix-sharing workloads: chat requests in arrival order.
 
-Five workloads (issue 7), each a list of ``ChatRequest`` in the order a client sends them:
+Five workloads, each a list of ``ChatRequest`` in the order a client sends them:
 
 1. ``shared_system``  one long system prompt shared by many users asking short questions;
 2. ``multi_turn``     conversations that re-send their whole history every turn;

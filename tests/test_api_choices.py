@@ -1,4 +1,4 @@
-"""Issue 22: several choices through the official openai SDK over loopback (tiny model):
+"""Several choices through the official openai SDK over loopback (tiny model):
 ``n`` > 1 shares one prefill of the prompt (the other choices read it from the cache),
 batched completion prompts give one choice per prompt in order, ``echo`` puts the prompt
 first, and ``suffix`` is a clear 400."""

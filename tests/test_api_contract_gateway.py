@@ -1,4 +1,4 @@
-"""Issue 22, gateway side, over real HTTP (tiny model, loopback) and the official SDKs:
+"""The API contract, gateway side, over real HTTP (tiny model, loopback) and the official SDKs:
 max_tokens clamped to the context (strict_max_tokens restores the 400), the model's other
 names, /tokenize /detokenize /version, x-request-id, CORS, Anthropic version / thinking /
 service_tier / ignored fields, vLLM-named metrics."""

@@ -1,4 +1,4 @@
-"""Issue 22: log probabilities through the official openai SDK over loopback (tiny model):
+"""Log probabilities through the official openai SDK over loopback (tiny model):
 chat ``logprobs`` / ``top_logprobs`` and completions ``logprobs``, streamed and not, taken
 from the model's own distribution (so greedy picks are each step's most likely token)."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Sampling fields over real HTTP (issue 22): ``logit_bias``, ``min_tokens``, ``ignore_eos``,
+"""Sampling fields over real HTTP: ``logit_bias``, ``min_tokens``, ``ignore_eos``,
 presence / frequency / repetition penalties, ``min_p`` and ``top_k`` reach the sampler
 through the official openai SDK (``extra_body`` for vLLM's extras) and the Anthropic route,
 change the answer the way they should, and out-of-range values get a 400."""

@@ -1,4 +1,4 @@
-"""The attack benchmark (issue 21) at a minimal size: its report has the documented shape
+"""The attack benchmark at a minimal size: its report has the documented shape
 and every attacker and victim request is counted exactly once. No timing assertions: the
 latency ratios are the benchmark's output, not a pass/fail criterion here."""
 from __future__ import annotations

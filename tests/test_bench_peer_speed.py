@@ -1,4 +1,4 @@
-"""The side-by-side benchmark against llama-server (issue 25) at its tiny size, radixgate only
+"""The side-by-side benchmark against llama-server at its tiny size, radixgate only
 (the peer skipped): the report has its documented shape and its numbers add up. No timing
 assertions: the speeds and ratios are the benchmark's output, not a pass/fail criterion."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 24, runtime loop: an engine whose waiting requests cannot start blocks on its
+"""The runtime loop: an engine whose waiting requests cannot start blocks on its
 command queue until something can change that (a command, a deadline, a pin's expiry),
 never polling; snapshots count block states from kept counters, not by walking the cache."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Fault tolerance at the engine (issue 8), in process over the tiny model: a request larger
+"""Fault tolerance at the engine, in process over the tiny model: a request larger
 than the whole KV budget is rejected at submission, a full waiting queue answers OVERLOADED,
 and an exception injected into one engine step fails only that step's requests (caching
 nothing of theirs) while the engine keeps serving. HTTP-level counterparts, and the slow

@@ -1,4 +1,4 @@
-"""Fault tolerance over HTTP (issue 8):
+"""Fault tolerance over HTTP:
 
 - a request larger than the whole KV budget is answered 400 at once (never queued);
 - a full waiting queue answers overloaded: Anthropic 529 ``overloaded_error``, OpenAI 503;

@@ -1,4 +1,4 @@
-"""Hand-picked hostile inputs (issue 8), complementing schemathesis: bodies a schema-driven
+"""Hand-picked hostile inputs, complementing schemathesis: bodies a schema-driven
 fuzzer does not produce (broken encodings, JSON extensions, extreme nesting, oversized
 bodies, wrong methods/content types). Each gets a clean 4xx in its route's envelope, never
 a 500; a few odd-but-valid ones get a complete 200. Afterwards nothing is leaked."""

@@ -1,4 +1,4 @@
-"""Schemathesis against ``/openapi.json`` of ``radixgate serve --tiny`` (issue 8): every
+"""Schemathesis against ``/openapi.json`` of ``radixgate serve --tiny``: every
 operation, positive and negative examples, answers no 5xx (except the documented
 overloaded status), every error body is in its route's envelope, and afterwards no block
 is leaked or locked and the integrity check is clean.

@@ -1,5 +1,4 @@
-"""The radix-tree state machine of ``test_radix_stateful.py`` under a tight pool (issue 8,
-long mode only): with 10 blocks of 4 slots every request competes for memory, so
+"""The radix-tree state machine of ``test_radix_stateful.py`` under a tight pool (long mode only): with 10 blocks of 4 slots every request competes for memory, so
 allocation failures, eviction of parents after their last child, copy-on-write under
 pressure and pins that hold most of the pool are exercised far more often than with the
 default 40 blocks. Reuses the machine's rules and checks (they read the pool's own size); only

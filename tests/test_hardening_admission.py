@@ -1,4 +1,4 @@
-"""Admission hardening (issue 21 item 10): a request that fits the KV cache is served even
+"""Admission hardening: a request that fits the KV cache is served even
 when the tree holds part of its prompt, the fit check counts exactly what can be freed and
 what the request needs (copy-on-write and boundary blocks included), and an exception between
 match and allocation gives back the match's lock and blocks. Engine-level tests on the tiny

@@ -1,4 +1,4 @@
-"""Issue 21 over real HTTP (tiny model, loopback): pre-engine work is bounded per tenant.
+"""Tenant hardening over real HTTP (tiny model, loopback): pre-engine work is bounded per tenant.
 
 - item 2: a 3,001-message conversation costs a handful of template renders (was one per
   message); a prompt that cannot fit the context is refused before it is rendered;

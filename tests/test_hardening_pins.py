@@ -1,4 +1,4 @@
-"""Pins are shared out per tenant, and billed as what the cache did (issue 21, item 5).
+"""Pins are shared out per tenant, and billed as what the cache did.
 
 The server-wide pin ceiling (``pin_share`` of the KV budget) is divided evenly among the
 configured tenants and the admin: one tenant pinning all it can leaves every other tenant

@@ -1,5 +1,5 @@
 """One tenant's sampling edge values or a failure in its own request must not break the
-requests it shares a batch with (issue 21, item 1).
+requests it shares a batch with.
 
 - over real loopback: a victim streams while an attacker asks for ``temperature: 1e-39``
   (Anthropic) or ``1e-320`` (OpenAI chat and completions); every request answers 200 and

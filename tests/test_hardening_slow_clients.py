@@ -1,4 +1,4 @@
-"""Slow clients over real loopback HTTP (issue 21, item 9):
+"""Slow clients over real loopback HTTP:
 
 - a body that arrives too slowly is answered 408 in the API's envelope after
   ``[server] body_timeout_s``, and other tenants are served meanwhile;

@@ -1,4 +1,4 @@
-"""Issue 21 item 1, engine side: a failure that belongs to one request fails that request
+"""Step isolation, engine side: a failure that belongs to one request fails that request
 alone, wherever in the step it happens (admission, the batched forward pass), and the
 other requests of the same step finish normally with nothing leaked."""
 from radixgate.runtime.api import ErrorKind, FinishReason

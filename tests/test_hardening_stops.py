@@ -1,4 +1,4 @@
-"""Stop-string limits over HTTP (issue 21, item 3): at most 64 stop strings of at most
+"""Stop-string limits over HTTP: at most 64 stop strings of at most
 1,000 characters each; beyond, 400 in each API's envelope, naming the limit. At the limit
 the request is served."""
 from __future__ import annotations

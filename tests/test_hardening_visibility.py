@@ -1,4 +1,4 @@
-"""Issue 21, items 6 and 8, over HTTP against ``radixgate serve --tiny``:
+"""What a tenant can see and learn, over HTTP against ``radixgate serve --tiny``:
 
 - a tenant's ``top_prefixes`` come from its own namespaces: another tenant's many hot
   prefixes neither push the tenant's own off its list nor show through it;

@@ -1,4 +1,4 @@
-"""Isolation and security over HTTP (issue 8), against ``radixgate serve --tiny`` with
+"""Isolation and security over HTTP, against ``radixgate serve --tiny`` with
 several tenant keys and an admin key.
 
 Paired tests assert both halves: the same tenant hits its cache, another tenant gets 0

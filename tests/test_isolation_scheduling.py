@@ -1,4 +1,4 @@
-"""Scheduling gives a tenant no signal about another tenant's cache (issue 8): longest-
+"""Scheduling gives a tenant no signal about another tenant's cache: longest-
 prefix-first orders a tenant's queue by what *its own* namespace has cached; another
 tenant's cached copy of the same prompt changes neither its order nor its usage.
 

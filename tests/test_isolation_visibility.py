@@ -1,4 +1,4 @@
-"""What one tenant can see and do to another (issue 8), over HTTP against
+"""What one tenant can see and do to another, over HTTP against
 ``radixgate serve --tiny``:
 
 - stats, metrics and the dashboard shown to a tenant never carry another tenant's name,

@@ -1,4 +1,4 @@
-"""Rendering is linear in the conversation (issue 21 item 2): a bounded number of template
+"""Rendering is linear in the conversation: a bounded number of template
 renders, the same segments as rendering every message prefix (the old quadratic way, kept
 here as the reference), and it stops early when the prompt outgrows its room or its
 request is gone."""

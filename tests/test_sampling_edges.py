@@ -1,4 +1,4 @@
-"""Sampling edge values (issue 21): temperatures so small that dividing by them overflows,
+"""Sampling edge values: temperatures so small that dividing by them overflows,
 and logits rows holding inf or NaN, give a valid token per row and never raise, so one
 request's numbers cannot fail the batch it shares."""
 import pytest

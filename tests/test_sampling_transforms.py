@@ -1,4 +1,4 @@
-"""The batched sampler against a plain per-row torch reference (issue 22): logit_bias,
+"""The batched sampler against a plain per-row torch reference: logit_bias,
 min_tokens, repetition / frequency / presence penalties, temperature, min_p, top_k, top_p,
 each alone and all together, rows with different values in one batch, on random logits and
 on the tiny model's real logits; seeded draws are the reference's inverse-CDF draws."""

@@ -1,2 +1,2 @@
-"""Shared helpers for the reliability and security suite (issue 8): a gateway subprocess,
+"""Shared helpers for the reliability and security suite: a gateway subprocess,
 HTTP request builders and checkers, and the soak load generator."""
