@@ -239,8 +239,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kv-cache-gb", type=float, default=0.002)
     ap.add_argument("--max-model-len", type=int, default=512)
     ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument("--churn", type=int, default=0, metavar="N",
+                    help="run the salt churn: N requests, each under a new cache_salt")
+    ap.add_argument("--default-model", action="store_true",
+                    help="with --churn: serve the default model instead of --tiny")
     ap.add_argument("--json", help="also write the report to this file")
     args = ap.parse_args(argv)
+    run = run_churn if args.churn else run_soak
+    summary, bad = run(args)
+    text = json.dumps(summary, indent=2)
+    print(text)
+    if args.json:
+        with open(args.json, "w") as f:
+            f.write(text + "\n")
+    return 1 if bad else 0
+
+
+def run_soak(args) -> tuple[dict, bool]:
     spec = ServerSpec(kv_cache_gb=args.kv_cache_gb, max_model_len=args.max_model_len)
     server = ServerProcess(spec).start()
     try:
@@ -252,14 +267,32 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         exit_code = server.stop()
     summary["server_exit_code"] = exit_code
-    text = json.dumps(summary, indent=2)
-    print(text)
-    if args.json:
-        with open(args.json, "w") as f:
-            f.write(text + "\n")
     bad = (summary["violations"] or summary["leaks"] or summary["server_log_errors"]
            or exit_code != 0)
-    return 1 if bad else 0
+    return summary, bool(bad)
+
+
+def run_churn(args) -> tuple[dict, bool]:
+    """The salt churn against a fresh server; bad when an answer broke or the second half
+    grew resident memory past ``churn_growth_limit_mb``."""
+    if args.default_model:
+        from benchmarks.launch import BenchServer, tenant_key as bench_key
+        server = BenchServer(tenants=[CHURN_TENANT], kv_cache_gb=args.kv_cache_gb,
+                             max_model_len=args.max_model_len).start()
+        key = bench_key(CHURN_TENANT)
+    else:
+        server = ServerProcess(ServerSpec(kv_cache_gb=args.kv_cache_gb,
+                                          max_model_len=args.max_model_len)).start()
+        key = tenant_key(CHURN_TENANT)
+    try:
+        result = asyncio.run(salt_churn(server.base_url, server.proc.pid, args.churn, key=key,
+                                        concurrency=min(args.clients, 16), seed=args.seed))
+    finally:
+        server.stop()
+    summary = {"command": " ".join(sys.argv), "model": "default" if args.default_model
+               else "tiny", **result.summary()}
+    bad = result.failures or summary["second_half_growth_mb"] > summary["limit_mb"]
+    return summary, bool(bad)
 
 
 if __name__ == "__main__":

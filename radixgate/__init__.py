@@ -17,3 +17,13 @@ import os as _os
 # one thread while other processes keep a core busy (runtime/cpu_threads.ThreadGovernor).
 # libgomp reads this when torch is first imported; a value the user set wins.
 _os.environ.setdefault("GOMP_SPINCOUNT", "30000")
+
+# oneDNN (torch's CPU matmuls: packed linears, bf16 GEMMs, int8 _int_mm) keeps every
+# primitive it builds in two LRU caches, its own and ideep's, 1024 entries each by default,
+# one entry per matmul shape, i.e. per batch row count: ~0.4-0.9 MB each. Prompts of many
+# lengths (a tenant churning cache_salt values computes every prompt afresh) filled them:
+# the default model's server grew 647 -> 2323 MB over 2,100 requests and kept it. 64 entries
+# hold the row counts a decode loop repeats; a new one costs ~1-2 ms to build. Read when
+# torch first builds a primitive; a value the user set wins.
+for _name in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY"):
+    _os.environ.setdefault(_name, "64")

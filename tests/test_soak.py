@@ -1,4 +1,4 @@
-"""Load/soak (issue 8): many concurrent clients against ``radixgate serve --tiny`` with a
+"""Load/soak: many concurrent clients against ``radixgate serve --tiny`` with a
 small KV budget (eviction and preemption happen): mixed tenants, both APIs, streaming and
 not, ~10% mid-stream disconnects, ~5% malformed requests. Afterwards every request got a
 complete answer or a clean error in its API's envelope (no 5xx but overloaded, nothing
@@ -7,6 +7,12 @@ integrity check is clean.
 
 CI runs a short soak; ``make soak`` (``-m slow``) runs 60 s x 64 clients and a three-round
 run that reports resident-memory drift.
+
+Salt churn (``benchmarks.soak.salt_churn``): one tenant sends thousands of requests, each
+under a cache_salt never seen before and a prompt of a new length; the server's VmRSS may
+grow by no more than max(48 MB, 10%) over the second half of the churn. CI runs 3,000
+requests against a fresh tiny server (~20 s); ``make soak`` 20,000, and 1,200 against the
+default model (its real KV and matmul sizes).
 """
 from __future__ import annotations
 
@@ -17,11 +23,13 @@ import random
 import aiohttp
 import pytest
 
-from benchmarks.soak import SoakResult, default_load, soak
+from benchmarks.launch import BenchServer
+from benchmarks.launch import tenant_key as bench_tenant_key
+from benchmarks.soak import CHURN_TENANT, ChurnResult, SoakResult, default_load, salt_churn, soak
 from tests.support import client as c
 from tests.support.inproc import engine_of, in_process_gateway
 from tests.support.load import run_load
-from tests.support.server import ADMIN_KEY, ServerSpec, shared_server, tenant_key
+from tests.support.server import ADMIN_KEY, ServerProcess, ServerSpec, shared_server, tenant_key
 
 SPEC = ServerSpec()
 
@@ -127,3 +135,46 @@ async def test_soak_load_preempts_and_evicts_yet_every_answer_is_clean_in_proces
     assert report.served > 0
     assert snapshot.preemptions > 0, "the load never preempted: the KV budget is too large"
     assert snapshot.evictions.get("lru", 0) > 0
+
+
+def assert_flat_under_churn(result: ChurnResult) -> None:
+    """Every answer clean, and the second half of the churn grew VmRSS by at most
+    max(48 MB, 10%) (per-namespace and per-shape state is bounded, not kept per salt)."""
+    summary = result.summary()
+    print(json.dumps(summary))
+    assert result.failures == [], result.failures[:5]
+    assert result.second_half_growth_mb < summary["limit_mb"], summary
+
+
+@pytest.fixture
+def fresh_server(tmp_path):
+    """A tiny server of its own: the churn measures growth from a known start."""
+    proc = ServerProcess(SPEC, tmp_path).start()
+    yield proc
+    proc.stop()
+
+
+async def test_salt_churn_keeps_resident_memory_flat(fresh_server):
+    result = await salt_churn(fresh_server.base_url, fresh_server.proc.pid, 3000, seed=3)
+    assert result.requests == 3000
+    assert_flat_under_churn(result)
+
+
+@pytest.mark.slow
+async def test_salt_churn_20k_keeps_resident_memory_flat(fresh_server):
+    result = await salt_churn(fresh_server.base_url, fresh_server.proc.pid, 20000, seed=4)
+    assert_flat_under_churn(result)
+
+
+@pytest.mark.slow
+@pytest.mark.realmodel
+async def test_salt_churn_on_the_default_model_keeps_resident_memory_flat():
+    """At the default model's sizes one cached matmul shape costs ~0.5-0.9 MB: before the
+    caches were bounded this churn grew the server 647 -> 1838 MB by request 1,200."""
+    server = BenchServer(tenants=[CHURN_TENANT], kv_cache_gb=0.25, max_model_len=2048).start()
+    try:
+        result = await salt_churn(server.base_url, server.proc.pid, 1200, max_words=300,
+                                  key=bench_tenant_key(CHURN_TENANT), seed=5)
+    finally:
+        server.stop()
+    assert_flat_under_churn(result)
