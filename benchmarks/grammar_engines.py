@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from radixgate.runtime.loader import gguf_tokenizer
+from radixgate.runtime.model.loader import gguf_tokenizer
 
 TOOL_SCHEMA = {
     "type": "object",
@@ -58,7 +58,7 @@ NESTED_INSTANCE = {"customer": {"name": "Ada Lovelace", "email": "ada@example.or
                              {"sku": "B-7", "quantity": 1, "price": 120.0}],
                    "notes": None}
 
-RADIXGATE_RUNTIME = ("torch", "triton", "aiohttp", "xxhash", "sortedcontainers", "pydantic", "gguf",
+RADIXGATE_RUNTIME = ("torch", "triton", "aiohttp", "xxhash", "pydantic", "gguf",
                      "tokenizers", "jinja2", "numpy", "safetensors", "prometheus-client", "tqdm")
 
 
