@@ -43,7 +43,7 @@ import aiohttp
 
 from radixgate.gateway.config import TenantConfig
 from tests.support import client as c
-from tests.support.server import ADMIN_KEY, ServerProcess, ServerSpec, tenant_key
+from benchmarks.launch import ADMIN_KEY, ServerProcess, ServerSpec, tenant_key
 
 ATTACKER, VICTIM = "attacker", "victim"
 OVERLOAD = {529, 503}            # documented overload answers (Anthropic, OpenAI)

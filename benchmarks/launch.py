@@ -1,11 +1,16 @@
-"""Start ``radixgate serve`` as a subprocess on a free loopback port, for the benchmarks.
+"""Start ``radixgate serve`` as a subprocess on a free loopback port: the one launcher of the
+tests and the benchmarks.
 
-``BenchServer(variant_args, tenants).start()`` writes a TOML config (docs/USAGE.md, Config file)
-with an admin key and one key per tenant, spawns the server with the default real model
-(or ``--tiny``), waits for ``GET /health`` and hands back the base URL; ``stop()`` sends
-SIGTERM (then SIGKILL after a grace period). Logs go to ``workdir/server.log``. With
-``record_replies`` the server runs through ``benchmarks.replies``, which logs every reply's
-token ids to ``workdir/replies.jsonl`` (``reply_log``).
+A ``ServerSpec`` says what the server looks like (the tests' defaults: the tiny model with a
+tiny KV budget and context, so eviction and preemption happen; ``bench_spec`` gives the
+benchmarks' defaults: the default model, 1 GB of KV, 8k context, roomy tenant limits).
+``ServerProcess(spec, workdir).start()`` writes the TOML config (docs/USAGE.md, Config file)
+with ``ADMIN_KEY`` and one key per tenant (``tenant_key``), spawns the server, waits for
+``GET /health`` to answer 200 and hands back itself (``base_url``); ``stop()`` sends SIGTERM,
+then SIGKILL after a grace period, and returns the exit code. Logs go to
+``workdir/server.log``. With ``spec.record_replies`` the server runs through
+``benchmarks.replies``, which logs every reply's token ids to ``workdir/replies.jsonl``
+(``reply_log``).
 """
 from __future__ import annotations
 
@@ -19,11 +24,13 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
-ADMIN_KEY = "sk-admin-bench-0001"
+ADMIN_KEY = "sk-admin-radixgate-0001"
+DEFAULT_TENANTS = ("acme", "beta", "gamma", "delta", "org_1", "org_12345")
+REPO_ROOT = Path(__file__).resolve().parent.parent
 
 # The server variants compared side by side (extra CLI flags of ``radixgate serve``).
 VARIANTS = {
@@ -36,7 +43,8 @@ DEFAULT_VARIANTS = ("radixgate", "cache_off", "page_rounded")
 
 
 def tenant_key(tenant: str) -> str:
-    return f"sk-bench-{tenant}"
+    """The API key the generated config gives ``tenant``."""
+    return f"sk-{tenant}-radixgate-key"
 
 
 def free_port() -> int:
@@ -63,17 +71,6 @@ def wait_healthy(proc: subprocess.Popen, base_url: str, timeout_s: float,
     raise TimeoutError(f"server not healthy after {timeout_s}s:\n{log_tail()}")
 
 
-def config_toml(tenants: list[str], kv_cache_gb: float, max_model_len: int) -> str:
-    lines = ["[server]", "max_queue = 1024", "request_timeout_s = 1800",
-             "[model]", 'aliases = ["claude-*", "gpt-*"]', f"max_model_len = {max_model_len}",
-             "[cache]", f"kv_cache_gb = {kv_cache_gb}",
-             "[admin]", f"api_keys = [{json.dumps(ADMIN_KEY)}]"]
-    for tenant in tenants:
-        lines += [f"[tenants.{tenant}]", f"api_keys = [{json.dumps(tenant_key(tenant))}]",
-                  "max_running = 64", "max_pinned_tokens = 200000", "requests_per_minute = 0"]
-    return "\n".join(lines) + "\n"
-
-
 def radixgate_command() -> list[str]:
     script = Path(sys.executable).with_name("radixgate")
     if script.exists():
@@ -81,17 +78,77 @@ def radixgate_command() -> list[str]:
     return [sys.executable, "-c", "from radixgate.gateway.cli import main; main()"]
 
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+@dataclass(frozen=True)
+class ServerSpec:
+    """What the server looks like. Defaults: the tests' (tiny model, tiny KV budget)."""
+
+    kv_cache_gb: float = 0.002
+    max_model_len: int = 512
+    block_size: int = 16
+    max_queue: int = 256
+    request_timeout_s: float = 120.0
+    shutdown_grace_s: float = 8.0
+    tenants: tuple[str, ...] = DEFAULT_TENANTS
+    max_running: int = 64
+    max_pinned_tokens: int = 128
+    requests_per_minute: int = 0
+    extra_args: tuple[str, ...] = ()
+    # per-tenant settings that replace the ones above: ((tenant, ((name, value), ...)), ...)
+    tenant_overrides: tuple[tuple[str, tuple[tuple[str, int], ...]], ...] = ()
+    # more [server] keys, as TOML values: (("strict_max_tokens", "true"), ...)
+    server_settings: tuple[tuple[str, str], ...] = ()
+    # [cluster] keys, as TOML values: (("routed_ttl_s", "0"),)
+    cluster_settings: tuple[tuple[str, str], ...] = ()
+    tiny: bool = True              # False: the default model (SmolLM2-135M) at its real size
+    record_replies: bool = False   # log every reply's token ids (benchmarks.replies)
+
+
+def bench_spec(extra_args: Sequence[str] = (), tenants: Sequence[str] = ("default",), *,
+               tiny: bool = False, kv_cache_gb: float = 1.0, max_model_len: int = 8192,
+               record_replies: bool = False) -> ServerSpec:
+    """The benchmarks' server: the default model unless ``tiny``, room for long runs (a
+    queue of 1,024, 30-minute requests, 200k pinned tokens per tenant)."""
+    return ServerSpec(kv_cache_gb=kv_cache_gb, max_model_len=max_model_len, max_queue=1024,
+                      request_timeout_s=1800.0, shutdown_grace_s=20.0, tenants=tuple(tenants),
+                      max_pinned_tokens=200_000, extra_args=tuple(extra_args), tiny=tiny,
+                      record_replies=record_replies)
+
+
+def config_toml(spec: ServerSpec) -> str:
+    """The TOML text (docs/USAGE.md, Config file) for ``spec`` (host/port come from flags)."""
+    lines = [
+        "[server]",
+        f"max_queue = {spec.max_queue}",
+        f"request_timeout_s = {spec.request_timeout_s}",
+        f"shutdown_grace_s = {spec.shutdown_grace_s}",
+        *(f"{name} = {value}" for name, value in spec.server_settings),
+        "[model]",
+        'aliases = ["claude-*", "gpt-*"]',
+        f"max_model_len = {spec.max_model_len}",
+        "[cache]",
+        f"kv_cache_gb = {spec.kv_cache_gb}",
+        f"block_size = {spec.block_size}",
+        "[admin]",
+        f"api_keys = [{json.dumps(ADMIN_KEY)}]",
+        *(["[cluster]"] if spec.cluster_settings else []),
+        *(f"{name} = {value}" for name, value in spec.cluster_settings),
+    ]
+    overrides = dict(spec.tenant_overrides)
+    for tenant in spec.tenants:
+        settings = {"max_running": spec.max_running, "max_pinned_tokens": spec.max_pinned_tokens,
+                    "requests_per_minute": spec.requests_per_minute,
+                    **dict(overrides.get(tenant, ()))}
+        lines += [f"[tenants.{tenant}]", f"api_keys = [{json.dumps(tenant_key(tenant))}]"]
+        lines += [f"{name} = {value}" for name, value in settings.items()]
+    return "\n".join(lines) + "\n"
 
 
 @dataclass
-class BenchServer:
-    extra_args: tuple[str, ...] = ()
-    tenants: list[str] = field(default_factory=lambda: ["default"])
-    tiny: bool = False
-    kv_cache_gb: float = 1.0
-    max_model_len: int = 8192
-    record_replies: bool = False
+class ServerProcess:
+    """One ``radixgate serve`` subprocess; logs go to ``workdir/server.log`` (a fresh
+    temporary folder unless given). Also a context manager (start, then stop)."""
+
+    spec: ServerSpec = field(default_factory=ServerSpec)
     workdir: Path | None = None
     port: int = 0
     proc: subprocess.Popen | None = None
@@ -101,45 +158,84 @@ class BenchServer:
         return f"http://127.0.0.1:{self.port}"
 
     @property
+    def log_path(self) -> Path:
+        assert self.workdir is not None
+        return self.workdir / "server.log"
+
+    @property
     def reply_log(self) -> Path:
+        assert self.workdir is not None
         return self.workdir / "replies.jsonl"
 
-    def start(self, timeout_s: float = 300.0) -> "BenchServer":
-        self.workdir = self.workdir or Path(tempfile.mkdtemp(prefix="radixgate-bench-"))
-        config = self.workdir / "radixgate.toml"
-        config.write_text(config_toml(self.tenants, self.kv_cache_gb, self.max_model_len))
+    def serve_args(self) -> list[str]:
+        """The ``radixgate serve ...`` arguments (after the program)."""
+        assert self.workdir is not None
+        return ["serve", *(["--tiny"] if self.spec.tiny else []),
+                "--config", str(self.workdir / "radixgate.toml"),
+                "--host", "127.0.0.1", "--port", str(self.port),
+                "--kv-cache-gb", str(self.spec.kv_cache_gb),
+                "--max-model-len", str(self.spec.max_model_len),
+                "--block-size", str(self.spec.block_size), *self.spec.extra_args]
+
+    def command(self) -> list[str]:
+        if self.spec.record_replies:
+            return [sys.executable, "-m", "benchmarks.replies", str(self.reply_log),
+                    *self.serve_args()]
+        return radixgate_command() + self.serve_args()
+
+    def start(self, timeout_s: float = 240.0) -> "ServerProcess":
+        """Write the config, spawn the server, wait until /health answers 200."""
+        if self.workdir is None:
+            self.workdir = Path(tempfile.mkdtemp(prefix="radixgate-server-"))
+        (self.workdir / "radixgate.toml").write_text(config_toml(self.spec))
         self.port = free_port()
-        serve = ["serve", "--config", str(config), "--host", "127.0.0.1", "--port",
-                 str(self.port), *(["--tiny"] if self.tiny else []), *self.extra_args]
         env = dict(os.environ)
-        if self.record_replies:
-            command = [sys.executable, "-m", "benchmarks.replies", str(self.reply_log), *serve]
+        if self.spec.record_replies:   # benchmarks.replies is found from any folder
             env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT),
                                                               env.get("PYTHONPATH")]))
-        else:
-            command = radixgate_command() + serve
-        with open(self.workdir / "server.log", "wb") as log:
-            self.proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT,
                                          cwd=self.workdir, env=env)
-        self._wait_healthy(timeout_s)
-        return self
-
-    def _wait_healthy(self, timeout_s: float) -> None:
         try:
             wait_healthy(self.proc, self.base_url, timeout_s, self.log_tail)
         except TimeoutError:
-            self.stop()
+            self.kill()
             raise
+        return self
 
-    def stop(self, grace_s: float = 20.0) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.send_signal(signal.SIGTERM)
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def send_sigterm(self) -> None:
+        if self.alive():
+            self.proc.send_signal(signal.SIGTERM)
+
+    def wait(self, timeout_s: float) -> int | None:
+        """Exit code, or None when the process is still running after ``timeout_s``."""
         try:
-            self.proc.wait(timeout=grace_s)
+            return self.proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
+            return None
+
+    def stop(self, timeout_s: float = 30.0) -> int | None:
+        """SIGTERM, wait, then SIGKILL if needed; returns the exit code after SIGTERM."""
+        if self.proc is None:
+            return None
+        self.send_sigterm()
+        code = self.wait(timeout_s)
+        if code is None:
+            self.kill()
+        return code
+
+    def kill(self) -> None:
+        if self.alive():
             self.proc.kill()
             self.proc.wait(timeout=10)
+
+    def rss_bytes(self) -> int:
+        """Resident memory of the server process (psutil)."""
+        import psutil
+        return psutil.Process(self.proc.pid).memory_info().rss
 
     def cpu_seconds(self) -> float:
         """User + system CPU time of the server process so far (all its threads): the
@@ -148,13 +244,13 @@ class BenchServer:
         times = psutil.Process(self.proc.pid).cpu_times()
         return times.user + times.system
 
-    def log_tail(self, n_chars: int = 3000) -> str:
+    def log_tail(self, n_chars: int = 4000) -> str:
         try:
-            return (self.workdir / "server.log").read_text(errors="replace")[-n_chars:]
+            return self.log_path.read_text(errors="replace")[-n_chars:]
         except OSError:
             return "<no log>"
 
-    def __enter__(self) -> "BenchServer":
+    def __enter__(self) -> "ServerProcess":
         return self.start()
 
     def __exit__(self, *exc) -> None:

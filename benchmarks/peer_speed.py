@@ -48,7 +48,8 @@ from pathlib import Path
 
 import aiohttp
 
-from benchmarks.launch import ADMIN_KEY, BenchServer, free_port, tenant_key, wait_healthy
+from benchmarks.launch import (ADMIN_KEY, ServerProcess, bench_spec, free_port, tenant_key,
+                               wait_healthy)
 from benchmarks.peers import LLAMA_SERVER_BUILD_NOTE, find_llama_server
 from benchmarks.text import TextGen
 from benchmarks.traces import default_gguf_path, load_tokenizer
@@ -322,8 +323,8 @@ async def radixgate_capacity_tokens(base_url: str) -> int | None:
 
 def run_radixgate(prompts: Prompts, sizes: Sizes, kv_cache_gb: float, tiny: bool) -> dict:
     started = time.perf_counter()
-    server = BenchServer(extra_args=("--threads", str(THREADS)), tiny=tiny,
-                         kv_cache_gb=kv_cache_gb).start()
+    server = ServerProcess(bench_spec(("--threads", str(THREADS)), tiny=tiny,
+                                      kv_cache_gb=kv_cache_gb)).start()
     try:
         healthy = time.perf_counter() - started
         headers = {"x-api-key": tenant_key("default")}
@@ -354,8 +355,8 @@ def radixgate_default_budget(prompts: Prompts, tiny: bool) -> dict:
     from radixgate.radix_cache import CacheConfig
     budget = CacheConfig().kv_cache_gb
     started = time.perf_counter()
-    server = BenchServer(extra_args=("--threads", str(THREADS)), tiny=tiny,
-                         kv_cache_gb=budget).start()
+    server = ServerProcess(bench_spec(("--threads", str(THREADS)), tiny=tiny,
+                                      kv_cache_gb=budget)).start()
     try:
         healthy = time.perf_counter() - started
 

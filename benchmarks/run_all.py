@@ -39,7 +39,8 @@ from tqdm import tqdm
 
 from benchmarks import report
 from benchmarks.http_runner import ClientConfig, run_workload, warm_up
-from benchmarks.launch import ADMIN_KEY, DEFAULT_VARIANTS, VARIANTS, BenchServer, tenant_key
+from benchmarks.launch import (ADMIN_KEY, DEFAULT_VARIANTS, VARIANTS, ServerProcess, bench_spec,
+                               tenant_key)
 from benchmarks.memory_sweep import replay_radix, run_sweep
 from benchmarks.replies import load_replies, prompt_key
 from benchmarks.stats import spread_sample
@@ -84,8 +85,9 @@ def run_variant(variant: str, workloads, args) -> dict:
     ``"error"``. The cache-on server records its replies for the upper bound."""
     out: dict = {"args": list(VARIANTS[variant]), "workloads": {}}
     tenants = sorted({r.tenant for w in workloads for r in w.requests})
-    server = BenchServer(VARIANTS[variant], tenants, tiny=args.tiny,
-                         kv_cache_gb=args.kv_cache_gb, record_replies=variant == "radixgate")
+    server = ServerProcess(bench_spec(VARIANTS[variant], tenants, tiny=args.tiny,
+                                      kv_cache_gb=args.kv_cache_gb,
+                                      record_replies=variant == "radixgate"))
     started = time.perf_counter()
     try:
         server.start()
@@ -110,7 +112,7 @@ def run_variant(variant: str, workloads, args) -> dict:
                     break
                 summary["cpu_s"] = round(server.cpu_seconds() - cpu_before, 2)
                 out["workloads"][workload.name] = summary
-        if server.record_replies:
+        if server.spec.record_replies:
             out["replies"] = load_replies(server.reply_log)
     finally:
         server.stop()

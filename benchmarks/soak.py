@@ -35,7 +35,7 @@ import aiohttp
 
 from tests.support import client as c
 from tests.support.load import LoadConfig, LoadReport, run_load
-from tests.support.server import ADMIN_KEY, ServerProcess, ServerSpec, tenant_key
+from benchmarks.launch import ADMIN_KEY, ServerProcess, ServerSpec, bench_spec, tenant_key
 
 MB = 1024 * 1024
 CHURN_TENANT = "acme"
@@ -276,14 +276,12 @@ def run_churn(args) -> tuple[dict, bool]:
     """The salt churn against a fresh server; bad when an answer broke or the second half
     grew resident memory past ``churn_growth_limit_mb``."""
     if args.default_model:
-        from benchmarks.launch import BenchServer, tenant_key as bench_key
-        server = BenchServer(tenants=[CHURN_TENANT], kv_cache_gb=args.kv_cache_gb,
-                             max_model_len=args.max_model_len).start()
-        key = bench_key(CHURN_TENANT)
+        spec = bench_spec(tenants=[CHURN_TENANT], kv_cache_gb=args.kv_cache_gb,
+                          max_model_len=args.max_model_len)
     else:
-        server = ServerProcess(ServerSpec(kv_cache_gb=args.kv_cache_gb,
-                                          max_model_len=args.max_model_len)).start()
-        key = tenant_key(CHURN_TENANT)
+        spec = ServerSpec(kv_cache_gb=args.kv_cache_gb, max_model_len=args.max_model_len)
+    server = ServerProcess(spec).start()
+    key = tenant_key(CHURN_TENANT)
     try:
         result = asyncio.run(salt_churn(server.base_url, server.proc.pid, args.churn, key=key,
                                         concurrency=min(args.clients, 16), seed=args.seed))

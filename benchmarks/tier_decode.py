@@ -22,7 +22,7 @@ from pathlib import Path
 
 import aiohttp
 
-from benchmarks.launch import ADMIN_KEY, BenchServer, tenant_key
+from benchmarks.launch import ADMIN_KEY, ServerProcess, bench_spec, tenant_key
 from benchmarks.peer_speed import complete
 
 KV_CACHE_GB = 0.25          # about 5,700 tokens of the default model's float32 KV
@@ -59,7 +59,7 @@ async def measure(base_url: str, runs: int) -> dict:
 def run_server(tier: bool, runs: int) -> dict:
     with tempfile.TemporaryDirectory(prefix="radixgate-tier-") as folder:
         extra = ("--kv-disk-dir", folder, "--kv-disk-gb", str(DISK_GB)) if tier else ()
-        server = BenchServer(extra_args=extra, kv_cache_gb=KV_CACHE_GB).start()
+        server = ServerProcess(bench_spec(extra, kv_cache_gb=KV_CACHE_GB)).start()
         try:
             return asyncio.run(measure(server.base_url, runs))
         finally:

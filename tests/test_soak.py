@@ -23,8 +23,7 @@ import random
 import aiohttp
 import pytest
 
-from benchmarks.launch import BenchServer
-from benchmarks.launch import tenant_key as bench_tenant_key
+from benchmarks.launch import bench_spec
 from benchmarks.soak import CHURN_TENANT, ChurnResult, SoakResult, default_load, salt_churn, soak
 from tests.support import client as c
 from tests.support.inproc import engine_of, in_process_gateway
@@ -171,10 +170,11 @@ async def test_salt_churn_20k_keeps_resident_memory_flat(fresh_server):
 async def test_salt_churn_on_the_default_model_keeps_resident_memory_flat():
     """At the default model's sizes one cached matmul shape costs ~0.5-0.9 MB: before the
     caches were bounded this churn grew the server 647 -> 1838 MB by request 1,200."""
-    server = BenchServer(tenants=[CHURN_TENANT], kv_cache_gb=0.25, max_model_len=2048).start()
+    server = ServerProcess(bench_spec(tenants=[CHURN_TENANT], kv_cache_gb=0.25,
+                                      max_model_len=2048)).start()
     try:
         result = await salt_churn(server.base_url, server.proc.pid, 1200, max_words=300,
-                                  key=bench_tenant_key(CHURN_TENANT), seed=5)
+                                  key=tenant_key(CHURN_TENANT), seed=5)
     finally:
         server.stop()
     assert_flat_under_churn(result)
