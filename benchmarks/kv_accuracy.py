@@ -12,9 +12,9 @@ import json
 
 import torch
 
-from radixgate.runtime.batch import build_forward_batch
-from radixgate.runtime.kv_cache import KVCache
-from radixgate.runtime.loader import load_model
+from radixgate.runtime.model.batch import build_forward_batch
+from radixgate.runtime.model.kv_cache import KVCache
+from radixgate.runtime.model.loader import load_model
 
 BLOCK = 16
 TEXT = ("The museum of natural history opens its new hall of minerals this spring. Visitors "

@@ -32,9 +32,9 @@ from dataclasses import replace
 from pathlib import Path
 
 from radixgate.radix_cache import BlockPool, CacheConfig, RadixTree
-from radixgate.runtime.api import Request, SamplingParams
-from radixgate.runtime.engine import Engine
-from radixgate.runtime.engine_config import EngineConfig
+from radixgate.runtime.engine.api import Request, SamplingParams
+from radixgate.runtime.engine.engine import Engine
+from radixgate.runtime.engine.engine_config import EngineConfig
 
 FRACTIONS = (0.05, 0.10, 0.25)
 BLOCK = 16
@@ -102,7 +102,7 @@ def wait_written(engine: Engine, timeout_s: float = 30) -> None:
 
 
 def hit_rates(quick: bool, fractions=FRACTIONS) -> dict:
-    from radixgate.runtime.loader import load_model
+    from radixgate.runtime.model.loader import load_model
 
     trace = conversation_trace(quick)
     loaded = load_model(tiny=True, max_model_len=8192)
@@ -142,7 +142,7 @@ def drop_page_cache(folder: str) -> None:
 
 
 def ttft(quick: bool) -> dict:
-    from radixgate.runtime.loader import load_model
+    from radixgate.runtime.model.loader import load_model
 
     loaded = load_model("default", max_model_len=8192)
     out = {}

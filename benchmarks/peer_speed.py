@@ -284,8 +284,8 @@ class RadixgateModelFacts:
 
 def radixgate_model_facts(tiny: bool) -> RadixgateModelFacts:
     from radixgate.radix_cache import CacheConfig
-    from radixgate.runtime.kv_cache import kv_bytes_per_token, resolve_kv_dtype
-    from radixgate.runtime.loader import load_model
+    from radixgate.runtime.model.kv_cache import kv_bytes_per_token, resolve_kv_dtype
+    from radixgate.runtime.model.loader import load_model
     loaded = load_model(tiny=tiny)
     model, config = loaded.model, loaded.config
     norms = model.norm.nbytes + sum(layer.attn_norm.nbytes + layer.mlp_norm.nbytes

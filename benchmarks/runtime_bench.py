@@ -26,10 +26,10 @@ from pathlib import Path
 import torch
 
 from benchmarks.text import TextGen
-from radixgate.runtime.api import Request, SamplingParams
-from radixgate.runtime.engine import Engine
-from radixgate.runtime.engine_config import EngineConfig
-from radixgate.runtime.loader import load_model
+from radixgate.runtime.engine.api import Request, SamplingParams
+from radixgate.runtime.engine.engine import Engine
+from radixgate.runtime.engine.engine_config import EngineConfig
+from radixgate.runtime.model.loader import load_model
 
 OUT_DIR = Path(__file__).parent / "out"
 

@@ -23,11 +23,11 @@ import time
 
 import torch
 
-from radixgate.runtime.api import SamplingParams
-from radixgate.runtime.batch import build_forward_batch
-from radixgate.runtime.kv_cache import KVCache
-from radixgate.runtime.loader import load_model
-from radixgate.runtime.sampling import TokenCounts, make_generator, sample_tokens
+from radixgate.runtime.engine.api import SamplingParams
+from radixgate.runtime.model.batch import build_forward_batch
+from radixgate.runtime.model.kv_cache import KVCache
+from radixgate.runtime.model.loader import load_model
+from radixgate.runtime.engine.sampling import TokenCounts, make_generator, sample_tokens
 
 BLOCK = 16
 STREAMS = 16
@@ -35,7 +35,7 @@ PROMPT_LEN = 256
 CACHED = 128
 
 
-# -- the per-row sampler before batched sampling (runtime/sampling.py at 6d49a3f), for comparison ----------
+# -- the per-row sampler before batched sampling (runtime/engine/sampling.py at 6d49a3f), for comparison ----------
 
 def old_sample_tokens(logits, params, generators):
     n = logits.shape[0]

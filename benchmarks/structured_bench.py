@@ -28,12 +28,12 @@ import time
 
 import torch
 
-from radixgate.runtime import structured
-from radixgate.runtime.api import Request, SamplingParams
-from radixgate.runtime.engine import Engine
-from radixgate.runtime.engine_config import EngineConfig
-from radixgate.runtime.grammar import GrammarCompiler, json_grammar
-from radixgate.runtime.loader import load_model
+from radixgate.runtime.engine import structured
+from radixgate.runtime.engine.api import Request, SamplingParams
+from radixgate.runtime.engine.engine import Engine
+from radixgate.runtime.engine.engine_config import EngineConfig
+from radixgate.runtime.engine.grammar import GrammarCompiler, json_grammar
+from radixgate.runtime.model.loader import load_model
 from radixgate.radix_cache import CacheConfig
 
 ROWS = {"type": "object", "additionalProperties": False, "required": ["rows"],

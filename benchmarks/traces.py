@@ -38,8 +38,8 @@ def default_gguf_path() -> str:
 @lru_cache(maxsize=2)
 def load_tokenizer(path: str | None = None):
     """The model's tokenizer read from its GGUF metadata (~1 s; no weights loaded)."""
-    from radixgate.runtime.gguf_file import GGUFFile
-    from radixgate.runtime.tokenizer_gguf import tokenizer_from_gguf
+    from radixgate.runtime.model.gguf_file import GGUFFile
+    from radixgate.runtime.model.tokenizer_gguf import tokenizer_from_gguf
     return tokenizer_from_gguf(GGUFFile(path or default_gguf_path(), load_tensors=False).metadata)
 
 

@@ -25,7 +25,7 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable
 
-from radixgate.runtime.api import ErrorKind, Request
+from radixgate.runtime.engine.api import ErrorKind, Request
 
 MEMORY_PIN_MAX_S = 3600.0     # a pin keeps its namespace busy at most this long (memory pins)
 SETTLE_TIMEOUT_S = 30.0       # a reservation no report covered goes this long after its end

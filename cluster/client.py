@@ -1,6 +1,6 @@
 """``ClusterEngine``: the gateway's engine when the engines are Ray Serve replicas.
 
-It offers what the gateway uses of ``runtime.engine.Engine`` (``submit``, ``snapshot``,
+It offers what the gateway uses of ``runtime.engine.engine.Engine`` (``submit``, ``snapshot``,
 ``request_snapshot``, ``flush``, ``pin``, ``unpin``, ``publish``, ``expect_continuation``,
 ``check_integrity``, ``shutdown``, ``tokenizer``, ``max_model_len``, ``block_size``,
 ``num_blocks``), so the HTTP layer is the same for one engine and for N.
@@ -28,7 +28,7 @@ import logging
 import time
 from concurrent.futures import Future
 
-from radixgate.runtime.api import ErrorKind, Finished, FinishReason, Request, Usage
+from radixgate.runtime.engine.api import ErrorKind, Finished, FinishReason, Request, Usage
 
 from .admission import TenantAdmission
 from .stats import merge_snapshots
@@ -185,7 +185,7 @@ class ClusterEngine:
 
 
 class ClusterHandle:
-    """One request's events (``async for``), like ``runtime.handle.RequestHandle``."""
+    """One request's events (``async for``), like ``runtime.engine.handle.RequestHandle``."""
 
     def __init__(self, engine: ClusterEngine, request: Request):
         self.engine = engine

@@ -1,4 +1,4 @@
-"""Decoding vLLM-format KV event batches (``runtime/kv_events.py`` writes them)."""
+"""Decoding vLLM-format KV event batches (``runtime/engine/kv_events.py`` writes them)."""
 from __future__ import annotations
 
 import msgpack

@@ -42,7 +42,7 @@ class ReplicaSpec:
     max_model_len: int | None = None
     weights_dtype: str = "auto"
     threads: int = 0
-    engine_config: object = None          # runtime.engine_config.EngineConfig
+    engine_config: object = None          # runtime.engine.engine_config.EngineConfig
     events_host: str = "127.0.0.1"
     replica_slots: int = 1                # the most replicas at once: indices 0 .. slots-1
 
@@ -56,8 +56,8 @@ COMMANDS = ("flush", "pin", "unpin", "publish", "expect_continuation", "check_in
 
 class EngineReplica:
     def __init__(self, spec: ReplicaSpec):
-        from radixgate.runtime.engine import Engine
-        from radixgate.runtime.loader import load_model, set_cpu_threads
+        from radixgate.runtime.engine.engine import Engine
+        from radixgate.runtime.model.loader import load_model, set_cpu_threads
         self.name = _replica_name()
         self.index, self._claim, cache = replica_cache(spec)
         set_cpu_threads(spec.threads)
@@ -100,7 +100,7 @@ class EngineReplica:
     def _compiled(self, source: str):
         """The grammar compiled against this replica's vocabulary (the gateway validated
         it already), the last ``GRAMMAR_CACHE`` of them kept."""
-        from radixgate.runtime.grammar import GrammarCompiler
+        from radixgate.runtime.engine.grammar import GrammarCompiler
         with self._grammar_lock:
             if self._compiler is None:
                 loaded = self.engine.loaded

@@ -26,7 +26,7 @@ from radixgate.gateway.http_util import (parse_body, principal_of, read_body, re
                                          state_of)
 from radixgate.gateway.prompt_parts import TTL_SECONDS
 from radixgate.gateway.render import ChatMessage, Conversation, Piece, render_prompt
-from radixgate.runtime.api import Breakpoint, Request, SamplingParams
+from radixgate.runtime.engine.api import Breakpoint, Request, SamplingParams
 
 
 class FlushRequest(BaseModel):

@@ -19,7 +19,7 @@ from radixgate.gateway.errors import ApiError
 from radixgate.gateway.http_util import parse_body, principal_of, state_of
 from radixgate.gateway.service import Generation, finished_error
 from radixgate.gateway.sse import open_stream, send_event
-from radixgate.runtime.api import Finished, TextDelta
+from radixgate.runtime.engine.api import Finished, TextDelta
 
 Frame = tuple[str | None, dict | str]
 M = TypeVar("M", bound=BaseModel)

@@ -16,7 +16,7 @@ from aiohttp import web
 
 from radixgate.gateway.http_util import request_id_of
 from radixgate.gateway.service import SEED_MODULUS
-from radixgate.runtime.api import Finished, SamplingParams
+from radixgate.runtime.engine.api import Finished, SamplingParams
 
 
 def choice_id(request: web.Request, index: int, count: int) -> str:

@@ -8,7 +8,7 @@
                     [--replicas N] [--ray-address ADDR] [--kv-events-endpoint tcp://127.0.0.1:P]
     radixgate generate "prompt" [--chat] [--system S] [--max-tokens N] [--temperature T]
                     [--repeat K] [--tiny] [--model PATH] [--threads N]
-    radixgate plan [planner args...]       # runtime/planner.py's CLI
+    radixgate plan [planner args...]       # runtime/model/planner.py's CLI
     radixgate bench [benchmark args...]    # benchmarks/run_all.py
 
 Flags override the config file (the cache flags its ``[cache]`` section; ``--plain-lru`` is
@@ -76,7 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--temperature", type=float, default=0.0)
     gen.add_argument("--repeat", type=int, default=1, help="run K times (shows cache reuse)")
     _model_flags(gen)
-    for name, text in (("plan", "KV/memory planner (runtime/planner.py)"),
+    for name, text in (("plan", "KV/memory planner (runtime/model/planner.py)"),
                        ("bench", "benchmarks (benchmarks/run_all.py)")):
         p = sub.add_parser(name, help=text, add_help=False)
         p.add_argument("args", nargs=argparse.REMAINDER)
@@ -154,7 +154,7 @@ def _threads_override(flag: int | None) -> int | None:
 
 def apply_threads(config: GatewayConfig) -> None:
     """Set torch's CPU threads before any model work (imports torch: not at module level)."""
-    from radixgate.runtime.loader import set_cpu_threads
+    from radixgate.runtime.model.loader import set_cpu_threads
     n = set_cpu_threads(config.model.threads)
     logging.getLogger("radixgate.gateway").info("torch CPU threads: %d", n)
 
@@ -178,7 +178,7 @@ def _check_disk_tier(config: GatewayConfig) -> None:
 
 
 # subcommands whose arguments belong to another module's own parser
-DELEGATES = {"plan": "radixgate.runtime.planner", "bench": "benchmarks.run_all"}
+DELEGATES = {"plan": "radixgate.runtime.model.planner", "bench": "benchmarks.run_all"}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -246,7 +246,7 @@ def _setup_logging(level: str) -> None:
 def generate(args: argparse.Namespace, config: GatewayConfig) -> int:
     from radixgate.gateway.render import ChatMessage, Conversation, Piece, render_prompt
     from radixgate.gateway.state import default_engine_factory
-    from radixgate.runtime.api import Request, SamplingParams
+    from radixgate.runtime.engine.api import Request, SamplingParams
     _setup_logging("warning")
     apply_threads(config)
     engine = default_engine_factory(config)

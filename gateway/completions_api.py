@@ -23,7 +23,7 @@ from radixgate.gateway.service import (Generation, answer_tokens, engine_request
                                        sampling_params)
 from radixgate.gateway.structured import compile_constraint
 from radixgate.gateway.structured_fields import openai_constraint
-from radixgate.runtime.api import Finished
+from radixgate.runtime.engine.api import Finished
 
 MAX_PROMPTS = 32        # prompts in one batched request
 

@@ -56,7 +56,7 @@ class ModelSettings:
     max_model_len: int = 8192
     tiny: bool = False
     threads: int = 0                     # torch CPU threads; 0 = torch's default
-    weights_dtype: str = "auto"          # auto | float32 | bfloat16 | int8 | int4 (runtime/linear.py)
+    weights_dtype: str = "auto"          # auto | float32 | bfloat16 | int8 | int4 (runtime/model/linear.py)
 
 
 # [model] keys that moved to [cache]: old key -> its place now ("credit.x": [cache.credit] x)
@@ -334,7 +334,7 @@ def _validate_cluster(cfg: GatewayConfig) -> None:
 
 
 def _check_events_endpoint(name: str, endpoint: str, allow_remote: bool) -> None:
-    from radixgate.runtime.kv_events import EndpointError, check_endpoint
+    from radixgate.runtime.engine.kv_events import EndpointError, check_endpoint
     try:
         check_endpoint(endpoint, allow_remote)
     except EndpointError as e:

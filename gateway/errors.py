@@ -13,7 +13,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from radixgate.runtime.api import ErrorKind
+from radixgate.runtime.engine.api import ErrorKind
 
 
 class Api(str, enum.Enum):

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Callable, Sequence
 
 from radixgate.gateway.errors import ApiError, Kind
-from radixgate.runtime.api import TokenLogprob
+from radixgate.runtime.engine.api import TokenLogprob
 
 MAX_TOP_LOGPROBS = 20
 TokenBytes = Callable[[int], bytes]

@@ -19,7 +19,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from radixgate.runtime.api import Usage
+from radixgate.runtime.engine.api import Usage
 
 prometheus_client.disable_created_metrics()   # no *_created series: less noise per tenant
 

@@ -28,7 +28,7 @@ def model_names(path: str) -> tuple[str, ...]:
 
 
 def _gguf_names(path: Path) -> tuple[str, ...]:
-    from radixgate.runtime.gguf_file import GGUFFile
+    from radixgate.runtime.model.gguf_file import GGUFFile
     metadata = GGUFFile(path, load_tensors=False).metadata
     stem = _QUANT_SUFFIX.sub("", path.stem)
     organization = metadata.get("general.organization")

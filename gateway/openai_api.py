@@ -26,7 +26,7 @@ from radixgate.gateway.service import (Generation, answer_tokens, engine_request
                                        render_request, reserved_for, sampling_params)
 from radixgate.gateway.structured import compile_constraint
 from radixgate.gateway.tools import ToolCallParser, split_output
-from radixgate.runtime.api import Finished, FinishReason, Usage
+from radixgate.runtime.engine.api import Finished, FinishReason, Usage
 
 FINISH_REASONS = {FinishReason.EOS: "stop", FinishReason.STOP_SEQUENCE: "stop",
            FinishReason.LENGTH: "length"}

@@ -31,7 +31,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Callable, Protocol, Sequence
 
-from radixgate.runtime.api import Breakpoint
+from radixgate.runtime.engine.api import Breakpoint
 
 PIECE_SEPARATOR = "\n"
 _SENTINEL = "\ue000{}\ue001"      # private-use characters never produced by the APIs' JSON

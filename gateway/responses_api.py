@@ -40,7 +40,7 @@ from radixgate.gateway.service import (Generation, answer_tokens, engine_request
                                        render_request, reserved_for, sampling_params)
 from radixgate.gateway.structured import compile_constraint
 from radixgate.gateway.tools import ToolCall, ToolCallParser, split_output
-from radixgate.runtime.api import Breakpoint, Finished, FinishReason, TextDelta, Usage
+from radixgate.runtime.engine.api import Breakpoint, Finished, FinishReason, TextDelta, Usage
 
 STORE = web.AppKey("response_store", ResponseStore)
 RETENTION_PIN_TTL_S = 3600.0       # "24h" without a disk tier: a 1 h breakpoint

@@ -25,8 +25,8 @@ def start_cluster_engine(config: GatewayConfig, gateway_engine):
     from radixgate.cluster.replica import ReplicaSpec
     from radixgate.cluster.serve_app import ClusterSettings, start_cluster
     from radixgate.cluster.tier_folders import prepare_deployment_folder
-    from radixgate.runtime.engine_config import TenantQuota
-    from radixgate.runtime.loader import load_model
+    from radixgate.runtime.engine.engine_config import TenantQuota
+    from radixgate.runtime.model.loader import load_model
     c = config.cluster
     slots = replica_slots(config)
     prepare_deployment_folder(config.cache, slots)     # before Ray: a clear error, no loop

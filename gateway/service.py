@@ -18,8 +18,8 @@ from radixgate.gateway.http_util import ACCESS
 from radixgate.gateway.prepare import render_bounded, room_for_prompt
 from radixgate.gateway.render import RenderedPrompt
 from radixgate.gateway.state import GatewayState
-from radixgate.runtime.stop import compile_stops, stop_problem
-from radixgate.runtime.api import (Breakpoint, Finished, FinishReason, Request, SamplingParams,
+from radixgate.runtime.engine.stop import compile_stops, stop_problem
+from radixgate.runtime.engine.api import (Breakpoint, Finished, FinishReason, Request, SamplingParams,
                                    TextDelta)
 
 DEFAULT_MAX_TOKENS_CAP = 4096

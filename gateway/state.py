@@ -34,9 +34,9 @@ def default_engine_factory(config: GatewayConfig):
     if config.cluster.enabled:
         from radixgate.gateway.scaleout import start_cluster_engine
         return start_cluster_engine(config, engine_config(config))
-    from radixgate.runtime.engine import Engine
+    from radixgate.runtime.engine.engine import Engine
     from radixgate.runtime.kv_tier import check_disk_folder
-    from radixgate.runtime.loader import load_model
+    from radixgate.runtime.model.loader import load_model
     check_disk_folder(config.cache)        # a clear error before the model loads
     loaded = load_model(config.model.path, tiny=config.model.tiny,
                         max_model_len=config.model.max_model_len,
@@ -46,7 +46,7 @@ def default_engine_factory(config: GatewayConfig):
 
 def engine_config(config: GatewayConfig):
     """The engine's config; with ``[server] kv_events_endpoint`` its KV events go there."""
-    from radixgate.runtime.engine_config import EngineConfig, TenantQuota
+    from radixgate.runtime.engine.engine_config import EngineConfig, TenantQuota
     quotas = {t.name: TenantQuota(max_running=t.max_running, max_pinned_tokens=t.max_pinned_tokens,
                                   max_queued=config.queue_share(t),
                                   max_namespaces=t.max_namespaces)

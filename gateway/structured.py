@@ -1,7 +1,7 @@
 """Structured output and forced tool calls at the API edge.
 
 Each API's request fields become one ``Constraint`` (a grammar in llguidance's Lark dialect,
-``runtime/grammar.py``, and the parameter it came from), compiled before the request is
+``runtime/engine/grammar.py``, and the parameter it came from), compiled before the request is
 queued: a bad schema, an unsupported keyword or a regex too large is a 400 naming the
 parameter and the problem. Compiled grammars are cached per (tenant, grammar), so a
 tenant's repeated schema compiles once and no tenant's entries answer another's requests.
@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from radixgate.gateway.errors import ApiError, Kind
 from radixgate.gateway.tools import CALL_CLOSE, CALL_OPEN, ToolSpec
-from radixgate.runtime.grammar import (CompiledGrammar, GrammarCompiler, GrammarError,
+from radixgate.runtime.engine.grammar import (CompiledGrammar, GrammarCompiler, GrammarError,
                                        GrammarTooSlow, choice_grammar, json_grammar, lark_json,
                                        lark_literal, regex_grammar)
 

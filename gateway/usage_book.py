@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
-from radixgate.runtime.api import Usage
+from radixgate.runtime.engine.api import Usage
 
 HISTORY_SECONDS = 600
 TTFT_SAMPLES = 2048

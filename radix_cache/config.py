@@ -40,7 +40,7 @@ class CacheConfig:
     kv_cache_gb: the KV budget; block_size: tokens per KV block; policy: ``"lru"`` or
     ``"credit"`` (with ``credit``'s parameters); kv_dtype: the KV element type (``"auto"``:
     the model's dtype; ``int8`` / ``fp8`` keep
-    a float16 scale per token and kv head: runtime/kv_cache.py); disk_dir, disk_gb: the disk
+    a float16 scale per token and kv head: runtime/model/kv_cache.py); disk_dir, disk_gb: the disk
     tier below memory (runtime/kv_tier/: evicted blocks go there and come back on a hit;
     both set, or neither; it needs the prefix cache, whole-token matching included);
     enable_prefix_cache / page_rounded_match: the baselines of the benchmarks (no reuse;

@@ -15,8 +15,8 @@ The tracker remembers each announced block by ``(namespace, block id)`` (its has
 parent's hash and its token ids): only one node of a namespace holds a block as full (a
 boundary block shared with a parent is partial for the parent), so a removal names exactly
 what it announced, and ``snapshot()`` lists what is announced now (for a subscriber that
-lost track: ``runtime/kv_events.py`` answers a replay request with it). Pure Python; the
-wire encoding (msgpack over ZMQ) lives in ``runtime/kv_events.py``.
+lost track: ``runtime/engine/kv_events.py`` answers a replay request with it). Pure Python; the
+wire encoding (msgpack over ZMQ) lives in ``runtime/engine/kv_events.py``.
 """
 from __future__ import annotations
 

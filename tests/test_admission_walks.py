@@ -5,11 +5,11 @@ and one for the match)."""
 import pytest
 
 from radixgate.radix_cache import BlockPool, RadixTree
-from radixgate.runtime.api import Request
-from radixgate.runtime.block_manager import BlockManager
-from radixgate.runtime.engine_config import EngineConfig
-from radixgate.runtime.scheduler import CANDIDATE_WINDOW, Scheduler
-from radixgate.runtime.sequence import Sequence
+from radixgate.runtime.engine.api import Request
+from radixgate.runtime.engine.block_manager import BlockManager
+from radixgate.runtime.engine.engine_config import EngineConfig
+from radixgate.runtime.engine.scheduler import CANDIDATE_WINDOW, Scheduler
+from radixgate.runtime.engine.sequence import Sequence
 
 
 class NoCopyKV:

@@ -79,7 +79,7 @@ def test_bad_thread_counts_are_clean_errors(monkeypatch, capsys):
 def test_set_cpu_threads_applies_to_every_thread_and_zero_keeps_the_default(torch_threads):
     import threading
 
-    from radixgate.runtime.loader import set_cpu_threads
+    from radixgate.runtime.model.loader import set_cpu_threads
     assert set_cpu_threads(0) == torch_threads.get_num_threads()      # unchanged
     assert set_cpu_threads(1) == 1
     seen = []
@@ -179,7 +179,7 @@ def test_incomplete_or_unread_cache_settings_are_refused_not_ignored(cache, frag
 
 
 def test_the_disk_tier_flags_and_cache_keys_reach_the_cache_config(tmp_path, monkeypatch):
-    from radixgate.runtime.engine_config import EngineConfig
+    from radixgate.runtime.engine.engine_config import EngineConfig
     monkeypatch.setenv("HOME", str(tmp_path))
     flags = config_from_args(build_parser().parse_args(
         ["serve", "--kv-disk-dir", "~/kv", "--kv-disk-gb", "2.5"]))

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from radixgate.runtime.api import ErrorKind, Finished, FinishReason, Request, TextDelta, Usage
-from radixgate.runtime.engine_config import EngineConfig, TenantQuota
+from radixgate.runtime.engine.api import ErrorKind, Finished, FinishReason, Request, TextDelta, Usage
+from radixgate.runtime.engine.engine_config import EngineConfig, TenantQuota
 
 rex = pytest.importorskip("ray.exceptions")
 

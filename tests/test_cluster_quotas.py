@@ -13,8 +13,8 @@ from radixgate.cluster import registry
 from radixgate.cluster.admission import SETTLE_TIMEOUT_S
 from radixgate.cluster.client import ClusterEngine
 from radixgate.radix_cache import BlockPool, RadixTree
-from radixgate.runtime.api import Breakpoint, Finished, FinishReason, Request, Usage
-from radixgate.runtime.engine_config import EngineConfig, TenantQuota
+from radixgate.runtime.engine.api import Breakpoint, Finished, FinishReason, Request, Usage
+from radixgate.runtime.engine.engine_config import EngineConfig, TenantQuota
 from tests.support.radix import cache
 
 REPLICAS = ("replica-a", "replica-b")

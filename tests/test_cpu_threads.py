@@ -1,4 +1,4 @@
-"""runtime/cpu_threads.py: work run on a fresh thread leaves no torch worker thread behind."""
+"""runtime/engine/cpu_threads.py and runtime/model/fresh_thread.py: work run on a fresh thread leaves no torch worker thread behind."""
 from __future__ import annotations
 
 import os
@@ -8,7 +8,8 @@ import time
 import pytest
 import torch
 
-from radixgate.runtime.cpu_threads import OtherCpuLoad, ThreadGovernor, run_on_fresh_thread
+from radixgate.runtime.engine.cpu_threads import OtherCpuLoad, ThreadGovernor
+from radixgate.runtime.model.fresh_thread import run_on_fresh_thread
 
 
 def _os_threads(at_most: int | None = None) -> int:

@@ -1,13 +1,13 @@
 """Incremental UTF-8-safe detokenization and stop-string hold-back."""
 import pytest
 
-from radixgate.runtime.detokenize import IncrementalDetokenizer, token_bytes_function
-from radixgate.runtime.stop import StopMatcher
+from radixgate.runtime.engine.detokenize import IncrementalDetokenizer, token_bytes_function
+from radixgate.runtime.engine.stop import StopMatcher
 
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    from radixgate.runtime.loader import gguf_tokenizer
+    from radixgate.runtime.model.loader import gguf_tokenizer
     return gguf_tokenizer("default")
 
 

@@ -6,9 +6,9 @@ import time
 
 import pytest
 
-from radixgate.runtime.api import (Breakpoint, ErrorKind, FinishReason, Request, SamplingParams,
+from radixgate.runtime.engine.api import (Breakpoint, ErrorKind, FinishReason, Request, SamplingParams,
                                    TextDelta)
-from radixgate.runtime.engine_config import TenantQuota
+from radixgate.runtime.engine.engine_config import TenantQuota
 from tests.support.engine_compare import assert_clean, greedy, held
 
 PROMPT = list(range(1000, 1100))   # 100 tokens: 6 full blocks + 4

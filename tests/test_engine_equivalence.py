@@ -8,9 +8,9 @@ the end. After every scenario: tree/pool integrity, free + held == total, nothin
 import pytest
 
 from radixgate.radix_cache import CacheConfig
-from radixgate.runtime.api import FinishReason
-from radixgate.runtime.engine import Engine
-from radixgate.runtime.engine_config import EngineConfig
+from radixgate.runtime.engine.api import FinishReason
+from radixgate.runtime.engine.engine import Engine
+from radixgate.runtime.engine.engine_config import EngineConfig
 from tests.support.engine_compare import assert_clean, compare_greedy, greedy, held
 
 pytestmark = pytest.mark.realmodel

@@ -6,8 +6,8 @@ from __future__ import annotations
 import threading
 import time
 
-from radixgate.runtime.api import ErrorKind, FinishReason, TextDelta
-from radixgate.runtime.engine_config import TenantQuota
+from radixgate.runtime.engine.api import ErrorKind, FinishReason, TextDelta
+from radixgate.runtime.engine.engine_config import TenantQuota
 from tests.support.engine_compare import greedy, held
 
 

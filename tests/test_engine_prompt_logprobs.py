@@ -3,7 +3,7 @@ the model's log probability of that token after tokens[:p], the same the engine 
 an output token's logprob when tokens[:p] is the prompt and token p is forced."""
 import pytest
 
-from radixgate.runtime.api import Request, SamplingParams
+from radixgate.runtime.engine.api import Request, SamplingParams
 from tests.support.engine_compare import assert_clean
 
 PROMPT = [3000 + (7 * i) % 200 for i in range(40)]
@@ -38,7 +38,7 @@ def test_a_prompt_logprobs_request_reuses_no_cached_prefix(make_engine):
 def test_prompt_logprobs_prefill_in_small_chunks(make_engine):
     """Each prompt row costs an output-layer pass: such a request adds a bounded amount of
     work to every step it shares with other requests."""
-    from radixgate.runtime.scheduler import PROMPT_LOGPROBS_CHUNK
+    from radixgate.runtime.engine.scheduler import PROMPT_LOGPROBS_CHUNK
     engine = make_engine()
     prompt = [3000 + i for i in range(100)]
 

@@ -2,8 +2,8 @@
 per-tenant running quota, preemption, stop strings and tokens, seeds, fault isolation."""
 import pytest
 
-from radixgate.runtime.api import ErrorKind, FinishReason, Request, SamplingParams
-from radixgate.runtime.engine_config import TenantQuota
+from radixgate.runtime.engine.api import ErrorKind, FinishReason, Request, SamplingParams
+from radixgate.runtime.engine.engine_config import TenantQuota
 from tests.support.engine import tiny_model
 from tests.support.engine_compare import assert_clean, compare_greedy, greedy, held
 

@@ -6,7 +6,7 @@ reader, live in test_faults_http.py.
 """
 from __future__ import annotations
 
-from radixgate.runtime.api import ErrorKind, FinishReason
+from radixgate.runtime.engine.api import ErrorKind, FinishReason
 from tests.support.engine import finish, first_delta, integrity, request, running_engine
 
 PROMPT = list(range(1000, 1040))

@@ -9,8 +9,8 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from radixgate.gateway.render import (ChatMessage, Conversation, Piece, RenderedPrompt,
                                       TemplateError, render_prompt)
-from radixgate.runtime.loader import gguf_tokenizer
-from radixgate.runtime.tokenizer import bytes_to_unicode
+from radixgate.runtime.model.loader import gguf_tokenizer
+from radixgate.runtime.model.tokenizer import bytes_to_unicode
 
 CI = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 SLOW = settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -24,12 +24,12 @@ RAW = {
 
 @functools.cache
 def tiny_model():
-    from radixgate.runtime.loader import load_model
+    from radixgate.runtime.model.loader import load_model
     return load_model("default", tiny=True, max_model_len=512)
 
 
 def engine_factory(config, gate: threading.Event | None = None):
-    from radixgate.runtime.engine import Engine
+    from radixgate.runtime.engine.engine import Engine
     if gate is not None:
         gate.wait(30)
     return Engine(tiny_model(), engine_config(config)).start()

@@ -9,7 +9,7 @@ from radixgate.gateway.openai_api import ChatStream, _chat_body
 from radixgate.gateway.prompt_parts import ConvertedPrompt
 from radixgate.gateway.render import Conversation
 from radixgate.gateway.tools import forced_call_prefill
-from radixgate.runtime.api import Finished, FinishReason, Usage
+from radixgate.runtime.engine.api import Finished, FinishReason, Usage
 
 USAGE = Usage(prompt_tokens=100, cache_read_tokens=60, cache_creation_tokens=30,
               cache_creation_5m_tokens=10, cache_creation_1h_tokens=20, uncached_tokens=10,

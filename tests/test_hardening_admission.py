@@ -8,7 +8,7 @@ from __future__ import annotations
 import httpx2 as httpx
 import pytest
 
-from radixgate.runtime.api import ErrorKind, FinishReason
+from radixgate.runtime.engine.api import ErrorKind, FinishReason
 from tests.support.engine_compare import assert_clean, greedy
 from tests.support.server import ADMIN_KEY, ServerSpec, shared_server, tenant_key
 

@@ -13,8 +13,8 @@ import uuid
 
 import pytest
 
-from radixgate.runtime.api import Breakpoint
-from radixgate.runtime.engine_config import TenantQuota
+from radixgate.runtime.engine.api import Breakpoint
+from radixgate.runtime.engine.engine_config import TenantQuota
 from tests.support import client as c
 from tests.support.engine_compare import assert_clean, greedy
 from tests.support.server import ADMIN_KEY, ServerSpec, shared_server, tenant_key

@@ -16,7 +16,7 @@ import logging
 import aiohttp
 import pytest
 
-import radixgate.runtime.core as core_module
+import radixgate.runtime.engine.core as core_module
 from tests.support import client as c
 from tests.support.inproc import in_process_gateway
 from tests.support.server import ServerSpec, shared_server, tenant_key
@@ -107,7 +107,7 @@ async def test_failure_in_one_requests_emit_fails_it_alone_with_a_generic_messag
         return real_append(seq, token, *args)
 
     monkeypatch.setattr(core_module, "append_token", append_or_fail)
-    caplog.set_level(logging.ERROR, logger="radixgate.runtime.core")
+    caplog.set_level(logging.ERROR, logger="radixgate.runtime.engine.core")
     victim_body = c.anthropic_body("victim", max_tokens=VICTIM_TOKENS, stream=True)
     async with app_client.post(c.ANTHROPIC_PATH, headers=c.headers(VICTIM),
                                json=victim_body) as victim:

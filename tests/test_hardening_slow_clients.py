@@ -17,9 +17,9 @@ import time
 import aiohttp
 import pytest
 
-from radixgate.runtime import handle as handle_module
-from radixgate.runtime.api import Finished, FinishReason, TextDelta, Usage
-from radixgate.runtime.handle import SLOW_READER_GRACE_S, AsyncSink, RequestHandle
+from radixgate.runtime.engine import handle as handle_module
+from radixgate.runtime.engine.api import Finished, FinishReason, TextDelta, Usage
+from radixgate.runtime.engine.handle import SLOW_READER_GRACE_S, AsyncSink, RequestHandle
 from tests.support import client as c
 from tests.support.server import ADMIN_KEY, ServerSpec, shared_server, tenant_key
 

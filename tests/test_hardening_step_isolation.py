@@ -1,8 +1,8 @@
 """Step isolation, engine side: a failure that belongs to one request fails that request
 alone, wherever in the step it happens (admission, the batched forward pass), and the
 other requests of the same step finish normally with nothing leaked."""
-from radixgate.runtime.api import ErrorKind, FinishReason
-from radixgate.runtime.scheduler import MAX_ADMISSION_FAILURES
+from radixgate.runtime.engine.api import ErrorKind, FinishReason
+from radixgate.runtime.engine.scheduler import MAX_ADMISSION_FAILURES
 from tests.support.engine_compare import assert_clean, greedy, held
 
 SHARED = list(range(2000, 2060))

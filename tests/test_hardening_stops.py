@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from radixgate.runtime.stop import MAX_STOP_LENGTH, MAX_STOP_STRINGS
+from radixgate.runtime.engine.stop import MAX_STOP_LENGTH, MAX_STOP_STRINGS
 from tests.support import client as c
 from tests.support.server import ServerSpec, shared_server, tenant_key
 

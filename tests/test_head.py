@@ -1,11 +1,11 @@
-"""runtime/head.py's RescoredHead on a random weight: each row's top k logits equal the
+"""runtime/model/head.py's RescoredHead on a random weight: each row's top k logits equal the
 float32 product, the rest stay close, and every row count (none, one, many) works."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from radixgate.runtime.head import RescoredHead, int_mm_available
+from radixgate.runtime.model.head import RescoredHead, int_mm_available
 
 pytestmark = pytest.mark.skipif(not int_mm_available(), reason="torch.ops.aten._int_mm is missing")
 
@@ -45,8 +45,8 @@ def test_k_is_bounded_by_the_vocabulary_and_bytes_are_the_codes_and_scales():
 def test_the_default_model_answers_a_prompt_longer_than_one_step(default_model_path):
     """Prefill chunks that want no logits run the head on zero rows; the auto weights of
     the default GGUF have this head."""
-    from radixgate.runtime.engine import Engine
-    from radixgate.runtime.loader import load_model
+    from radixgate.runtime.engine.engine import Engine
+    from radixgate.runtime.model.loader import load_model
     from tests.support.engine import engine_config
     from tests.support.engine_compare import assert_clean, greedy
 

@@ -1,6 +1,7 @@
 """The import graph, as an import-graph tool (grimp) sees the package: every subpackage is
 visible through radixgate/ (a symlink per top-level folder), dependencies point downwards
-only (ARCHITECTURE.md section 1: gateway -> cluster -> runtime -> kernels, radix_cache) and no modules import each other in a cycle."""
+only (ARCHITECTURE.md section 1: gateway -> cluster -> runtime -> kernels, radix_cache;
+inside the runtime, engine -> kv_tier -> model) and no modules import each other in a cycle."""
 from __future__ import annotations
 
 import grimp
@@ -10,6 +11,16 @@ from tests.support.graphs import import_cycles
 
 LAYERS = ("radixgate.gateway", "radixgate.cluster", "radixgate.runtime", "radixgate.kernels",
           "radixgate.radix_cache")
+# The runtime's three rooms, highest first: the model side knows nothing of requests or
+# tiers; the tier (its engine glue included) reaches the engine's tree only through the
+# objects the engine hands it, and reads the model side only for a GGUF header.
+RUNTIME_LAYERS = ("radixgate.runtime.engine", "radixgate.runtime.kv_tier",
+                  "radixgate.runtime.model")
+
+
+def downward_pairs(layers):
+    """``(lower, upper)`` for every pair of ``layers`` (listed highest first)."""
+    return [(layers[j], layers[i]) for i in range(len(layers)) for j in range(i + 1, len(layers))]
 
 
 @pytest.fixture(scope="module")
@@ -18,15 +29,22 @@ def graph():
 
 
 def test_the_tool_sees_every_subpackage_and_their_imports(graph):
-    for package in LAYERS:
-        assert len(graph.find_children(package)) >= 5, package
+    for package in LAYERS + RUNTIME_LAYERS:
+        assert len(graph.find_descendants(package)) >= 5, package
     imported = graph.find_modules_directly_imported_by("radixgate.gateway.service")
-    assert "radixgate.runtime.api" in imported
+    assert "radixgate.runtime.engine.api" in imported
 
 
-@pytest.mark.parametrize("lower, upper", [(LAYERS[j], LAYERS[i]) for i in range(len(LAYERS))
-                                          for j in range(i + 1, len(LAYERS))])
+@pytest.mark.parametrize("lower, upper", downward_pairs(LAYERS))
 def test_dependencies_point_downwards(graph, lower, upper):
+    chain = graph.find_shortest_chain(importer=lower, imported=upper, as_packages=True)
+    assert chain is None, f"{lower} reaches {upper} through {chain}"
+
+
+@pytest.mark.parametrize("lower, upper", downward_pairs(RUNTIME_LAYERS))
+def test_the_model_side_imports_nothing_of_the_engine_side(graph, lower, upper):
+    """runtime.model reaches neither runtime.engine nor runtime.kv_tier, and runtime.kv_tier
+    (glue.py included) reaches no module of runtime.engine, not even through another."""
     chain = graph.find_shortest_chain(importer=lower, imported=upper, as_packages=True)
     assert chain is None, f"{lower} reaches {upper} through {chain}"
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 
 from radixgate.gateway.auth import namespace_for
-from radixgate.runtime.api import FinishReason
+from radixgate.runtime.engine.api import FinishReason
 from tests.support.engine import finish, first_delta, request, running_engine
 
 SHARED = [4000 + i for i in range(96)]          # the prompt whose prefix gets cached

@@ -9,10 +9,10 @@ import torch
 from radixgate.kernels import copy_blocks, dequantize_kv, paged_attention, quantize_kv, store_kv
 from radixgate.kernels.testing import make_paged_case
 from radixgate.radix_cache import CacheConfig
-from radixgate.runtime.engine import Engine
-from radixgate.runtime.engine_config import EngineConfig
-from radixgate.runtime.kv_cache import KVCache, resolve_kv_dtype
-from radixgate.runtime.planner import plan
+from radixgate.runtime.engine.engine import Engine
+from radixgate.runtime.engine.engine_config import EngineConfig
+from radixgate.runtime.model.kv_cache import KVCache, resolve_kv_dtype
+from radixgate.runtime.model.planner import plan
 from tests.support.engine import tiny_model
 from tests.support.engine_compare import assert_clean, compare_greedy, greedy
 

@@ -13,7 +13,7 @@ from radixgate.radix_cache import BlockPool, RadixTree
 from radixgate.radix_cache.block_hash import as_event_id, block_hashes, root_hash
 from radixgate.radix_cache.kv_events import (AllBlocksCleared, BlockRemoved, BlockStored,
                                              BlockTracker, prompt_block_ids)
-from radixgate.runtime.kv_events import (EndpointError, check_endpoint, encode_batch,
+from radixgate.runtime.engine.kv_events import (EndpointError, check_endpoint, encode_batch,
                                          hash_seed)
 
 B = 4
@@ -176,7 +176,7 @@ class Replica:
 
     def __init__(self, endpoint: str = "tcp://127.0.0.1:*",
                  replay: str | None = "tcp://127.0.0.1:*", replay_batches: int = 64):
-        from radixgate.runtime.kv_events import KVEventPublisher
+        from radixgate.runtime.engine.kv_events import KVEventPublisher
         self.pub = KVEventPublisher(endpoint, SEED, B, topic="r0", replay_endpoint=replay,
                                     replay_batches=replay_batches)
         self.pool = BlockPool(32, B)

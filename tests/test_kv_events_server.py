@@ -14,7 +14,7 @@ from radixgate.cluster.kv_decode import decode_batch
 from radixgate.cluster.prefix_index import PrefixIndex
 from radixgate.gateway.auth import namespace_for
 from radixgate.radix_cache.kv_events import BlockRemoved, BlockStored, prompt_block_ids
-from radixgate.runtime.kv_events import hash_seed
+from radixgate.runtime.engine.kv_events import hash_seed
 from tests.support.server import ADMIN_KEY, ServerProcess, ServerSpec
 from tests.test_cluster_ray import call, complete
 

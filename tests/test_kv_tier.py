@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from radixgate.runtime.engine import Engine
+from radixgate.runtime.engine.engine import Engine
 from radixgate.runtime.kv_tier import TierFolderError
 from tests.support.engine import engine_config, tiny_model
 from tests.support.engine_compare import assert_clean, compare_greedy, greedy
@@ -60,7 +60,7 @@ def evict_prompt(engine: Engine) -> None:
 
 
 def where(engine: Engine, tokens, namespace: str = "ns-a") -> list[str]:
-    from radixgate.runtime.kv_tier_glue import block_tiers
+    from radixgate.runtime.kv_tier.glue import block_tiers
     core = engine.core
     return engine._command(block_tiers, core.tree, core.tier, namespace, tokens).result(30)
 
@@ -431,7 +431,7 @@ def test_pinned_prefixes_stay_in_the_tier_for_their_ttl_when_the_budget_is_short
     loading it back gives the bytes that were spilled."""
     import torch
 
-    from radixgate.runtime.kv_cache import KVCache
+    from radixgate.runtime.model.kv_cache import KVCache
     from radixgate.runtime.kv_tier import KVTier, MemoryBackend
 
     kv = KVCache(2, 64, 4, 2, 8, "float32")
@@ -466,7 +466,7 @@ def test_pinned_prefixes_stay_in_the_tier_for_their_ttl_when_the_budget_is_short
 
 
 def test_a_24h_breakpoint_holds_memory_at_most_an_hour_and_the_tier_for_a_day(tmp_path):
-    from radixgate.runtime.api import Breakpoint
+    from radixgate.runtime.engine.api import Breakpoint
 
     engine = start(tmp_path)
     try:
@@ -489,7 +489,7 @@ def test_a_24h_breakpoint_holds_memory_at_most_an_hour_and_the_tier_for_a_day(tm
 
 
 def test_a_spill_beyond_the_staging_room_keeps_what_fits_and_never_waits():
-    from radixgate.runtime.kv_cache import KVCache
+    from radixgate.runtime.model.kv_cache import KVCache
     from radixgate.runtime.kv_tier import KVTier, MemoryBackend
 
     kv = KVCache(2, 32, 4, 2, 8, "float32")
@@ -515,7 +515,7 @@ def test_a_spill_beyond_the_staging_room_keeps_what_fits_and_never_waits():
 
 KILLED_WRITER = """
 import sys, time
-from radixgate.runtime.engine import Engine
+from radixgate.runtime.engine.engine import Engine
 from tests.support.engine import engine_config, tiny_model
 from tests.support.engine_compare import greedy
 engine = Engine(tiny_model(), engine_config(num_blocks=40, disk_dir=sys.argv[1],

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from radixgate.runtime.kv_cache import KVCache
+from radixgate.runtime.model.kv_cache import KVCache
 from radixgate.runtime.kv_tier import DiskBackend, KVTier
 
 BLOCK_SIZE = 16
@@ -44,7 +44,7 @@ def test_tier_threads_add_no_openmp_pool_across_a_tail_write_and_a_disk_load(tmp
                                                                             real_model):
     """A torch copy of a real-size block goes parallel and gives the writer or loader
     thread an OpenMP pool of its own (which makes the engine's workers sleep between ops:
-    runtime/cpu_threads.py). Both threads copy with numpy: no OS thread is added."""
+    runtime/engine/cpu_threads.py). Both threads copy with numpy: no OS thread is added."""
     kept = torch.get_num_threads()
     torch.set_num_threads(max(2, kept))       # the tier threads would inherit a parallel count
     kv = real_size_kv(real_model.config)
@@ -71,9 +71,9 @@ def test_tier_threads_add_no_openmp_pool_across_a_tail_write_and_a_disk_load(tmp
 
 CRASHED_SERVER = """
 import sys, time
-from radixgate.runtime.api import Breakpoint
-from radixgate.runtime.engine import Engine
-from radixgate.runtime.loader import load_model
+from radixgate.runtime.engine.api import Breakpoint
+from radixgate.runtime.engine.engine import Engine
+from radixgate.runtime.model.loader import load_model
 from tests.support.engine import engine_config
 from tests.support.engine_compare import greedy
 from tests.test_kv_tier_real import PINNED, PROMPTS, wait_settled
@@ -113,7 +113,7 @@ def test_blocks_on_disk_before_a_kill_9_are_served_after_it_at_real_size(tmp_pat
     import subprocess
     import sys
 
-    from radixgate.runtime.engine import Engine
+    from radixgate.runtime.engine.engine import Engine
     from tests.support.engine import engine_config
     from tests.support.engine_compare import compare_greedy, greedy
 

@@ -3,8 +3,8 @@ import numpy as np
 import pytest
 import torch
 
-from radixgate.runtime.gguf_file import GGUFFile
-from radixgate.runtime.loader_gguf import (config_from_gguf, read_gguf_config,
+from radixgate.runtime.model.gguf_file import GGUFFile
+from radixgate.runtime.model.loader_gguf import (config_from_gguf, read_gguf_config,
                                            dequantize_tensor, unpermute_rope_rows)
 
 

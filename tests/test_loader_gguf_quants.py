@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as QT
 
-from radixgate.runtime.gguf_quants import BLOCK_LAYOUT, SUPPORTED_TYPES, dequantize, group_codes
+from radixgate.runtime.model.gguf_quants import BLOCK_LAYOUT, SUPPORTED_TYPES, dequantize, group_codes
 
 # byte offsets of the fp16 scale fields inside one block of each type
 _F16_FIELDS = {QT.Q8_0: [0], QT.Q4_0: [0], QT.Q4_1: [0, 2], QT.Q5_0: [0], QT.Q5_1: [0, 2],

@@ -7,10 +7,10 @@ import json
 import pytest
 import torch
 
-from radixgate.runtime.batch import build_forward_batch
-from radixgate.runtime.kv_cache import KVCache
-from radixgate.runtime.loader import gguf_tokenizer, load_model
-from radixgate.runtime.loader_hf import read_hf_config
+from radixgate.runtime.model.batch import build_forward_batch
+from radixgate.runtime.model.kv_cache import KVCache
+from radixgate.runtime.model.loader import gguf_tokenizer, load_model
+from radixgate.runtime.model.loader_hf import read_hf_config
 
 transformers = pytest.importorskip("transformers")
 

@@ -3,8 +3,8 @@ and paged prefix/suffix and decode equal to one contiguous forward. Prompts <= 2
 import pytest
 import torch
 
-from radixgate.runtime.batch import build_forward_batch
-from radixgate.runtime.kv_cache import KVCache
+from radixgate.runtime.model.batch import build_forward_batch
+from radixgate.runtime.model.kv_cache import KVCache
 
 pytestmark = pytest.mark.realmodel
 

@@ -5,9 +5,9 @@ import random
 import pytest
 import torch
 
-from radixgate.runtime.batch import build_forward_batch
-from radixgate.runtime.kv_cache import KVCache
-from radixgate.runtime.loader import load_model
+from radixgate.runtime.model.batch import build_forward_batch
+from radixgate.runtime.model.kv_cache import KVCache
+from radixgate.runtime.model.loader import load_model
 
 BLOCK = 4   # small blocks so short prompts span many, and chunk edges fall inside blocks
 TOL = dict(rtol=1e-5, atol=1e-4)   # fp32 rounding of different matmul row counts; errors are O(1)

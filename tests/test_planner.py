@@ -1,7 +1,7 @@
 """KV capacity planner: the reference figures and the CLI table."""
 import pytest
 
-from radixgate.runtime.planner import GiB, KiB, PRESETS, format_plan_table, plan, planner_main
+from radixgate.runtime.model.planner import GiB, KiB, PRESETS, format_plan_table, plan, planner_main
 
 GB = 10**9
 

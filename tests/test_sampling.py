@@ -1,8 +1,8 @@
 """Sampling: greedy, temperature, top-k, top-p, per-request seeds, parameter validation."""
 import torch
 
-from radixgate.runtime.api import SamplingParams
-from radixgate.runtime.sampling import make_generator, sample_tokens, top2_gaps, validate_sampling
+from radixgate.runtime.engine.api import SamplingParams
+from radixgate.runtime.engine.sampling import make_generator, sample_tokens, top2_gaps, validate_sampling
 
 VOCAB = 1000
 

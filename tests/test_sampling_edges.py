@@ -4,8 +4,8 @@ request's numbers cannot fail the batch it shares."""
 import pytest
 import torch
 
-from radixgate.runtime.api import SamplingParams
-from radixgate.runtime.sampling import (MIN_TEMPERATURE, is_greedy, make_generator,
+from radixgate.runtime.engine.api import SamplingParams
+from radixgate.runtime.engine.sampling import (MIN_TEMPERATURE, is_greedy, make_generator,
                                         sample_tokens)
 
 VOCAB = 500

@@ -11,10 +11,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from radixgate.runtime.api import SamplingParams
-from radixgate.runtime.batch import build_forward_batch
-from radixgate.runtime.kv_cache import KVCache
-from radixgate.runtime.sampling import (MIN_TEMPERATURE, TOP_P_CANDIDATES, TokenCounts,
+from radixgate.runtime.engine.api import SamplingParams
+from radixgate.runtime.model.batch import build_forward_batch
+from radixgate.runtime.model.kv_cache import KVCache
+from radixgate.runtime.engine.sampling import (MIN_TEMPERATURE, TOP_P_CANDIDATES, TokenCounts,
                                         make_generator, sample_tokens, token_distribution,
                                         validate_sampling)
 

@@ -5,9 +5,9 @@ import random
 
 from hypothesis import given, settings, strategies as st
 
-from radixgate.runtime.api import SamplingParams
-from radixgate.runtime.sampling import validate_sampling
-from radixgate.runtime.stop import (MAX_STOP_LENGTH, MAX_STOP_STRINGS, StopAutomaton,
+from radixgate.runtime.engine.api import SamplingParams
+from radixgate.runtime.engine.sampling import validate_sampling
+from radixgate.runtime.engine.stop import (MAX_STOP_LENGTH, MAX_STOP_STRINGS, StopAutomaton,
                                     StopMatcher, StopResult, compile_stops, stop_problem)
 
 

@@ -404,7 +404,7 @@ async def test_strict_tools_with_auto_choice_give_text_or_valid_calls(gateway):
 def test_strict_auto_grammar_admits_text_and_valid_calls_only(text, allowed):
     from radixgate.gateway.structured import strict_tool_calls
     from radixgate.gateway.tools import ToolSpec
-    from radixgate.runtime.grammar import GrammarCompiler
+    from radixgate.runtime.engine.grammar import GrammarCompiler
     from tests.support.engine import tiny_model
     model = tiny_model()
     specs = [ToolSpec("get_weather", None, WEATHER), ToolSpec("get_time", None, TIME)]
@@ -453,7 +453,7 @@ def converted_for(api: str, tool_choice) -> object:
 def test_a_named_tool_choice_allows_more_calls_only_on_anthropic(api, tool_choice, calls):
     """Responses' named function is "call exactly one" (OpenAI); Anthropic's
     ``{"type": "tool"}`` allows parallel calls unless ``disable_parallel_tool_use``."""
-    from radixgate.runtime.grammar import GrammarCompiler
+    from radixgate.runtime.engine.grammar import GrammarCompiler
     from tests.support.engine import tiny_model
     converted = converted_for(api, tool_choice)
     model = tiny_model()

@@ -13,11 +13,11 @@ import jsonschema
 import pytest
 import torch
 
-from radixgate.runtime.api import FinishReason, Request, SamplingParams, TextDelta
-from radixgate.runtime.grammar import (GrammarCompiler, GrammarError, choice_grammar,
+from radixgate.runtime.engine.api import FinishReason, Request, SamplingParams, TextDelta
+from radixgate.runtime.engine.grammar import (GrammarCompiler, GrammarError, choice_grammar,
                                        json_grammar, regex_grammar)
-from radixgate.runtime.sampling import TokenMasks, sample_tokens
-from radixgate.runtime.structured import compute_masks
+from radixgate.runtime.engine.sampling import TokenMasks, sample_tokens
+from radixgate.runtime.engine.structured import compute_masks
 from tests.support.engine import integrity, running_engine, tiny_model
 
 SCHEMA = {"type": "object", "additionalProperties": False,
@@ -218,7 +218,7 @@ def test_masks_touch_only_constrained_rows_and_exempt_ends_from_min_tokens(compi
 
 def test_the_mask_worker_thread_gives_the_masks_computed_inline(compiler):
     from types import SimpleNamespace
-    from radixgate.runtime.structured import MaskFill, MaskWorker
+    from radixgate.runtime.engine.structured import MaskFill, MaskWorker
     pick = compiler.compile(choice_grammar(["alpha", "beta"]))
     vocab = tiny_model().config.vocab_size
     rows = [SimpleNamespace(request=SimpleNamespace(grammar=g))
@@ -240,7 +240,7 @@ def test_the_mask_worker_thread_gives_the_masks_computed_inline(compiler):
 def test_the_batched_fill_gives_the_masks_of_one_fill_after_another(compiler):
     """llguidance's batched fill (``MaskFill`` from ``min_rows`` rows) against the loop, for
     rows of different grammars in different states, an ended one included."""
-    from radixgate.runtime.structured import MaskFill
+    from radixgate.runtime.engine.structured import MaskFill
     vocab = tiny_model().config.vocab_size
     tokenizer = tiny_model().tokenizer
     sources = [json_grammar(SCHEMA), choice_grammar(["yes", "no"]), regex_grammar("[a-c]{3}")]
@@ -264,7 +264,7 @@ def test_the_batched_fill_is_used_only_where_two_cores_are_spare(monkeypatch):
     """On 2 cores it lost to one fill after another (benchmarks/RESULTS.md): a CPU forward
     on every core, or one core left, keeps the loop; an accelerator's host batches."""
     import os
-    from radixgate.runtime.structured import MaskFill, spare_mask_threads
+    from radixgate.runtime.engine.structured import MaskFill, spare_mask_threads
     assert spare_mask_threads(2, 2, False) == 0 and spare_mask_threads(2, 1, False) == 1
     assert spare_mask_threads(2, 1, True) == 1 and spare_mask_threads(64, 1, True) == 16
     for cores, threads, accelerated, batched in ((2, 2, False, None), (2, 1, True, None),

@@ -2,7 +2,7 @@
 import jinja2
 import pytest
 
-from radixgate.runtime.loader import gguf_tokenizer
+from radixgate.runtime.model.loader import gguf_tokenizer
 
 SAMPLES = [
     "Hello world!",
@@ -93,7 +93,7 @@ def test_skip_special_tokens_drops_control_tokens(tok):
 
 
 def test_template_globals_raise_exception_and_tokens(tok):
-    from radixgate.runtime.tokenizer import Tokenizer
+    from radixgate.runtime.model.tokenizer import Tokenizer
     custom = Tokenizer(tok.backend, bos_token_id=1, eos_token_ids={2}, special_token_ids=set(),
                        chat_template="{{ bos_token }}{% if messages|length > 1 %}"
                                      "{{ raise_exception('one message only') }}{% endif %}"
@@ -111,8 +111,8 @@ def test_long_texts_encode_to_the_same_ids_without_holding_the_interpreter_lock(
     import threading
     import time
 
-    from radixgate.runtime.loader import load_model
-    from radixgate.runtime.tokenizer import LONG_TEXT_CHARS
+    from radixgate.runtime.model.loader import load_model
+    from radixgate.runtime.model.tokenizer import LONG_TEXT_CHARS
     tokenizer = load_model("default", tiny=True).tokenizer
     text = "word <|im_end|> " * 60_000                     # ~1 MB, specials inside
     for encode, backend in ((tokenizer.encode, tokenizer.backend),

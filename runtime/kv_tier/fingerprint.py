@@ -85,7 +85,7 @@ def _index_bytes(source, size: int) -> bytes:
 
 
 def _gguf_data_offset(path: str) -> int:
-    from radixgate.runtime.gguf_file import GGUFFile
+    from radixgate.runtime.model.gguf_file import GGUFFile
     return GGUFFile(path).data_offset
 
 

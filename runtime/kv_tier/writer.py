@@ -81,7 +81,7 @@ def write_one(tier, job: StagedWrite, i: int, address: BlockAddress) -> None:
     for victim in victims:
         tier.backend.delete(victim)
     # numpy copies: a torch copy of a real-size block goes parallel on this thread and
-    # gives it an OpenMP pool of its own (runtime/cpu_threads.py)
+    # gives it an OpenMP pool of its own (runtime/engine/cpu_threads.py)
     payload = [memoryview(np.ascontiguousarray(part.numpy()[i, :, :address.count])).cast("B")
                for part in job.parts]
     prefix = encode_prefix(tier.fingerprint, record.digest, record.parent, record.count,

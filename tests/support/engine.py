@@ -6,9 +6,9 @@ import contextlib
 import functools
 
 from radixgate.radix_cache import CacheConfig
-from radixgate.runtime.api import Finished, Request, SamplingParams, TextDelta
-from radixgate.runtime.engine import Engine
-from radixgate.runtime.engine_config import EngineConfig
+from radixgate.runtime.engine.api import Finished, Request, SamplingParams, TextDelta
+from radixgate.runtime.engine.engine import Engine
+from radixgate.runtime.engine.engine_config import EngineConfig
 
 CACHE_FIELDS = frozenset(CacheConfig.__dataclass_fields__)
 
@@ -16,7 +16,7 @@ CACHE_FIELDS = frozenset(CacheConfig.__dataclass_fields__)
 @functools.lru_cache(maxsize=1)
 def tiny_model():
     """One seeded tiny model per test process (immutable once built)."""
-    from radixgate.runtime.loader import load_model
+    from radixgate.runtime.model.loader import load_model
     return load_model(tiny=True, max_model_len=1024)
 
 

@@ -7,8 +7,8 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from radixgate.runtime.api import Finished, Request, SamplingParams
-from radixgate.runtime.engine import Engine
+from radixgate.runtime.engine.api import Finished, Request, SamplingParams
+from radixgate.runtime.engine.engine import Engine
 
 NEAR_TIE = 1e-3
 

@@ -13,7 +13,7 @@ from radixgate.gateway.app import create_app
 from radixgate.gateway.config import config_from_dict
 from radixgate.gateway.http_util import STATE
 from radixgate.gateway.state import engine_config
-from radixgate.runtime.engine import Engine
+from radixgate.runtime.engine.engine import Engine
 from tests.support.engine import tiny_model
 from tests.support.server import ADMIN_KEY, tenant_key
 

@@ -10,9 +10,9 @@ import torch
 from safetensors.torch import load_file
 from tokenizers import Tokenizer as HFTokenizer
 
-from radixgate.runtime.config import ModelConfig
-from radixgate.runtime.tokenizer import Tokenizer
-from radixgate.runtime.tokenizer_gguf import END_MARKERS
+from radixgate.runtime.model.config import ModelConfig
+from radixgate.runtime.model.tokenizer import Tokenizer
+from radixgate.runtime.model.tokenizer_gguf import END_MARKERS
 
 _ARCHS = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "Qwen2ForCausalLM": "qwen2"}
 _MODEL_TYPES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2"}

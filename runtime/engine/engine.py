@@ -80,7 +80,7 @@ class Engine:
 
     # -- lifecycle ------------------------------------------------------------------------
     def start(self) -> "Engine":
-        """Starts the engine thread with the caller's torch thread count (runtime/cpu_threads.py:
+        """Starts the engine thread with the caller's torch thread count (runtime/engine/cpu_threads.py:
         it should be the process's only thread holding torch's worker threads)."""
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, args=(torch.get_num_threads(),),

@@ -10,7 +10,7 @@ executor) made the engine thread's single-stream decode 1.7x slower here (2 thre
 CPUs: 66 against 116 tok/s; the int4 matmul at one row 67 against 23 us).
 
 So the model is built on a thread of its own that ends when the build does (its pool goes
-with it: ``run_on_fresh_thread``), and the engine thread sets its own thread count
+with it: ``run_on_fresh_thread`` in runtime/model/fresh_thread.py), and the engine thread sets its own thread count
 (``torch.set_num_threads`` is per thread); the engine thread is then the only holder of a multi-thread pool. Threads
 that run torch work outside the engine (request preparation) stay below the parallel grain.
 """
@@ -18,36 +18,12 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 import time
 from collections.abc import Callable
-from typing import TypeVar
 
 import torch
 
-T = TypeVar("T")
 log = logging.getLogger(__name__)
-
-
-def run_on_fresh_thread(fn: Callable[..., T], *args, **kwargs) -> T:
-    """``fn(*args, **kwargs)`` on a new thread with the caller's torch thread count, joined;
-    returns its result or raises its exception. The thread's OpenMP pool ends with it."""
-    threads = torch.get_num_threads()
-    outcome: dict = {}
-
-    def target() -> None:
-        torch.set_num_threads(threads)
-        try:
-            outcome["value"] = fn(*args, **kwargs)
-        except BaseException as exc:  # noqa: BLE001 - re-raised on the caller's thread
-            outcome["error"] = exc
-
-    worker = threading.Thread(target=target, name="radixgate-build", daemon=True)
-    worker.start()
-    worker.join()
-    if "error" in outcome:
-        raise outcome["error"]
-    return outcome["value"]
 
 
 class OtherCpuLoad:

@@ -46,7 +46,7 @@ class FinishReason(str, enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
-    """temperature below 1e-5 means greedy; every default below is off (runtime/sampling.py
+    """temperature below 1e-5 means greedy; every default below is off (runtime/engine/sampling.py
     applies them, in its documented order). Penalties: ``presence_penalty`` and
     ``frequency_penalty`` in [-2, 2] count output tokens; ``repetition_penalty`` > 0 (1 is
     off) counts prompt and output tokens. ``logit_bias``: (token id, bias in [-100, 100])

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 # bytes per number of each ``[cache] kv_dtype``; the 8-bit ones also keep a float16 scale
-# per (token, kv head) of K and of V (runtime/kv_cache.py, kernels/reference.py)
+# per (token, kv head) of K and of V (runtime/model/kv_cache.py, kernels/reference.py)
 KV_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "int8": 1, "fp8": 1}
 QUANTIZED_KV_DTYPES = ("int8", "fp8")
 KV_SCALE_BYTES = 2

@@ -36,7 +36,7 @@ layer to bf16 (from the packed codes) for one bf16 GEMM; int8 runs its op up to
 int4 wins single-stream decode (3.9 against 7.5 ms a token for the layers) and loses 16 rows
 (1.5x) and prefill (1.5x) to bf16; decode of few streams is what the default model serves.
 Q4_0 / Q4_1 codes go into int4 exactly (float32 scale and zero; the op rounds them to bf16);
-a GGUF file's head becomes runtime/head.py's ``RescoredHead`` (int8 x int8 with each row's top
+a GGUF file's head becomes runtime/model/head.py's ``RescoredHead`` (int8 x int8 with each row's top
 logits recomputed exactly; 4-bit would be lossy), any other head bf16.
 """
 from __future__ import annotations

@@ -5,7 +5,7 @@ import math
 
 import torch
 
-from radixgate.runtime.config import ModelConfig
+from radixgate.runtime.model.config import ModelConfig
 
 
 def rope_inv_freq(config: ModelConfig, freq_factors: torch.Tensor | None = None) -> torch.Tensor:

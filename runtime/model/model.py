@@ -13,12 +13,12 @@ import torch
 import torch.nn.functional as F
 
 from radixgate.kernels import attention_plan, paged_attention, store_kv
-from radixgate.runtime.batch import ForwardBatch, build_forward_batch
-from radixgate.runtime.config import ModelConfig
-from radixgate.runtime.kv_cache import KVCache
-from radixgate.runtime.linear import Linear
-from radixgate.runtime.rope import apply_rope, rope_cos_sin, rope_inv_freq
-from radixgate.runtime.weights import build_embedding_and_head, build_linear, dense
+from radixgate.runtime.model.batch import ForwardBatch, build_forward_batch
+from radixgate.runtime.model.config import ModelConfig
+from radixgate.runtime.model.kv_cache import KVCache
+from radixgate.runtime.model.linear import Linear
+from radixgate.runtime.model.rope import apply_rope, rope_cos_sin, rope_inv_freq
+from radixgate.runtime.model.weights import build_embedding_and_head, build_linear, dense
 
 __all__ = ["LlamaModel", "ForwardBatch", "build_forward_batch", "rms_norm"]
 
@@ -45,8 +45,8 @@ class DecoderLayer:
 class LlamaModel:
     """``LlamaModel(config, weights)``: ``weights`` uses HF names (``model.layers.0.self_attn.
     q_proj.weight`` ...) with HF's rotate_half Q/K layout; ``rope_freqs`` is optional. Values
-    are tensors or ``GGUFWeight``s (runtime/weights.py); matmul weights are built in
-    ``weights_dtype`` (float32 | bfloat16 | int8 | int4, see runtime/linear.py), activations
+    are tensors or ``GGUFWeight``s (runtime/model/weights.py); matmul weights are built in
+    ``weights_dtype`` (float32 | bfloat16 | int8 | int4, see runtime/model/linear.py), activations
     stay in ``dtype``."""
 
     def __init__(self, config: ModelConfig, weights: dict, device: str | torch.device = "cpu",

@@ -20,14 +20,14 @@ import time
 import torch
 
 from radixgate.radix_cache import BlockPool, RadixTree, make_policy
+from radixgate.runtime.kv_tier.glue import close_tier, open_tier
+from radixgate.runtime.model.batch import build_forward_batch
+from radixgate.runtime.model.kv_cache import KVCache, resolve_kv_dtype
 
 from .api import ErrorKind, FinishReason, Request
-from .batch import build_forward_batch
 from .block_manager import BlockManager
 from .detokenize import IncrementalDetokenizer, token_bytes_function
 from .engine_config import EngineConfig
-from .kv_cache import KVCache, resolve_kv_dtype
-from .kv_tier_glue import close_tier, open_tier
 from .output import (Finish, account_admission, account_pins, append_token, finished_event,
                      flush_text)
 from .pin_shares import log_pin_shares, pin_ceiling, pin_share, pinned_prefix

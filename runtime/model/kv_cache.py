@@ -22,8 +22,8 @@ import mmap
 import torch
 
 from radixgate.kernels import copy_blocks as _copy_blocks
-from radixgate.runtime.kv_dtypes import QUANTIZED_KV_DTYPES
-from radixgate.runtime.kv_dtypes import kv_bytes_per_token as _kv_bytes_per_token
+from radixgate.runtime.model.kv_dtypes import QUANTIZED_KV_DTYPES
+from radixgate.runtime.model.kv_dtypes import kv_bytes_per_token as _kv_bytes_per_token
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +61,7 @@ def kv_dtype_name(dtype: torch.dtype | str) -> str:
 def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int,
                        dtype_bytes: int | str) -> int:
     """2 (K and V) x layers x kv_heads x head_dim x bytes per number (a dtype name adds the
-    8-bit dtypes' scales: runtime/planner.py)."""
+    8-bit dtypes' scales: runtime/model/planner.py)."""
     if isinstance(dtype_bytes, str):
         return _kv_bytes_per_token(num_layers, num_kv_heads, head_dim, dtype_bytes)
     return 2 * num_layers * num_kv_heads * head_dim * dtype_bytes
@@ -181,7 +181,7 @@ class KVCache:
             if dest.device.type == "cpu":
                 # numpy, not torch: this runs on the tier's loader thread, and a torch copy
                 # this large goes parallel and gives that thread an OpenMP pool of its own
-                # (runtime/cpu_threads.py: the engine's workers then sleep between ops).
+                # (runtime/engine/cpu_threads.py: the engine's workers then sleep between ops).
                 dest.numpy()[:, block, :num_slots] = src.numpy()
             else:
                 dest[:, block, :num_slots].copy_(src)

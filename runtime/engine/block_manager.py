@@ -35,8 +35,8 @@ import torch
 
 from radixgate.radix_cache import PUBLIC_NAMESPACE, BlockPool, Probe, RadixTree
 from radixgate.radix_cache.tier_index import TierRun
+from radixgate.runtime.kv_tier.glue import write_through
 
-from .kv_tier_glue import write_through
 from .sequence import Sequence
 
 

@@ -13,9 +13,9 @@ import warnings
 import numpy as np
 import torch
 
-from radixgate.runtime.gguf_quants import EIGHT_BIT_TYPES, FOUR_BIT_TYPES
-from radixgate.runtime.head import RescoredHead, int_mm_available
-from radixgate.runtime.linear import (DenseLinear, Int4Linear, Int8Linear, Linear,
+from radixgate.runtime.model.gguf_quants import EIGHT_BIT_TYPES, FOUR_BIT_TYPES
+from radixgate.runtime.model.head import RescoredHead, int_mm_available
+from radixgate.runtime.model.linear import (DenseLinear, Int4Linear, Int8Linear, Linear,
                                       has_bf16_gemm, quantize_int4_groups, quantize_int8_rows)
 
 

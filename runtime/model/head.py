@@ -22,7 +22,7 @@ from collections.abc import Callable
 
 import torch
 
-from radixgate.runtime.linear import quantize_int8_rows
+from radixgate.runtime.model.linear import quantize_int8_rows
 
 TOP_EXACT = 32               # OpenAI's top_logprobs go up to 20
 

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import torch
 
-from radixgate.runtime.config import ModelConfig
-from radixgate.runtime.cpu_threads import run_on_fresh_thread
-from radixgate.runtime.linear import resolve_weights_dtype
-from radixgate.runtime.model import LlamaModel
-from radixgate.runtime.tokenizer import Tokenizer
-from radixgate.runtime.weights import source_kind
+from radixgate.runtime.model.config import ModelConfig
+from radixgate.runtime.model.fresh_thread import run_on_fresh_thread
+from radixgate.runtime.model.linear import resolve_weights_dtype
+from radixgate.runtime.model.model import LlamaModel
+from radixgate.runtime.model.tokenizer import Tokenizer
+from radixgate.runtime.model.weights import source_kind
 
 log = logging.getLogger(__name__)
 
@@ -82,8 +82,8 @@ def default_device_dtype(device: str | None, dtype) -> tuple[torch.device, torch
 
 @functools.lru_cache(maxsize=4)
 def _cached_gguf_tokenizer(path: str, mtime: float) -> Tokenizer:
-    from radixgate.runtime.gguf_file import GGUFFile
-    from radixgate.runtime.tokenizer_gguf import tokenizer_from_gguf
+    from radixgate.runtime.model.gguf_file import GGUFFile
+    from radixgate.runtime.model.tokenizer_gguf import tokenizer_from_gguf
     return tokenizer_from_gguf(GGUFFile(path, load_tensors=False).metadata)
 
 
@@ -95,23 +95,23 @@ def gguf_tokenizer(path: str | Path) -> Tokenizer:
 
 def _tokenizer_for(path: Path) -> Tokenizer:
     if path.is_dir():
-        from radixgate.runtime.loader_hf import read_hf_config, tokenizer_from_hf
+        from radixgate.runtime.model.loader_hf import read_hf_config, tokenizer_from_hf
         return tokenizer_from_hf(path, read_hf_config(path))
     return gguf_tokenizer(path)
 
 
 def _read(path: Path, tiny: bool, seed: int):
     if tiny:
-        from radixgate.runtime.tiny import tiny_config, tiny_weights
+        from radixgate.runtime.model.tiny import tiny_config, tiny_weights
         tokenizer = _tokenizer_for(path)
         config = tiny_config(tokenizer.vocab_size, tokenizer.bos_token_id,
                              tuple(sorted(tokenizer.eos_token_ids)))
         return config, tiny_weights(config, seed), tokenizer
     if path.is_dir():
-        from radixgate.runtime.loader_hf import load_hf_dir
+        from radixgate.runtime.model.loader_hf import load_hf_dir
         return load_hf_dir(path)
     if path.is_file():
-        from radixgate.runtime.loader_gguf import read_gguf_weights
+        from radixgate.runtime.model.loader_gguf import read_gguf_weights
         config, weights = read_gguf_weights(path)
         return config, weights, gguf_tokenizer(path)
     raise FileNotFoundError(f"model path {path} is neither a GGUF file nor an HF directory")
@@ -125,8 +125,8 @@ def load_model(path: str = "default", *, tiny: bool = False, device: str | None 
     ``tiny=True`` ignores the weights at ``path`` and builds a seeded random Llama that uses
     ``path``'s (default: SmolLM2's) tokenizer. ``max_model_len`` caps the context window.
     ``weights_dtype``: ``auto | float32 | bfloat16 | int8 | int4``, the form the matmul weights
-    are kept and computed in (``auto``: runtime/linear.py's table); activations stay ``dtype``.
-    Built on a thread of its own that ends with the build (runtime/cpu_threads.py).
+    are kept and computed in (``auto``: runtime/model/linear.py's table); activations stay ``dtype``.
+    Built on a thread of its own that ends with the build (runtime/model/fresh_thread.py).
     """
     return run_on_fresh_thread(_load, path, tiny, device, dtype, max_model_len, seed,
                                weights_dtype)

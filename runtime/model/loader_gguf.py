@@ -10,11 +10,11 @@ from dataclasses import dataclass
 import numpy as np
 from gguf import GGMLQuantizationType as QT
 
-from radixgate.runtime.config import ModelConfig
-from radixgate.runtime.gguf_file import GGUFFile, TensorInfo
-from radixgate.runtime.gguf_quants import BLOCK_LAYOUT, GroupCodes, dequantize, group_codes
-from radixgate.runtime.tokenizer import Tokenizer
-from radixgate.runtime.tokenizer_gguf import tokenizer_from_gguf
+from radixgate.runtime.model.config import ModelConfig
+from radixgate.runtime.model.gguf_file import GGUFFile, TensorInfo
+from radixgate.runtime.model.gguf_quants import BLOCK_LAYOUT, GroupCodes, dequantize, group_codes
+from radixgate.runtime.model.tokenizer import Tokenizer
+from radixgate.runtime.model.tokenizer_gguf import tokenizer_from_gguf
 
 SUPPORTED_ARCHS = ("llama", "mistral", "qwen2")
 _PERMUTED_ARCHS = ("llama", "mistral")     # llama.cpp rotates these with interleaved pairs

@@ -8,7 +8,7 @@ from __future__ import annotations
 from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
 
-from radixgate.runtime.tokenizer import Tokenizer
+from radixgate.runtime.model.tokenizer import Tokenizer
 
 _TOKEN_TYPE_CONTROL, _TOKEN_TYPE_USER_DEFINED = 3, 4
 

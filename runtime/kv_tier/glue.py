@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import logging
 
-from .kv_tier import KVTier, model_fingerprint, open_disk_tier
+from . import open_disk_tier
+from .fingerprint import model_fingerprint
+from .tier import KVTier
 
 log = logging.getLogger(__name__)
 

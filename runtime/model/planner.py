@@ -15,7 +15,7 @@ import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from radixgate.runtime.kv_dtypes import KV_DTYPE_BYTES, kv_bytes_per_token
+from radixgate.runtime.model.kv_dtypes import KV_DTYPE_BYTES, kv_bytes_per_token
 
 GiB, KiB = 2**30, 2**10
 
@@ -78,13 +78,13 @@ def shape_of(config_or_name) -> KVShape:
 
 def shape_of_path(path: Path) -> KVShape:
     if str(path) == "default":
-        from radixgate.runtime.loader import default_model_path
+        from radixgate.runtime.model.loader import default_model_path
         path = default_model_path()
     if path.is_dir():
-        from radixgate.runtime.loader_hf import read_hf_config
+        from radixgate.runtime.model.loader_hf import read_hf_config
         return replace(shape_of(read_hf_config(path)), name=path.name)
     if path.is_file():
-        from radixgate.runtime.loader_gguf import read_gguf_config
+        from radixgate.runtime.model.loader_gguf import read_gguf_config
         return replace(shape_of(read_gguf_config(path)), name=path.stem)
     raise ValueError(f"unknown model {str(path)!r}: not a preset ({', '.join(PRESETS)}), "
                      f"a GGUF file or an HF directory")

@@ -85,7 +85,7 @@ class EngineSnapshot:
     # the server-wide list, for the admin)
     tenant_prefixes: Mapping[str, tuple[PrefixEntry, ...]] = field(
         default_factory=lambda: MappingProxyType({}))
-    kv_dtype: str = ""               # the KV cache's element type (runtime/kv_cache.py)
+    kv_dtype: str = ""               # the KV cache's element type (runtime/model/kv_cache.py)
     kv_bytes_per_token: int = 0      # its bytes per token, every layer, K and V, scales included
     tier: object = None              # the lower KV tier's TierStats (runtime/kv_tier/), or None
     hit_tokens: Mapping[str, int] = field(     # prompt tokens reused, by tier: memory / disk
