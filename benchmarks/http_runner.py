@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass, field
 import aiohttp
 
 from benchmarks.bodies import anthropic_body, openai_body
-from benchmarks.stats import summarize
+from benchmarks.summary import summarize
 from benchmarks.workloads import HTTP_FULL, ChatRequest, Workload, make_workloads
 
 
@@ -189,7 +189,7 @@ async def _sample_blocks(http, cfg: ClientConfig, peak: list, stop: asyncio.Even
 
 async def run_workload(cfg: ClientConfig, workload: Workload, progress=None,
                        flush_first: bool = True) -> dict:
-    """Send every request of ``workload``; returns the summary (see ``benchmarks.stats``)
+    """Send every request of ``workload``; returns the summary (see ``benchmarks.summary``)
     with each request's result under ``results``, in the workload's order."""
     timeout = aiohttp.ClientTimeout(total=cfg.timeout_s)
     connector = aiohttp.TCPConnector(limit=cfg.concurrency + 2)

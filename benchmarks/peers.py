@@ -8,7 +8,7 @@
 - ``find_llama_server``: llama.cpp's ``llama-server`` binary for ``benchmarks.peer_speed``.
 
 Both take the token ids the server would prefill (``benchmarks.traces``), time the first
-and later tokens with a streamer, and summarise like the HTTP runner (``benchmarks.stats``).
+and later tokens with a streamer, and summarise like the HTTP runner (``benchmarks.summary``).
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Callable, Sequence
 
-from benchmarks.stats import spread_sample, summarize
+from benchmarks.summary import spread_sample, summarize
 from benchmarks.traces import TraceEntry, default_gguf_path
 from benchmarks.workloads import Workload
 

@@ -6,7 +6,7 @@ import platform
 from pathlib import Path
 
 from benchmarks.memory_sweep import SweepPoint, WorkloadSweep, markdown as sweep_markdown
-from benchmarks.stats import summarize
+from benchmarks.summary import summarize
 
 SYSTEM_LABELS = {"radixgate": "radixgate (cache on)", "cache_off": "radixgate --no-prefix-cache",
                  "page_rounded": "radixgate --page-rounded-match",

@@ -43,7 +43,7 @@ from benchmarks.launch import (ADMIN_KEY, DEFAULT_VARIANTS, VARIANTS, ServerProc
                                tenant_key)
 from benchmarks.memory_sweep import replay_radix, run_sweep
 from benchmarks.replies import load_replies, prompt_key
-from benchmarks.stats import spread_sample
+from benchmarks.summary import spread_sample
 from benchmarks.traces import load_tokenizer, workload_trace
 from benchmarks.workloads import HTTP_FULL, WORKLOAD_NAMES, Workload, make_workloads
 

@@ -31,7 +31,7 @@ from concurrent.futures import Future
 from radixgate.runtime.engine.api import ErrorKind, Finished, FinishReason, Request, Usage
 
 from .admission import TenantAdmission
-from .stats import merge_snapshots
+from .snapshot_merge import merge_snapshots
 
 log = logging.getLogger(__name__)
 MAX_ATTEMPTS = 5

@@ -9,7 +9,7 @@ from .integrity import IntegrityError
 from .node import LockHandle, token_array
 from .policy import CreditPolicy, EvictionPolicy, LRUPolicy
 from .pool import BlockPool, BlockPoolError, OutOfBlocks
-from .stats import InsertResult, MatchResult, NamespaceStats, PrefixInfo, Probe, TreeStats
+from .results import InsertResult, MatchResult, NamespaceStats, PrefixInfo, Probe, TreeStats
 from .tree import RadixTree
 
 # The namespace of published prefixes (``Engine.publish``), which tenants that opt in also

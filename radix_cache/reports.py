@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from itertools import count
 from typing import TYPE_CHECKING
 
-from .stats import NamespaceStats, PrefixInfo, TreeStats
+from .results import NamespaceStats, PrefixInfo, TreeStats
 
 if TYPE_CHECKING:
     from .namespaces import Namespace

@@ -30,7 +30,7 @@ from .packing import QueryPacker
 from .pins import Pins
 from .policy import CreditPolicy, EvictionPolicy
 from .pool import BlockPool
-from .stats import (EVICTION_REASONS, SPILL_REASONS, InsertResult, MatchResult, PrefixInfo,
+from .results import (EVICTION_REASONS, SPILL_REASONS, InsertResult, MatchResult, PrefixInfo,
                     Probe, TreeStats)
 
 

@@ -7,7 +7,7 @@ import pytest
 from aiohttp import web
 
 from benchmarks.http_runner import ClientConfig, dispatch_in_arrival_order, run_workload, warm_up
-from benchmarks.stats import percentile, summarize
+from benchmarks.summary import percentile, summarize
 from benchmarks.workloads import make_workloads
 
 

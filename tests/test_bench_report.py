@@ -5,7 +5,7 @@ from benchmarks import report
 from benchmarks.memory_sweep import goal_checks, sweep_trace
 from benchmarks.replies import prompt_key
 from benchmarks.run_all import failures, parse_args, upper_bounds
-from benchmarks.stats import spread_sample, summarize
+from benchmarks.summary import spread_sample, summarize
 from benchmarks.traces import TraceEntry
 
 

@@ -121,7 +121,7 @@ def test_serve_refuses_a_folder_in_use_with_one_line_before_anything_starts(tmp_
 
 
 def test_the_replicas_disk_tiers_sum_into_the_deployment_s():
-    from radixgate.cluster.stats import merge_tiers
+    from radixgate.cluster.snapshot_merge import merge_tiers
 
     def one(index: int, hits: int) -> TierStats:
         return TierStats("disk", f"/srv/kv/replica-{index}", 1 << 29, 3, 300, 0, hits, 1, 2,

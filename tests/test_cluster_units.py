@@ -8,12 +8,12 @@ from dataclasses import replace
 import pytest
 
 from radixgate.cluster.admission import TenantAdmission
-from radixgate.cluster.stats import merge_snapshots
+from radixgate.cluster.snapshot_merge import merge_snapshots
 from radixgate.gateway.cli import build_parser, config_from_args
 from radixgate.gateway.config import ConfigError, config_from_dict
 from radixgate.runtime.engine.api import ErrorKind, Request
 from radixgate.runtime.engine.engine_config import EngineConfig, TenantQuota
-from radixgate.runtime.engine.stats import BlockCounts, TenantCounts, empty_snapshot
+from radixgate.runtime.engine.snapshot import BlockCounts, TenantCounts, empty_snapshot
 
 
 def admission(max_running: int, max_queued: int, max_queue: int = 256) -> TenantAdmission:

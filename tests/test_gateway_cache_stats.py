@@ -10,7 +10,7 @@ import pytest
 from radixgate.gateway.cache_stats import build_stats
 from radixgate.gateway.usage_book import UsageBook
 from radixgate.runtime.engine.api import Usage
-from radixgate.runtime.engine.stats import BlockCounts, EngineSnapshot, TenantCounts, TreeCounts
+from radixgate.runtime.engine.snapshot import BlockCounts, EngineSnapshot, TenantCounts, TreeCounts
 
 
 class Clock:
@@ -95,7 +95,7 @@ def test_percentiles_without_samples_are_null_not_zero(book):
 def test_a_tenants_top_prefixes_come_from_its_own_list_not_the_server_wide_one(book):
     from dataclasses import replace
 
-    from radixgate.runtime.engine.stats import PrefixEntry
+    from radixgate.runtime.engine.snapshot import PrefixEntry
 
     def entry(tenant, length, hits):
         return PrefixEntry(tenant, "ns-" + tenant, length, hits, 0.0, (1,) * length)

@@ -34,7 +34,7 @@ from .pin_shares import log_pin_shares, pin_ceiling, pin_share, pinned_prefix
 from .sampling import TokenCounts, make_generator, sample_tokens, token_logprobs, top2_gaps
 from .scheduler import Chunk, Scheduler
 from .sequence import Sequence, SeqStatus
-from .stats import EngineCounters, take_snapshot
+from .snapshot import EngineCounters, take_snapshot
 from .stop import StopMatcher
 from .structured import MaskWorker, append_constrained
 from .submit_checks import rejection

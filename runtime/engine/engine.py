@@ -36,7 +36,7 @@ from .cpu_threads import ThreadGovernor
 from .engine_config import EngineConfig
 from .handle import SLOW_READER_MESSAGE, AsyncSink, RequestHandle
 from .output import Finish
-from .stats import EngineSnapshot, empty_snapshot
+from .snapshot import EngineSnapshot, empty_snapshot
 from .trace import RequestTrace
 
 log = logging.getLogger(__name__)

@@ -2,7 +2,7 @@
 
 Counts (blocks, tree, requests, tenants, evictions, tokens reused per tier, steps...) add
 up; the top prefixes are merged by hits; ``replicas`` lists each replica
-(``runtime.engine.stats.ReplicaCounts``). The replicas' disk tiers (each its own subfolder with
+(``runtime.engine.snapshot.ReplicaCounts``). The replicas' disk tiers (each its own subfolder with
 its part of the budget) are summed into one ``tier``: budgets, blocks, bytes, loads,
 writes and drops add up, ``full`` when any replica's disk is full, ``folder`` the
 deployment's (the replicas' parent folder).
@@ -16,8 +16,8 @@ from collections.abc import Mapping
 from types import MappingProxyType
 
 from radixgate.runtime.kv_tier import TierStats
-from radixgate.runtime.engine.stats import (BlockCounts, EngineSnapshot, ReplicaCounts, TenantCounts,
-                                     TreeCounts, empty_snapshot)
+from radixgate.runtime.engine.snapshot import (BlockCounts, EngineSnapshot, ReplicaCounts,
+                                               TenantCounts, TreeCounts, empty_snapshot)
 
 TOP_N = 10
 
