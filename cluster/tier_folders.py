@@ -25,7 +25,7 @@ import re
 import time
 from pathlib import Path
 
-from radixgate.radix_cache.config import REPLICA_FOLDER_PREFIX, CacheConfig, replica_disk_dir
+from radixgate.radix_cache.cache_config import REPLICA_FOLDER_PREFIX, CacheConfig, replica_disk_dir
 from radixgate.runtime.kv_tier import TierFolderError, check_disk_folder
 from radixgate.runtime.kv_tier.folders import (PRIVATE_FILE, delete_folder, make_private_dir,
                                                open_locked, unusable)

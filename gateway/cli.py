@@ -29,7 +29,7 @@ import warnings
 from pathlib import Path
 
 from radixgate.gateway.config import ConfigError, GatewayConfig, load_config
-from radixgate.radix_cache.config import KV_DTYPES, POLICIES
+from radixgate.radix_cache.cache_config import KV_DTYPES, POLICIES
 
 THREADS_ENV = "RADIXGATE_THREADS"
 THREADS_HELP = (

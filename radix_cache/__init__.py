@@ -3,7 +3,7 @@
 See docs/ARCHITECTURE.md section 3 for the reference, lock and copy-on-write rules.
 """
 
-from .config import CacheConfig, CreditParams, make_policy
+from .cache_config import CacheConfig, CreditParams, make_policy
 from .events import CacheEvent
 from .integrity import IntegrityError
 from .node import LockHandle, token_array

@@ -4,7 +4,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from radixgate.radix_cache.config import CacheConfig
+from radixgate.radix_cache.cache_config import CacheConfig
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from radixgate.runtime.model.config import ModelConfig
+from radixgate.runtime.model.model_config import ModelConfig
 from radixgate.runtime.model.fresh_thread import run_on_fresh_thread
 from radixgate.runtime.model.linear import resolve_weights_dtype
 from radixgate.runtime.model.model import LlamaModel

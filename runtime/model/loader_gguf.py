@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 from gguf import GGMLQuantizationType as QT
 
-from radixgate.runtime.model.config import ModelConfig
+from radixgate.runtime.model.model_config import ModelConfig
 from radixgate.runtime.model.gguf_file import GGUFFile, TensorInfo
 from radixgate.runtime.model.gguf_quants import BLOCK_LAYOUT, GroupCodes, dequantize, group_codes
 from radixgate.runtime.model.tokenizer import Tokenizer

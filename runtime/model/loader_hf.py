@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import load_file
 from tokenizers import Tokenizer as HFTokenizer
 
-from radixgate.runtime.model.config import ModelConfig
+from radixgate.runtime.model.model_config import ModelConfig
 from radixgate.runtime.model.tokenizer import Tokenizer
 from radixgate.runtime.model.tokenizer_gguf import END_MARKERS
 

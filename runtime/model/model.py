@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from radixgate.kernels import attention_plan, paged_attention, store_kv
 from radixgate.runtime.model.batch import ForwardBatch, build_forward_batch
-from radixgate.runtime.model.config import ModelConfig
+from radixgate.runtime.model.model_config import ModelConfig
 from radixgate.runtime.model.kv_cache import KVCache
 from radixgate.runtime.model.linear import Linear
 from radixgate.runtime.model.rope import apply_rope, rope_cos_sin, rope_inv_freq

@@ -5,7 +5,7 @@ import math
 
 import torch
 
-from radixgate.runtime.model.config import ModelConfig
+from radixgate.runtime.model.model_config import ModelConfig
 
 
 def rope_inv_freq(config: ModelConfig, freq_factors: torch.Tensor | None = None) -> torch.Tensor:

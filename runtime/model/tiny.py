@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from radixgate.runtime.model.config import ModelConfig
+from radixgate.runtime.model.model_config import ModelConfig
 
 TINY_SHAPE = dict(hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
                   num_kv_heads=2, head_dim=16)
