@@ -19,8 +19,8 @@ import json
 import logging
 import os
 import shutil
-import time
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Protocol
 
@@ -138,7 +138,7 @@ class DiskBackend:
         remove_temporary_files(self.model_folder)
         manifest = {"format": FORMAT_VERSION, "fingerprint": fingerprint.hex(),
                     "model": description}
-        _write_atomic(self.model_folder / "tier.json", json.dumps(manifest).encode())
+        write_atomic(self.model_folder / "tier.json", [json.dumps(manifest).encode()])
 
     def _adopt_flat_layout(self, fingerprint: bytes) -> None:
         old_manifest, old_blocks = self.folder / "tier.json", self.folder / "blocks"
@@ -203,17 +203,7 @@ class DiskBackend:
         path = self._path(record)
         if not path.parent.is_dir():
             make_private_dir(path.parent)
-        tmp = path.with_name(path.name + ".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, PRIVATE_FILE)
-        try:
-            with os.fdopen(fd, "wb") as out:
-                out.write(prefix)
-                for part in parts:
-                    out.write(part)
-            os.replace(tmp, path)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
+        write_atomic(path, (prefix, *parts))
 
     def read(self, record: TierRecord) -> bytearray | None:
         try:
@@ -249,7 +239,7 @@ class DiskBackend:
 
     def save_retention(self, retention: dict[bytes, tuple[float, float]]) -> None:
         data = {k.hex(): [until, ttl] for k, (until, ttl) in retention.items()}
-        _write_atomic(self.model_folder / "retention.json", json.dumps(data).encode())
+        write_atomic(self.model_folder / "retention.json", [json.dumps(data).encode()])
 
     def close(self) -> None:
         fd, self._lock_fd = getattr(self, "_lock_fd", None), None
@@ -266,12 +256,17 @@ class DiskBackend:
         return self.blocks / record.space / name
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + f".{os.getpid()}.{time.monotonic_ns()}.tmp")
+def write_atomic(path: Path, chunks: Iterable[bytes | bytearray | memoryview]) -> None:
+    """Write ``chunks`` to ``path`` (0600) so that a reader sees the old file or the whole
+    new one: into a temporary name of this process and thread (two writers of one path
+    never share it; a ``kill -9`` leaves at most a ``*.tmp``, removed at the next start),
+    then renamed into place."""
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, PRIVATE_FILE)
     try:
         with os.fdopen(fd, "wb") as out:
-            out.write(data)
+            for chunk in chunks:
+                out.write(chunk)
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
