@@ -226,7 +226,7 @@ class Engine:
         return self.core.traces.get(request_id)
 
     def _wake(self) -> None:
-        """A tier load finished (loader thread): the engine thread looks again."""
+        """A tier load finished (the tier's reader thread): the engine thread looks again."""
         self._commands.put((_nothing, (), None))
 
     def _command(self, fn: Callable, *args) -> Future:

@@ -2,7 +2,7 @@
 
 ``open_disk_tier(cache, kv, fingerprint)`` builds the disk tier a ``CacheConfig`` asks for
 (``disk_dir``, ``disk_gb``); tier.py holds the tier (its engine-thread side), writer.py and
-loader.py its two threads, backends.py the storage, records.py the record format,
+reader.py its two threads, backends.py the storage, records.py the record format,
 fingerprint.py the model fingerprint, and glue.py the engine's side (the tier wired to the
 tree's evictions, long pins written through, the tree kept at shutdown). It imports nothing
 of runtime.engine (the glue reaches the engine's tree only through the objects it is

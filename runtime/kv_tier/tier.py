@@ -11,7 +11,7 @@ Engine thread (between or inside steps, never blocking on I/O):
   copies until the writer has stored them (a hit right after an eviction does not depend
   on how fast the disk is).
 - ``chain`` / ``find``: the stored run extending a memory match (``TierIndex.longest_run``).
-- ``load(run, blocks)``: the loader thread reads, checks (records.py) and writes the run's
+- ``load(run, blocks)``: the reader thread reads, checks (records.py) and writes the run's
   records into ``blocks`` (the admitted request's own, which nothing else reads or writes
   meanwhile) and calls ``wake`` when done; the request waits, the engine steps on.
 - ``purge(namespace)`` (a flush), ``retain(namespace, tokens, ttl_s)`` (a pin), ``stats()``.
@@ -36,7 +36,7 @@ from radixgate.radix_cache.block_hash import block_hashes, root_hash
 from radixgate.radix_cache.tier_index import TierIndex, TierRecord, TierRun, block_addresses
 
 from .backends import TierBackend
-from .loader import LoadTicket, run_loader
+from .reader import LoadTicket, run_reader
 from .records import PREFIX_BYTES
 from .writer import Purge, StagedWrite, run_writer, save_retention
 
@@ -107,8 +107,8 @@ class KVTier:
         self.load_queue: queue.SimpleQueue = queue.SimpleQueue()
         self._threads = [threading.Thread(target=run_writer, args=(self,),
                                           name="radixgate-tier-writer", daemon=True),
-                         threading.Thread(target=run_loader, args=(self,),
-                                          name="radixgate-tier-loader", daemon=True)]
+                         threading.Thread(target=run_reader, args=(self,),
+                                          name="radixgate-tier-reader", daemon=True)]
         for thread in self._threads:
             thread.start()
 

@@ -179,7 +179,7 @@ class KVCache:
         ``[layers, num_slots, bytes per slot]`` each, ``block_parts`` order)."""
         for dest, src in zip(self.block_parts(), parts):
             if dest.device.type == "cpu":
-                # numpy, not torch: this runs on the tier's loader thread, and a torch copy
+                # numpy, not torch: this runs on the tier's reader thread, and a torch copy
                 # this large goes parallel and gives that thread an OpenMP pool of its own
                 # (runtime/engine/cpu_threads.py: the engine's workers then sleep between ops).
                 dest.numpy()[:, block, :num_slots] = src.numpy()

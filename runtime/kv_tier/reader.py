@@ -1,4 +1,4 @@
-"""The loader thread of a ``KVTier`` (tier.py): a request's stored run read back into
+"""The reader thread of a ``KVTier`` (tier.py): a request's stored run read back into
 its own memory blocks, record by record, each checked first (records.py); a record that is
 gone or fails its checks ends the run there (and is forgotten, its file deleted).
 """
@@ -43,8 +43,8 @@ class LoadTicket:
         return self.done.wait(timeout)
 
 
-def run_loader(tier) -> None:
-    """The loader thread of ``tier``: one ticket at a time; ``None`` ends it. Each ticket
+def run_reader(tier) -> None:
+    """The reader thread of ``tier``: one ticket at a time; ``None`` ends it. Each ticket
     ends with ``done`` set and ``tier.wake()``."""
     while True:
         ticket = tier.load_queue.get()
