@@ -11,9 +11,9 @@ import sysconfig
 from dataclasses import dataclass
 from functools import lru_cache
 
-from radixgate.gateway.convert_anthropic import convert_messages_request
+from radixgate.gateway.anthropic.convert import convert_messages_request
 from radixgate.gateway.render import Conversation, render_prompt
-from radixgate.gateway.schemas_anthropic import MessagesRequest
+from radixgate.gateway.anthropic.schemas import MessagesRequest
 
 from benchmarks.bodies import anthropic_body
 from benchmarks.workloads import ChatRequest, Workload

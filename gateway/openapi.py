@@ -12,9 +12,9 @@ from aiohttp import web
 from pydantic.json_schema import models_json_schema
 
 from radixgate.gateway.admin import FlushRequest, PrefixRequest
-from radixgate.gateway.schemas_anthropic import CountTokensRequest, MessagesRequest
-from radixgate.gateway.schemas_openai import ChatCompletionRequest, CompletionRequest
-from radixgate.gateway.schemas_responses import ResponsesRequest
+from radixgate.gateway.anthropic.schemas import CountTokensRequest, MessagesRequest
+from radixgate.gateway.openai.schemas import ChatCompletionRequest, CompletionRequest
+from radixgate.gateway.openai.responses.schemas import ResponsesRequest
 
 _REF = "#/components/schemas/{model}"
 _BODIES = (MessagesRequest, CountTokensRequest, ChatCompletionRequest, CompletionRequest,

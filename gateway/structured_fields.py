@@ -9,7 +9,7 @@
   beta ``output_format`` of the same shape.
 - Responses: ``text.format`` ``{type: "json_schema", name, schema, strict}`` or
   ``{type: "json_object"}``, read as the chat request's ``response_format``
-  (``convert_responses``).
+  (``openai/responses/convert.py``).
 
 An unknown key inside ``response_format``, ``structured_outputs`` or ``text.format`` is a
 400 naming it (their schema models forbid extras); an empty ``structured_outputs`` too.

@@ -14,11 +14,11 @@ import pytest
 from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 
-from radixgate.gateway import responses_api
-from radixgate.gateway.convert_responses import continuation_base, stored_tokens
+from radixgate.gateway.openai.responses import api as responses_api
+from radixgate.gateway.openai.responses.convert import continuation_base, stored_tokens
 from radixgate.gateway.render import render_continuation
 from radixgate.gateway.render import ChatMessage, Conversation, Piece, RenderBudget, render_prompt
-from radixgate.gateway.response_store import ResponseStore, StoredTurn
+from radixgate.gateway.openai.responses.store import ResponseStore, StoredTurn
 from radixgate.gateway.tools import ToolCallParser, split_output
 from tests.support.engine import tiny_model
 from tests.support.inproc import in_process_gateway
@@ -300,9 +300,9 @@ def test_store_is_per_tenant_lru_bounded_and_expires():
 
 def test_an_error_after_the_200_is_a_response_failed_event_the_sdk_parses():
     from openai.types.responses import ResponseFailedEvent, ResponseTextDeltaEvent
-    from radixgate.gateway.convert_responses import convert_first_turn
+    from radixgate.gateway.openai.responses.convert import convert_first_turn
     from radixgate.gateway.errors import ApiError, Kind
-    from radixgate.gateway.schemas_responses import ResponsesRequest
+    from radixgate.gateway.openai.responses.schemas import ResponsesRequest
     body = ResponsesRequest.model_validate({"model": MODEL, "input": "hi"})
     stream = responses_api.ResponseStream(
         responses_api.ResponseBuilder(body, convert_first_turn(body)), lambda *a: None)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 
-from radixgate.gateway import anthropic_api
+from radixgate.gateway.anthropic import messages as anthropic_api
 from radixgate.gateway.auth import namespace_for
 from radixgate.gateway.http_util import STATE
 from radixgate.gateway.tools import split_output

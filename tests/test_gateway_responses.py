@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from radixgate.gateway.anthropic_api import MessageStream, message_body, usage_body
-from radixgate.gateway.openai_api import ChatStream, _chat_body
+from radixgate.gateway.anthropic.messages import MessageStream, message_body, usage_body
+from radixgate.gateway.openai.chat import ChatStream, _chat_body
 from radixgate.gateway.prompt_parts import ConvertedPrompt
 from radixgate.gateway.render import Conversation
 from radixgate.gateway.tools import forced_call_prefill

@@ -6,12 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from radixgate.gateway.convert_anthropic import convert_messages_request
-from radixgate.gateway.convert_openai import convert_chat_request
+from radixgate.gateway.anthropic.convert import convert_messages_request
+from radixgate.gateway.openai.convert import convert_chat_request
 from radixgate.gateway.errors import ApiError
 from radixgate.gateway.render import ChatMessage, Conversation, Piece, render_prompt
-from radixgate.gateway.schemas_anthropic import MessagesRequest
-from radixgate.gateway.schemas_openai import ChatCompletionRequest
+from radixgate.gateway.anthropic.schemas import MessagesRequest
+from radixgate.gateway.openai.schemas import ChatCompletionRequest
 
 
 @pytest.fixture(scope="module")

@@ -432,10 +432,10 @@ TWO_CALLS_AFTER_PREFILL = ('{"zone": "UTC"}}</tool_call>\n<tool_call>{"name": "g
 
 def converted_for(api: str, tool_choice) -> object:
     """The ConvertedPrompt of a request with the two tools and ``tool_choice``."""
-    from radixgate.gateway.convert_anthropic import convert_messages_request
-    from radixgate.gateway.convert_responses import convert_first_turn
-    from radixgate.gateway.schemas_anthropic import MessagesRequest
-    from radixgate.gateway.schemas_responses import ResponsesRequest
+    from radixgate.gateway.anthropic.convert import convert_messages_request
+    from radixgate.gateway.openai.responses.convert import convert_first_turn
+    from radixgate.gateway.anthropic.schemas import MessagesRequest
+    from radixgate.gateway.openai.responses.schemas import ResponsesRequest
     if api == "responses":
         tools = [{"type": "function", **t["function"]} for t in OPENAI_TOOLS]
         return convert_first_turn(ResponsesRequest.model_validate(

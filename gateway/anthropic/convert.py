@@ -10,7 +10,7 @@ from radixgate.gateway.errors import ApiError, Kind
 from radixgate.gateway.prompt_parts import (BreakpointRules, ConvertedPrompt,
                                             check_unique_tool_names, tool_pieces)
 from radixgate.gateway.render import ChatMessage, Conversation, Piece
-from radixgate.gateway.schemas_anthropic import (CacheControl, InputMessage, TextBlock,
+from radixgate.gateway.anthropic.schemas import (CacheControl, InputMessage, TextBlock,
                                                  ToolResultBlock, ToolUseBlock,
                                                  UnsupportedBlock, PromptFields)
 from radixgate.gateway.structured import auto_tool_constraint, tool_calls

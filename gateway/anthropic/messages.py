@@ -12,12 +12,12 @@ import json
 
 from aiohttp import web
 
-from radixgate.gateway.api_common import Frame, admitted_body, stream_answer
-from radixgate.gateway.convert_anthropic import convert_messages_request
+from radixgate.gateway.streaming import Frame, admitted_body, stream_answer
+from radixgate.gateway.anthropic.convert import convert_messages_request
 from radixgate.gateway.errors import Api, ApiError
 from radixgate.gateway.http_util import request_id_of
 from radixgate.gateway.prompt_parts import ConvertedPrompt
-from radixgate.gateway.schemas_anthropic import CountTokensRequest, MessagesRequest
+from radixgate.gateway.anthropic.schemas import CountTokensRequest, MessagesRequest
 from radixgate.gateway.service import (Generation, answer_tokens, engine_request,
                                        render_request, reserved_for, sampling_params)
 from radixgate.gateway.structured import compile_constraint

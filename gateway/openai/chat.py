@@ -1,4 +1,4 @@
-"""POST /v1/chat/completions (n choices, logprobs, tools), GET /v1/models (OpenAI API).
+"""POST /v1/chat/completions (n choices, logprobs, tools) (OpenAI API).
 
 ``usage.prompt_tokens_details.cached_tokens`` is the exact count of prompt tokens read from
 the cache. ``prompt_cache_key`` is accepted as a routing hint only; ``cache_salt`` (vLLM)
@@ -13,15 +13,15 @@ import time
 
 from aiohttp import web
 
-from radixgate.gateway.convert_openai import convert_chat_request
-from radixgate.gateway.api_common import Frame, admitted_body, stream_answer, stream_choices
-from radixgate.gateway.choices import (choice_id, choice_sampling, openai_usage, results,
+from radixgate.gateway.openai.convert import convert_chat_request
+from radixgate.gateway.streaming import Frame, admitted_body, stream_answer, stream_choices
+from radixgate.gateway.openai.choices import (choice_id, choice_sampling, openai_usage, results,
                                        shared_prompt_usage)
 from radixgate.gateway.errors import Api, ApiError, Kind
-from radixgate.gateway.logprobs import chat_content, chat_logprobs, chat_logprobs_asked
-from radixgate.gateway.http_util import request_id_of, state_of
+from radixgate.gateway.openai.logprobs import chat_content, chat_logprobs, chat_logprobs_asked
+from radixgate.gateway.http_util import request_id_of
 from radixgate.gateway.prompt_parts import ConvertedPrompt
-from radixgate.gateway.schemas_openai import ChatCompletionRequest
+from radixgate.gateway.openai.schemas import ChatCompletionRequest
 from radixgate.gateway.service import (Generation, answer_tokens, engine_request,
                                        render_request, reserved_for, sampling_params)
 from radixgate.gateway.structured import compile_constraint
@@ -34,8 +34,6 @@ FINISH_REASONS = {FinishReason.EOS: "stop", FinishReason.STOP_SEQUENCE: "stop",
 
 def add_routes(app: web.Application) -> None:
     app.router.add_post("/v1/chat/completions", chat_completions)
-    app.router.add_get("/v1/models", list_models)
-    app.router.add_get("/v1/models/{model_id}", get_model)
 
 
 MAX_CHOICES = 16        # n: choices of one prompt (they share its prefill)
@@ -101,7 +99,7 @@ async def _stream_chat(request, generations, completion_id, model, converted, in
 def _chat_body(completion_id: str, model: str, converted: ConvertedPrompt,
                finished: list[Finished], token_bytes=None) -> dict:
     """One choice per finished request (``n``); ``token_bytes`` set: the request asked for
-    logprobs (gateway/logprobs.py)."""
+    logprobs (gateway/openai/logprobs.py)."""
     choices = [_chat_choice(i, converted, f, token_bytes) for i, f in enumerate(finished)]
     return {"id": completion_id, "object": "chat.completion", "created": int(time.time()),
             "model": model, "choices": choices, "usage": shared_prompt_usage(finished),
@@ -212,31 +210,3 @@ def usage_and_done(base: dict, include_usage: bool, usage: dict) -> list[Frame]:
 
 def error_and_done(error: ApiError) -> list[Frame]:
     return [(None, error.body(Api.OPENAI)), (None, "[DONE]")]
-
-
-# -- /v1/models ---------------------------------------------------------------------------
-
-def _model_entry(state, anthropic: bool) -> dict:
-    created = int(time.time() - state.book.uptime_s())
-    if anthropic:
-        return {"type": "model", "id": state.model_name, "display_name": state.model_name,
-                "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(created))}
-    return {"id": state.model_name, "object": "model", "created": created,
-            "owned_by": "radixgate", "max_model_len": state.config.model.max_model_len,
-            "aliases": list(state.config.model.aliases)}
-
-
-async def list_models(request: web.Request) -> web.Response:
-    """OpenAI shape; Anthropic's when the client sends ``anthropic-version``."""
-    state = state_of(request)
-    if "anthropic-version" in request.headers:
-        entry = _model_entry(state, True)
-        return web.json_response({"data": [entry], "has_more": False,
-                                  "first_id": entry["id"], "last_id": entry["id"]})
-    return web.json_response({"object": "list", "data": [_model_entry(state, False)]})
-
-
-async def get_model(request: web.Request) -> web.Response:
-    state = state_of(request)
-    state.resolve_model(request.match_info["model_id"])
-    return web.json_response(_model_entry(state, "anthropic-version" in request.headers))

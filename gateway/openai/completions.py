@@ -10,15 +10,15 @@ import time
 
 from aiohttp import web
 
-from radixgate.gateway.api_common import Frame, admitted_body, stream_answer, stream_choices
-from radixgate.gateway.choices import batched_usage, choice_id, choice_sampling, results
+from radixgate.gateway.streaming import Frame, admitted_body, stream_answer, stream_choices
+from radixgate.gateway.openai.choices import batched_usage, choice_id, choice_sampling, results
 from radixgate.gateway.errors import ApiError, Kind
 from radixgate.gateway.http_util import request_id_of
-from radixgate.gateway.logprobs import completion_logprobs
-from radixgate.gateway.openai_api import (FINISH_REASONS, error_and_done, reject_unsupported,
+from radixgate.gateway.openai.logprobs import completion_logprobs
+from radixgate.gateway.openai.chat import (FINISH_REASONS, error_and_done, reject_unsupported,
                                           usage_and_done, usage_body)
 from radixgate.gateway.prepare import check_length_bound, room_for_prompt, too_long
-from radixgate.gateway.schemas_openai import CompletionRequest
+from radixgate.gateway.openai.schemas import CompletionRequest
 from radixgate.gateway.service import (Generation, answer_tokens, engine_request, reserved_for,
                                        sampling_params)
 from radixgate.gateway.structured import compile_constraint

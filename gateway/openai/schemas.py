@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from radixgate.gateway.schemas_anthropic import CacheControl
+from radixgate.gateway.anthropic.schemas import CacheControl
 
 
 class _Model(BaseModel):

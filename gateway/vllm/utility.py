@@ -14,10 +14,10 @@ from importlib import metadata
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field
 
-from radixgate.gateway.api_common import admitted_body
-from radixgate.gateway.convert_openai import convert_chat_request
+from radixgate.gateway.streaming import admitted_body
+from radixgate.gateway.openai.convert import convert_chat_request
 from radixgate.gateway.errors import ApiError, Kind
-from radixgate.gateway.schemas_openai import ChatCompletionRequest, ChatMessageIn
+from radixgate.gateway.openai.schemas import ChatCompletionRequest, ChatMessageIn
 from radixgate.gateway.service import render_request
 
 PATHS = ("/tokenize", "/detokenize")

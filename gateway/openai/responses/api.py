@@ -1,11 +1,11 @@
 """POST /v1/responses, GET and DELETE /v1/responses/{id} (OpenAI Responses API).
 
-The request becomes the equivalent chat conversation (gateway/convert_responses.py) and
+The request becomes the equivalent chat conversation (gateway/openai/responses/convert.py) and
 runs through the same path as chat completions: rate limit and preparing slot
 (``admitted_body``), render, ``engine_request`` (tenant, namespace, ``cache_salt``),
 ``Generation``. Tool calls in the output become ``function_call`` items.
 
-Stored responses (``store``, default true) live in memory per tenant (response_store.py:
+Stored responses (``store``, default true) live in memory per tenant (store.py:
 1 h TTL, LRU-bounded); ``previous_response_id`` continues from the stored turn's token
 ids (prompt + output as generated), so the earlier turn's KV is reused exactly;
 another tenant's id, an expired one or one sent with ``store: false`` is a 404.
@@ -24,8 +24,8 @@ import time
 
 from aiohttp import web
 
-from radixgate.gateway.api_common import Frame, admitted_body, stream_answer
-from radixgate.gateway.convert_responses import (ResponsesTurn, continuation_base,
+from radixgate.gateway.streaming import Frame, admitted_body, stream_answer
+from radixgate.gateway.openai.responses.convert import (ResponsesTurn, continuation_base,
                                                  convert_continuation, convert_first_turn,
                                                  stored_tokens, tools_body)
 from radixgate.gateway.render import render_continuation
@@ -34,8 +34,8 @@ from radixgate.gateway.http_util import principal_of, request_id_of
 from radixgate.gateway.prepare import (check_length_bound, conversation_texts,
                                        room_for_prompt, run_abandonable)
 from radixgate.gateway.render import RenderBudget, RenderedPrompt
-from radixgate.gateway.response_store import ResponseStore, StoredTurn
-from radixgate.gateway.schemas_responses import NamedFunctionChoice, ResponsesRequest
+from radixgate.gateway.openai.responses.store import ResponseStore, StoredTurn
+from radixgate.gateway.openai.responses.schemas import NamedFunctionChoice, ResponsesRequest
 from radixgate.gateway.service import (Generation, answer_tokens, engine_request,
                                        render_request, reserved_for, sampling_params)
 from radixgate.gateway.structured import compile_constraint

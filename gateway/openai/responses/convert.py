@@ -3,7 +3,7 @@
 A first turn is rewritten as the chat completions request it means (``instructions`` a
 leading system message, message items chat messages, ``function_call`` items assistant
 ``tool_calls``, ``function_call_output`` items ``tool`` messages, flat function tools
-nested under ``function``) and converted by ``convert_openai``, so both APIs render the
+nested under ``function``) and converted by ``openai/convert.py``, so both APIs render the
 same prompt (docs/PROMPT_FORMAT.md), forced tool choices included.
 
 A turn with ``previous_response_id`` continues from the stored turn's token ids (its
@@ -23,14 +23,14 @@ from typing import Sequence
 
 from pydantic import ValidationError
 
-from radixgate.gateway.convert_openai import convert_chat_request
+from radixgate.gateway.openai.convert import convert_chat_request
 from radixgate.gateway.errors import ApiError, Kind
 from radixgate.gateway.http_util import validation_message
 from radixgate.gateway.prompt_parts import ConvertedPrompt
 from radixgate.gateway.render import ChatMessage, Conversation
-from radixgate.gateway.response_store import StoredTurn
-from radixgate.gateway.schemas_openai import ChatCompletionRequest
-from radixgate.gateway.schemas_responses import (FunctionCallItem, FunctionCallOutputItem,
+from radixgate.gateway.openai.responses.store import StoredTurn
+from radixgate.gateway.openai.schemas import ChatCompletionRequest
+from radixgate.gateway.openai.responses.schemas import (FunctionCallItem, FunctionCallOutputItem,
                                                  FunctionTool, MessageItem,
                                                  NamedFunctionChoice, ResponsesRequest,
                                                  InputTextPart)
