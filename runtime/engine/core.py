@@ -28,7 +28,7 @@ from .api import ErrorKind, FinishReason, Request
 from .block_manager import BlockManager
 from .detokenize import IncrementalDetokenizer, token_bytes_function
 from .engine_config import EngineConfig
-from .output import (Finish, account_admission, account_pins, append_token, finished_event,
+from .output import (EndCause, account_admission, account_pins, append_token, finished_event,
                      flush_text)
 from .pin_shares import log_pin_shares, pin_ceiling, pin_share, pinned_prefix
 from .sampling import TokenCounts, make_generator, sample_tokens, token_logprobs, top2_gaps
@@ -84,7 +84,7 @@ class EngineCore:
         if problem is not None:
             kind, message = problem
             seq = self._new_sequence(request, sink)
-            self._emit_finished(seq, Finish(FinishReason.ERROR, kind=kind, message=message))
+            self._emit_finished(seq, EndCause(FinishReason.ERROR, kind=kind, message=message))
             return
         seq = self._new_sequence(request, sink)
         self.sequences[request.request_id] = seq
@@ -99,14 +99,14 @@ class EngineCore:
                         StopMatcher(params.stop, request.stop_automaton),
                         IncrementalDetokenizer(self._token_bytes))
 
-    def abort(self, request_id: str, finish: Finish | None = None) -> bool:
+    def abort(self, request_id: str, finish: EndCause | None = None) -> bool:
         seq = self.sequences.get(request_id)
         if seq is None:
             return False
-        self.finish(seq, finish or Finish(FinishReason.ABORTED))
+        self.finish(seq, finish or EndCause(FinishReason.ABORTED))
         return True
 
-    def abort_all(self, finish: Finish) -> None:
+    def abort_all(self, finish: EndCause) -> None:
         for seq in list(self.sequences.values()):
             self.finish(seq, finish)
 
@@ -114,10 +114,10 @@ class EngineCore:
         for seq in list(self.sequences.values()):
             deadline = seq.request.deadline
             if deadline is not None and now >= deadline:
-                self.finish(seq, Finish(FinishReason.ERROR, kind=ErrorKind.TIMEOUT,
-                                        message="the request's deadline passed"))
+                self.finish(seq, EndCause(FinishReason.ERROR, kind=ErrorKind.TIMEOUT,
+                                          message="the request's deadline passed"))
 
-    def finish(self, seq: Sequence, finish: Finish, cache: bool = True) -> None:
+    def finish(self, seq: Sequence, finish: EndCause, cache: bool = True) -> None:
         """Ends seq: sends the held-back text, caches what it computed (unless ``cache`` is
         False: after a failed step its K/V may be garbage), releases its blocks and lock,
         sends Finished."""
@@ -144,7 +144,7 @@ class EngineCore:
         self.tree.close_namespace(seq.namespace)
         return True
 
-    def _emit_finished(self, seq: Sequence, finish: Finish) -> None:
+    def _emit_finished(self, seq: Sequence, finish: EndCause) -> None:
         self.counters.finished += 1
         self.counters.errors += finish.reason is FinishReason.ERROR
         seq.status = SeqStatus.FINISHED
@@ -166,8 +166,8 @@ class EngineCore:
             for seq, exc in plan.failed:
                 self._fail_sequence(seq, exc)
             if plan.unfit is not None:
-                self.finish(plan.unfit, Finish(FinishReason.ERROR, kind=ErrorKind.TOO_LONG,
-                                               message=unfit_message(self, plan.unfit)))
+                self.finish(plan.unfit, EndCause(FinishReason.ERROR, kind=ErrorKind.TOO_LONG,
+                                                 message=unfit_message(self, plan.unfit)))
             chunks = plan.chunks
             if not chunks:
                 return not plan.stalled
@@ -204,8 +204,8 @@ class EngineCore:
         exception is logged with seq's request id and never reaches the client."""
         if not logged:
             log.error("request %s failed: %r", seq.request_id, exc, exc_info=exc)
-        finish = Finish(FinishReason.ERROR, kind=ErrorKind.INTERNAL,
-                        message=internal_error_message(seq.request_id))
+        finish = EndCause(FinishReason.ERROR, kind=ErrorKind.INTERNAL,
+                          message=internal_error_message(seq.request_id))
         try:
             self.finish(seq, finish, cache=False)
         except Exception:  # noqa: BLE001 - still end seq below

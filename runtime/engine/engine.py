@@ -35,7 +35,7 @@ from .core import EngineCore
 from .cpu_threads import ThreadGovernor
 from .engine_config import EngineConfig
 from .handle import SLOW_READER_MESSAGE, AsyncSink, RequestHandle
-from .output import Finish
+from .output import EndCause
 from .snapshot import EngineSnapshot, empty_snapshot
 from .trace import RequestTrace
 
@@ -128,7 +128,7 @@ class Engine:
         """The request's reader left ``limit`` events unread: end it (its blocks go back)."""
         message = SLOW_READER_MESSAGE.format(limit=limit)
         self._command(self.core.abort, request_id,
-                      Finish(FinishReason.ERROR, kind=ErrorKind.TIMEOUT, message=message))
+                      EndCause(FinishReason.ERROR, kind=ErrorKind.TIMEOUT, message=message))
 
     def generate(self, request: Request, on_event: Callable[[Event], None] | None = None,
                  timeout: float | None = None) -> Finished:
@@ -320,14 +320,14 @@ class Engine:
         if not self.core.has_work():
             return True
         if time.monotonic() >= self._drain_deadline:
-            self.core.abort_all(Finish(FinishReason.ABORTED, message="the engine shut down"))
+            self.core.abort_all(EndCause(FinishReason.ABORTED, message="the engine shut down"))
             return True
         return False
 
     def _stop_thread(self) -> None:
         self._mark_stopped()
         self.core.draining = True
-        self.core.abort_all(Finish(FinishReason.ABORTED, message="the engine shut down"))
+        self.core.abort_all(EndCause(FinishReason.ABORTED, message="the engine shut down"))
         self._apply_commands(block=False)   # late commands: requests get OVERLOADED
         try:
             self.core.close()

@@ -22,7 +22,10 @@ ONE_HOUR_S = 3600.0
 
 
 @dataclass(frozen=True, slots=True)
-class Finish:
+class EndCause:
+    """Why a sequence ends, inside the engine (a finish check's answer, an abort, an error);
+    ``finished_event`` turns it into the request's last event, ``api.Finished``."""
+
     reason: FinishReason
     stop: str | None = None
     kind: ErrorKind | None = None
@@ -57,9 +60,9 @@ def account_pins(seq: Sequence, pinned: list[tuple[int, float]]) -> None:
 
 
 def append_token(seq: Sequence, token: int, eos_ids: set[int], max_model_len: int,
-                 logprob=None) -> Finish | None:
+                 logprob=None) -> EndCause | None:
     """Adds a sampled token (with its ``TokenLogprob`` when the request asks for them),
-    sends the text it completes, returns a Finish when it ends seq."""
+    sends the text it completes, returns an EndCause when it ends seq."""
     seq.tokens.append(token)
     if seq.timing.first_token is None:
         seq.timing.first_token = time.monotonic()
@@ -67,7 +70,7 @@ def append_token(seq: Sequence, token: int, eos_ids: set[int], max_model_len: in
     short = seq.num_output <= params.min_tokens   # this token is within min_tokens: no stop
     if not short and ((token in eos_ids and not params.ignore_eos)
                       or token in params.stop_token_ids):
-        return Finish(FinishReason.EOS)
+        return EndCause(FinishReason.EOS)
     seq.pending_ids.append(token)
     if logprob is not None:
         seq.pending_logprobs.append(logprob)
@@ -77,13 +80,13 @@ def append_token(seq: Sequence, token: int, eos_ids: set[int], max_model_len: in
     result = seq.stops.feed(seq.detok.feed(token))
     emit_text(seq, result.emit)
     if result.stop is not None:
-        return Finish(FinishReason.STOP_SEQUENCE, stop=result.stop)
+        return EndCause(FinishReason.STOP_SEQUENCE, stop=result.stop)
     return _length_finish(seq, max_model_len)
 
 
-def _length_finish(seq: Sequence, max_model_len: int) -> Finish | None:
+def _length_finish(seq: Sequence, max_model_len: int) -> EndCause | None:
     if seq.num_output >= seq.params.max_tokens or len(seq.tokens) >= max_model_len:
-        return Finish(FinishReason.LENGTH)
+        return EndCause(FinishReason.LENGTH)
     return None
 
 
@@ -124,7 +127,7 @@ def usage_of(seq: Sequence, now: float) -> Usage:
     )
 
 
-def finished_event(seq: Sequence, finish: Finish) -> Finished:
+def finished_event(seq: Sequence, finish: EndCause) -> Finished:
     return Finished(
         reason=finish.reason,
         usage=usage_of(seq, time.monotonic()),

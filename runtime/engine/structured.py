@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from .api import ErrorKind, FinishReason
-from .output import Finish, append_token
+from .output import EndCause, append_token
 from .sampling import TokenMasks
 from .sequence import Sequence
 
@@ -144,17 +144,17 @@ def compute_masks(grammars, vocab_size: int, fill: MaskFill | None = None
 
 
 def append_constrained(seq: Sequence, token: int, eos_ids: set[int], max_model_len: int,
-                       logprob=None, jump_forward: bool = True) -> Finish | None:
+                       logprob=None, jump_forward: bool = True) -> EndCause | None:
     """``output.append_token`` for a constrained sequence: the token goes into the grammar
-    first, then the forced continuation (``jump_forward``). Returns a Finish when seq ends."""
+    first, then the forced continuation (``jump_forward``). Returns an EndCause when seq ends."""
     grammar = seq.request.grammar
     if grammar.only_end:
-        return Finish(FinishReason.EOS)
+        return EndCause(FinishReason.EOS)
     if not grammar.consume(token):
         return _grammar_failed(seq, grammar)
     finish = append_token(seq, token, eos_ids, max_model_len, logprob)
     if finish is not None or grammar.only_end:
-        return finish or Finish(FinishReason.EOS)
+        return finish or EndCause(FinishReason.EOS)
     if not jump_forward or seq.params.logprobs is not None:
         return None
     for forced in grammar.forced_tokens():
@@ -163,10 +163,10 @@ def append_constrained(seq: Sequence, token: int, eos_ids: set[int], max_model_l
         finish = append_token(seq, forced, eos_ids, max_model_len)
         if finish is not None:
             return finish
-    return Finish(FinishReason.EOS) if grammar.only_end else None
+    return EndCause(FinishReason.EOS) if grammar.only_end else None
 
 
-def _grammar_failed(seq: Sequence, grammar) -> Finish:
-    return Finish(FinishReason.ERROR, kind=ErrorKind.BAD_REQUEST,
+def _grammar_failed(seq: Sequence, grammar) -> EndCause:
+    return EndCause(FinishReason.ERROR, kind=ErrorKind.BAD_REQUEST,
                   message=f"the output grammar stopped at output token {seq.num_output + 1}: "
                           f"{grammar.error or 'the token is not allowed'}")
