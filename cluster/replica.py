@@ -57,7 +57,8 @@ COMMANDS = ("flush", "pin", "unpin", "publish", "expect_continuation", "check_in
 class EngineReplica:
     def __init__(self, spec: ReplicaSpec):
         from radixgate.runtime.engine.engine import Engine
-        from radixgate.runtime.model.loader import load_model, set_cpu_threads
+        from radixgate.runtime.engine.cpu_threads import set_cpu_threads
+        from radixgate.runtime.model.loader import load_model
         self.name = _replica_name()
         self.index, self._claim, cache = replica_cache(spec)
         set_cpu_threads(spec.threads)

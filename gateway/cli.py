@@ -154,7 +154,7 @@ def _threads_override(flag: int | None) -> int | None:
 
 def apply_threads(config: GatewayConfig) -> None:
     """Set torch's CPU threads before any model work (imports torch: not at module level)."""
-    from radixgate.runtime.model.loader import set_cpu_threads
+    from radixgate.runtime.engine.cpu_threads import set_cpu_threads
     n = set_cpu_threads(config.model.threads)
     logging.getLogger("radixgate.gateway").info("torch CPU threads: %d", n)
 

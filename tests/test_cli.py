@@ -79,7 +79,7 @@ def test_bad_thread_counts_are_clean_errors(monkeypatch, capsys):
 def test_set_cpu_threads_applies_to_every_thread_and_zero_keeps_the_default(torch_threads):
     import threading
 
-    from radixgate.runtime.model.loader import set_cpu_threads
+    from radixgate.runtime.engine.cpu_threads import set_cpu_threads
     assert set_cpu_threads(0) == torch_threads.get_num_threads()      # unchanged
     assert set_cpu_threads(1) == 1
     seen = []

