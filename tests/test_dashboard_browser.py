@@ -256,6 +256,75 @@ def assert_chart_draws_history(page, stats: dict) -> None:
     assert drawn == pytest.approx(rates, abs=0.01)
 
 
+def chart_geometry(page) -> dict:
+    """The hit-rate chart as drawn: gridline heights by value, every text with its height,
+    and each sample's bar pair (the rects' top and bottom edges)."""
+    return page.evaluate("""() => {
+      const svg = document.getElementById('hit-chart');
+      const n = (el, a) => Number(el.getAttribute(a));
+      const edges = (r) => r ? [n(r, 'y'), n(r, 'y') + n(r, 'height')] : null;
+      return {
+        pct: Object.fromEntries([...svg.querySelectorAll('line[data-pct]')]
+          .map(l => [l.dataset.pct, n(l, 'y1')])),
+        tokens: [...svg.querySelectorAll('line[data-tokens]')]
+          .map(l => [Number(l.dataset.tokens), n(l, 'y1')]),
+        texts: [...svg.querySelectorAll('text')].map(t => [t.textContent.trim(), n(t, 'y')]),
+        bars: [...svg.querySelectorAll('rect.bar')].map(r => [r.classList.contains('read')
+          ? 'read' : 'computed', n(r, 'y'), n(r, 'y') + n(r, 'height')]),
+        pairs: [...svg.querySelectorAll('g.bar-pair')].map(g => ({
+          t: Number(g.dataset.t), read: edges(g.querySelector('rect.read')),
+          computed: edges(g.querySelector('rect.computed'))})),
+      };
+    }""")
+
+
+def token_count(label: str) -> float:
+    """An axis label such as "500", "1.5k" or "2M" as a number."""
+    m = re.fullmatch(r"([\d.]+)([kM]?)", label)
+    assert m, f"unreadable token axis label {label!r}"
+    return float(m[1]) * {"": 1, "k": 1e3, "M": 1e6}[m[2]]
+
+
+def label_at(texts: list, y: float) -> list[str]:
+    """The texts drawn level with height ``y`` (a tick's label)."""
+    return [text for text, ty in texts if abs(ty - 4 - y) <= 2]
+
+
+def assert_token_bars_have_their_own_axis(page, stats: dict) -> None:
+    """The token bars sit in a panel of their own under the hit-rate plot: its own labelled
+    axis whose 0 line they stand on, nothing of them inside or just under the hit-rate
+    plot's 0..100% range, and each bar's height read back through that axis is the
+    sample's prompt tokens (from cache: the lower part)."""
+    g = chart_geometry(page)
+    y0, y100 = g["pct"]["0"], g["pct"]["100"]
+    for pct, y in (("0%", y0), ("50%", g["pct"]["50"]), ("100%", y100)):
+        assert pct in label_at(g["texts"], y), f"hit-rate axis lacks its {pct} label"
+    ticks = dict(g["tokens"])
+    assert 0 in ticks and len(ticks) >= 2, f"the token bars have no axis of their own: {ticks}"
+    top = max(ticks)
+    zero_y, top_y = ticks[0], ticks[top]
+    assert zero_y - top_y > 30, "tokens panel too small to read"
+    for value, y in ticks.items():
+        labels = label_at(g["texts"], y)
+        assert labels and token_count(labels[0]) == value, f"tick {value} labelled {labels}"
+    assert top_y > y0 + 8, "the tokens panel overlaps the hit-rate plot"
+    titles = {text: y for text, y in g["texts"] if "hit rate" in text or "tokens" in text}
+    assert any("hit rate" in t and y < y100 for t, y in titles.items()), titles
+    assert any("tokens" in t and y0 < y < top_y for t, y in titles.items()), titles
+    for kind, y_top, y_bottom in g["bars"]:
+        assert top_y - 0.2 <= y_top <= y_bottom <= zero_y + 0.2, (kind, y_top, y_bottom)
+    samples = [h for h in stats["history"] if h["prompt"] > 0]
+    assert [p["t"] for p in g["pairs"]] == [h["t"] for h in samples]
+    scale = top / (zero_y - top_y)                   # tokens per unit of height
+    tolerance = 0.15 * scale + 1e-9                  # coordinates are drawn to 0.1
+    for pair, sample in zip(g["pairs"], samples):
+        (read_top, read_bottom), (all_top, all_bottom) = pair["read"], pair["computed"]
+        assert read_bottom == pytest.approx(zero_y, abs=0.15)
+        assert all_bottom == pytest.approx(read_top, abs=0.15)
+        assert abs((zero_y - all_top) * scale - sample["prompt"]) <= tolerance, (pair, sample)
+        assert abs((zero_y - read_top) * scale - sample["cache_read"]) <= tolerance, (pair, sample)
+
+
 def test_admin_page_shows_server_stats_and_keeps_key_out_of_urls(server, page):
     open_with_key(page, server, ADMIN_KEY)
     stats = fetch_stats(server, ADMIN_KEY)
@@ -271,6 +340,15 @@ def test_admin_page_shows_server_stats_and_keeps_key_out_of_urls(server, page):
     assert not page.errors
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "dashboard.png"), full_page=True)
+
+
+def test_chart_draws_token_bars_on_their_own_labelled_axis(server, page):
+    open_with_key(page, server, ADMIN_KEY)
+    stats = fetch_stats(server, ADMIN_KEY)
+    assert_chart_draws_history(page, stats)
+    assert_token_bars_have_their_own_axis(page, stats)
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.locator("#hit-chart").screenshot(path=str(ARTIFACTS / "hit-chart.png"))
 
 
 def test_known_hit_pattern_shows_hits_for_repeated_prompt_only(server, page):

@@ -160,6 +160,7 @@ async def test_salt_churn_keeps_resident_memory_flat(fresh_server):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)
 async def test_salt_churn_20k_keeps_resident_memory_flat(fresh_server):
     result = await salt_churn(fresh_server.base_url, fresh_server.proc.pid, 20000, seed=4)
     assert_flat_under_churn(result)
@@ -167,6 +168,7 @@ async def test_salt_churn_20k_keeps_resident_memory_flat(fresh_server):
 
 @pytest.mark.slow
 @pytest.mark.realmodel
+@pytest.mark.timeout(900)
 async def test_salt_churn_on_the_default_model_keeps_resident_memory_flat():
     """At the default model's sizes one cached matmul shape costs ~0.5-0.9 MB: before the
     caches were bounded this churn grew the server 647 -> 1838 MB by request 1,200."""

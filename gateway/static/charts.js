@@ -1,7 +1,12 @@
 // Hand-drawn SVG charts. Markup is built as strings of numbers only (no user text), and set
 // with innerHTML on an <svg> element, which parses it as SVG.
 
-const MARGIN = { left: 44, right: 14, top: 10, bottom: 22 };
+// Two panels over one time axis: the hit rate (0..100%) on top, the prompt tokens of each
+// sample (from cache / computed, stacked) below with an axis of its own, so no bar can be
+// read against the hit-rate scale.
+const MARGIN = { left: 52, right: 14, top: 8, bottom: 22 };
+const TITLE_H = 16;          // room for a panel's title above it
+const PANEL_GAP = 10;        // between the hit-rate panel's 0% line and the tokens panel's title
 const TICK_STEPS_S = [5, 10, 15, 30, 60, 120, 300, 600, 1800, 3600];
 
 function r1(x) {
@@ -18,23 +23,43 @@ function pickTickStep(spanS) {
   return TICK_STEPS_S.find((step) => spanS / step <= 6) || 3600;
 }
 
+// The smallest 1, 2 or 5 times a power of ten at or above `value` (at least 1).
+export function niceCeiling(value) {
+  if (!(value > 1)) return 1;
+  const power = 10 ** Math.floor(Math.log10(value));
+  return [1, 2, 5, 10].map((m) => m * power).find((c) => c >= value - 1e-9);
+}
+
+function tokenLabel(n) {
+  if (n >= 1e6) return `${+(n / 1e6).toFixed(1)}M`;
+  if (n >= 1e3) return `${+(n / 1e3).toFixed(1)}k`;
+  return String(n);
+}
+
 // Size the viewBox to the element's box so text and strokes are not stretched.
 function fitViewBox(svg, fallbackW, fallbackH) {
   const w = Math.max(200, Math.round(svg.clientWidth || fallbackW));
-  const h = Math.max(120, Math.round(svg.clientHeight || fallbackH));
+  const h = Math.max(160, Math.round(svg.clientHeight || fallbackH));
   svg.setAttribute('viewBox', `0 0 ${w} ${h}`);
   return { w, h };
 }
 
-function timeAxis(tMin, tMax, x, yTop, yBottom) {
+// Vertical gridlines at round "seconds ago" marks through each panel; labels under the last.
+function timeAxis(tMin, tMax, x, panels, labelY) {
   const step = pickTickStep(tMax - tMin);
   let out = '';
   for (let ago = 0; tMax - ago >= tMin - 1e-9; ago += step) {
     const xi = r1(x(tMax - ago));
-    out += `<line class="grid" x1="${xi}" x2="${xi}" y1="${yTop}" y2="${yBottom}"/>`;
-    out += `<text class="axis" x="${xi}" y="${yBottom + 15}" text-anchor="middle">${tickLabel(ago)}</text>`;
+    for (const [top, bottom] of panels) {
+      out += `<line class="grid" x1="${xi}" x2="${xi}" y1="${r1(top)}" y2="${r1(bottom)}"/>`;
+    }
+    out += `<text class="axis" x="${xi}" y="${r1(labelY)}" text-anchor="middle">${tickLabel(ago)}</text>`;
   }
   return out;
+}
+
+function panelTitle(x0, yTop, text, id) {
+  return `<text class="axis-title" id="${id}" x="${x0}" y="${r1(yTop - 5)}">${text}</text>`;
 }
 
 function rateAxis(x0, x1, y) {
@@ -42,27 +67,54 @@ function rateAxis(x0, x1, y) {
   for (const pct of [0, 25, 50, 75, 100]) {
     const yi = r1(y(pct / 100));
     out += `<line class="grid${pct % 50 ? ' faint' : ''}" data-pct="${pct}" x1="${x0}" x2="${x1}" y1="${yi}" y2="${yi}"/>`;
-    if (pct % 50 === 0) out += `<text class="axis" x="${x0 - 6}" y="${yi + 4}" text-anchor="end">${pct}%</text>`;
+    if (pct % 50 === 0) out += `<text class="axis" data-pct-label="${pct}" x="${x0 - 6}" y="${yi + 4}" text-anchor="end">${pct}%</text>`;
   }
   return out;
 }
 
-function tokenBars(points, x, yBase, height, barW) {
-  const maxPrompt = Math.max(1, ...points.map((p) => p.prompt));
+// Gridlines at 0, half and the top of the tokens axis, each labelled; the 0 line is solid.
+function tokenAxis(x0, x1, yTokens, top) {
+  let out = '';
+  for (const value of [0, top / 2, top]) {
+    const yi = r1(yTokens(value));
+    const cls = value === 0 ? 'baseline' : 'grid faint';
+    out += `<line class="${cls}" data-tokens="${value}" x1="${x0}" x2="${x1}" y1="${yi}" y2="${yi}"/>`;
+    out += `<text class="axis" data-tokens-label="${value}" x="${x0 - 6}" y="${yi + 4}" text-anchor="end">${tokenLabel(value)}</text>`;
+  }
+  return out;
+}
+
+// One stacked bar per sample with prompt tokens: the computed part over the part from cache.
+function tokenBars(points, x, yTokens, barW) {
   let out = '';
   for (const p of points) {
     if (p.prompt <= 0) continue;
-    const hRead = (p.read / maxPrompt) * height;
-    const hAll = (p.prompt / maxPrompt) * height;
     const xi = r1(x(p.t) - barW / 2);
-    out += `<rect class="bar computed" x="${xi}" y="${r1(yBase - hAll)}" width="${r1(barW)}" height="${r1(hAll - hRead)}"/>`;
-    out += `<rect class="bar read" x="${xi}" y="${r1(yBase - hRead)}" width="${r1(barW)}" height="${r1(hRead)}"/>`;
+    const yAll = yTokens(p.prompt), yRead = yTokens(p.read), yZero = yTokens(0);
+    out += `<g class="bar-pair" data-t="${p.t}">`
+      + `<rect class="bar computed" x="${xi}" y="${r1(yAll)}" width="${r1(barW)}" height="${r1(yRead - yAll)}"/>`
+      + `<rect class="bar read" x="${xi}" y="${r1(yRead)}" width="${r1(barW)}" height="${r1(yZero - yRead)}"/>`
+      + `<title>${p.prompt} prompt tokens: ${p.read} from cache, ${p.prompt - p.read} computed</title></g>`;
   }
   return out;
 }
 
 function ratePath(points, x, y) {
   return points.map((p, i) => `${i ? 'L' : 'M'}${r1(x(p.t))},${r1(y(p.rate))}`).join(' ');
+}
+
+function rateLine(rated, x, y, tMax) {
+  const d = ratePath(rated, x, y);
+  const first = rated[0], last = rated[rated.length - 1];
+  const area = `${d} L${r1(x(last.t))},${r1(y(0))} L${r1(x(first.t))},${r1(y(0))} Z`;
+  let out = `<path class="rate-area" d="${area}"/>`;
+  out += `<path class="rate-line" id="hit-line" data-points="${rated.length}" d="${d}"/>`;
+  out += rated.length <= 120
+    ? rated.map((p) => `<circle class="rate-dot" cx="${r1(x(p.t))}" cy="${r1(y(p.rate))}" r="2.2">`
+      + `<title>${Math.round(tMax - p.t)} s ago: ${(100 * p.rate).toFixed(1)}% of ${p.prompt} prompt tokens</title></circle>`).join('')
+    : '';
+  out += `<circle class="rate-last" cx="${r1(x(last.t))}" cy="${r1(y(last.rate))}" r="4"/>`;
+  return out;
 }
 
 // The time window a chart shows: ends at `now`, at least a minute, at most `maxSpanS`.
@@ -72,37 +124,38 @@ export function chartWindow(points, now, maxSpanS) {
   return { tMin: Math.max(tMax - maxSpanS, Math.min(first, tMax - 60)), tMax };
 }
 
+// Where the two panels sit in an svg of height h: [top, bottom] of each plot area.
+function panelLayout(h) {
+  const plot = h - MARGIN.top - MARGIN.bottom - 2 * TITLE_H - PANEL_GAP;
+  const rateTop = MARGIN.top + TITLE_H;
+  const rateBottom = rateTop + plot * 0.62;
+  const tokensTop = rateBottom + PANEL_GAP + TITLE_H;
+  return { rate: [rateTop, rateBottom], tokens: [tokensTop, h - MARGIN.bottom] };
+}
+
 // points: [{t, prompt, read, rate}] oldest first (see format.historyPoints), `now` on the
-// same clock as t. Draws the per-sample hit rate as a line over stacked token bars; returns
-// how many samples carried a hit rate (the line's vertices).
+// same clock as t. Draws the per-sample hit rate as a line in the top panel and each
+// sample's prompt tokens as a stacked bar in the panel below; returns how many samples
+// carried a hit rate (the line's vertices).
 export function drawHitChart(svg, allPoints, now, maxSpanS = 600) {
-  const { w, h } = fitViewBox(svg, 640, 260);
+  const { w, h } = fitViewBox(svg, 640, 300);
   const { tMin, tMax } = chartWindow(allPoints, now, maxSpanS);
   const points = allPoints.filter((p) => p.t >= tMin);
   const rated = points.filter((p) => p.rate !== null);
   const x0 = MARGIN.left, x1 = w - MARGIN.right;
-  const plotH = h - MARGIN.top - MARGIN.bottom;
-  const lineH = plotH * 0.64, barsH = plotH * 0.28;
-  const barsBase = h - MARGIN.bottom;
+  const { rate, tokens } = panelLayout(h);
+  const top = niceCeiling(Math.max(0, ...points.map((p) => p.prompt)));
   const x = (t) => x0 + ((t - tMin) / (tMax - tMin)) * (x1 - x0);
-  const y = (rate) => MARGIN.top + (1 - rate) * lineH;
+  const y = (r) => rate[1] - r * (rate[1] - rate[0]);
+  const yTokens = (n) => tokens[1] - (n / top) * (tokens[1] - tokens[0]);
   const barW = Math.max(1.5, Math.min(10, ((x1 - x0) / Math.max(1, (tMax - tMin))) * 0.7));
 
-  let body = rateAxis(x0, x1, y) + timeAxis(tMin, tMax, x, MARGIN.top, barsBase);
-  body += `<line class="baseline" x1="${x0}" x2="${x1}" y1="${barsBase}" y2="${barsBase}"/>`;
-  body += tokenBars(points, x, barsBase, barsH, barW);
-  if (rated.length) {
-    const d = ratePath(rated, x, y);
-    const first = rated[0], last = rated[rated.length - 1];
-    const area = `${d} L${r1(x(last.t))},${r1(y(0))} L${r1(x(first.t))},${r1(y(0))} Z`;
-    body += `<path class="rate-area" d="${area}"/>`;
-    body += `<path class="rate-line" id="hit-line" data-points="${rated.length}" d="${d}"/>`;
-    body += rated.length <= 120
-      ? rated.map((p) => `<circle class="rate-dot" cx="${r1(x(p.t))}" cy="${r1(y(p.rate))}" r="2.2">`
-        + `<title>${Math.round(tMax - p.t)} s ago: ${(100 * p.rate).toFixed(1)}% of ${p.prompt} prompt tokens</title></circle>`).join('')
-      : '';
-    body += `<circle class="rate-last" cx="${r1(x(last.t))}" cy="${r1(y(last.rate))}" r="4"/>`;
-  }
+  let body = panelTitle(x0, rate[0], 'hit rate per second', 'rate-axis-title');
+  body += panelTitle(x0, tokens[0], 'prompt tokens per second: from cache, computed', 'tokens-axis-title');
+  body += timeAxis(tMin, tMax, x, [rate, tokens], h - MARGIN.bottom + 15);
+  body += rateAxis(x0, x1, y) + tokenAxis(x0, x1, yTokens, top);
+  body += tokenBars(points, x, yTokens, barW);
+  if (rated.length) body += rateLine(rated, x, y, tMax);
   svg.innerHTML = body;
   return rated.length;
 }
