@@ -284,7 +284,8 @@ class RadixgateModelFacts:
 
 def radixgate_model_facts(tiny: bool) -> RadixgateModelFacts:
     from radixgate.radix_cache import CacheConfig
-    from radixgate.runtime.model.kv_cache import kv_bytes_per_token, resolve_kv_dtype
+    from radixgate.radix_cache.kv_dtypes import kv_bytes_per_token
+    from radixgate.runtime.model.kv_cache import resolve_kv_dtype
     from radixgate.runtime.model.loader import load_model
     loaded = load_model(tiny=tiny)
     model, config = loaded.model, loaded.config

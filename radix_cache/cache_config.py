@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from .kv_dtypes import KV_DTYPES
 from .policy import CreditPolicy, EvictionPolicy, LRUPolicy
 
 POLICIES = ("lru", "credit")
-KV_DTYPES = ("auto", "float32", "bfloat16", "float16", "int8", "fp8")
 
 
 @dataclass(frozen=True, slots=True)

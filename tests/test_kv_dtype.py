@@ -9,14 +9,17 @@ import torch
 from radixgate.kernels import copy_blocks, dequantize_kv, paged_attention, quantize_kv, store_kv
 from radixgate.kernels.testing import make_paged_case
 from radixgate.radix_cache import CacheConfig
+from radixgate.radix_cache.kv_dtypes import KV_DTYPE_BYTES, KV_DTYPES, KV_SCALE_BYTES, kv_bytes_per_token
 from radixgate.runtime.engine.engine import Engine
 from radixgate.runtime.engine.engine_config import EngineConfig
 from radixgate.runtime.model.kv_cache import KVCache, resolve_kv_dtype
+from radixgate.runtime.model.kv_dtypes import KV_TORCH_DTYPES, SCALE_DTYPE
+from radixgate.runtime.model.model_config import ModelConfig
 from radixgate.runtime.model.planner import plan
 from tests.support.engine import tiny_model
 from tests.support.engine_compare import assert_clean, compare_greedy, greedy
 
-DTYPES = ["float32", "bfloat16", "float16", "int8", "fp8"]
+DTYPES = list(KV_DTYPE_BYTES)
 SMOLLM2 = SimpleNamespace(num_layers=30, num_kv_heads=3, head_dim=64)
 # cache on vs off: max |logit diff| allowed before a near tie (both runs store the same K/V,
 # up to the rounding of matmuls over other row counts, which can flip a code)
@@ -32,6 +35,31 @@ def test_eight_bit_dtypes_hold_over_3_5x_the_blocks_of_float32():
     kv = KVCache.from_budget(SMOLLM2, 64 << 20, 16, "int8")
     assert kv.nbytes <= 64 << 20 and kv.num_blocks == KVCache.blocks_for_budget(64 << 20, 30, 3, 64, 16, "int8")
     assert kv.k[0].dtype == torch.int8 and kv.k_scale[0].shape == (kv.num_blocks, 16, 3)
+
+
+def test_one_list_of_kv_dtypes_with_their_torch_dtypes_and_sizes():
+    assert KV_DTYPES == ("auto", *DTYPES) and DTYPES == ["float32", "bfloat16", "float16", "int8", "fp8"]
+    assert {d: KV_TORCH_DTYPES[d].itemsize for d in DTYPES} == KV_DTYPE_BYTES
+    assert SCALE_DTYPE.itemsize == KV_SCALE_BYTES
+    for name in KV_DTYPES:
+        assert CacheConfig(kv_dtype=name).kv_dtype == name
+    with pytest.raises(ValueError, match="kv_dtype"):
+        CacheConfig(kv_dtype="int4")
+
+
+@pytest.mark.parametrize("kv_dtype", DTYPES)
+def test_one_bytes_per_token_formula_matches_the_allocated_pool(kv_dtype):
+    """The formula (radix_cache.kv_dtypes) that the model config, the planner, the budget
+    split and the snapshot use is what a pool of that dtype really allocates, scales included."""
+    config = ModelConfig(vocab_size=8, hidden_size=16, intermediate_size=32, num_layers=2,
+                         num_heads=3, num_kv_heads=3, head_dim=8)
+    kv = KVCache(2, 3, 4, 3, 8, kv_dtype)
+    per_token = kv_bytes_per_token(2, 3, 8, kv_dtype)
+    assert kv.nbytes == per_token * kv.num_tokens == kv.bytes_per_token * kv.num_tokens
+    assert config.kv_bytes_per_token(kv_dtype) == plan(config, 1, 1, kv_dtype=kv_dtype).bytes_per_token == per_token
+    assert KVCache.blocks_for_budget(per_token * 4 * 5, 2, 3, 8, 4, kv_dtype) == 5
+    with pytest.raises(ValueError, match="kv dtype"):
+        kv_bytes_per_token(2, 3, 8, "int4")
 
 
 def test_auto_is_the_model_dtype():

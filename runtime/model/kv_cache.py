@@ -22,15 +22,10 @@ import mmap
 import torch
 
 from radixgate.kernels import copy_blocks as _copy_blocks
-from radixgate.runtime.model.kv_dtypes import QUANTIZED_KV_DTYPES
-from radixgate.runtime.model.kv_dtypes import kv_bytes_per_token as _kv_bytes_per_token
+from radixgate.radix_cache.kv_dtypes import QUANTIZED_KV_DTYPES, kv_bytes_per_token
+from radixgate.runtime.model.kv_dtypes import KV_DTYPE_NAMES, KV_TORCH_DTYPES, SCALE_DTYPE
 
 log = logging.getLogger(__name__)
-
-KV_TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16,
-                   "float16": torch.float16, "int8": torch.int8, "fp8": torch.float8_e4m3fn}
-KV_DTYPE_NAMES = {v: k for k, v in KV_TORCH_DTYPES.items()}
-SCALE_DTYPE = torch.float16
 
 
 def resolve_kv_dtype(requested: str, model_dtype: torch.dtype, device: str | torch.device) -> str:
@@ -56,15 +51,6 @@ def kv_dtype_name(dtype: torch.dtype | str) -> str:
     if name not in KV_TORCH_DTYPES:
         raise ValueError(f"unsupported KV dtype {dtype!r}: one of {', '.join(KV_TORCH_DTYPES)}")
     return name
-
-
-def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int,
-                       dtype_bytes: int | str) -> int:
-    """2 (K and V) x layers x kv_heads x head_dim x bytes per number (a dtype name adds the
-    8-bit dtypes' scales: runtime/model/planner.py)."""
-    if isinstance(dtype_bytes, str):
-        return _kv_bytes_per_token(num_layers, num_kv_heads, head_dim, dtype_bytes)
-    return 2 * num_layers * num_kv_heads * head_dim * dtype_bytes
 
 
 def lazy_zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:

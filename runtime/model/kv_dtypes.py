@@ -1,16 +1,16 @@
-"""Bytes of each ``[cache] kv_dtype`` (no imports: the planner and the KV cache share it)."""
+"""The torch dtype behind each ``[cache] kv_dtype`` name. The names, their sizes and the
+bytes-per-token formula are radix_cache/kv_dtypes.py's (pure Python, shared with the config
+and the planner); this map covers exactly those names (tests/test_kv_dtype.py)."""
 from __future__ import annotations
 
-# bytes per number of each ``[cache] kv_dtype``; the 8-bit ones also keep a float16 scale
-# per (token, kv head) of K and of V (runtime/model/kv_cache.py, kernels/reference.py)
-KV_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "int8": 1, "fp8": 1}
-QUANTIZED_KV_DTYPES = ("int8", "fp8")
-KV_SCALE_BYTES = 2
+import torch
 
+from radixgate.radix_cache.kv_dtypes import KV_DTYPE_BYTES
 
-def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, kv_dtype: str) -> int:
-    """Bytes one token's K and V take in every layer when kept as ``kv_dtype``, scales included."""
-    if kv_dtype not in KV_DTYPE_BYTES:
-        raise ValueError(f"kv dtype must be one of {', '.join(KV_DTYPE_BYTES)}, got {kv_dtype!r}")
-    scale = KV_SCALE_BYTES if kv_dtype in QUANTIZED_KV_DTYPES else 0
-    return 2 * num_layers * num_kv_heads * (head_dim * KV_DTYPE_BYTES[kv_dtype] + scale)
+KV_TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16,
+                   "float16": torch.float16, "int8": torch.int8, "fp8": torch.float8_e4m3fn}
+KV_DTYPE_NAMES = {v: k for k, v in KV_TORCH_DTYPES.items()}
+SCALE_DTYPE = torch.float16                 # the 8-bit dtypes' scales (KV_SCALE_BYTES each)
+
+if KV_TORCH_DTYPES.keys() != KV_DTYPE_BYTES.keys():
+    raise ImportError("KV_TORCH_DTYPES must name exactly radix_cache.kv_dtypes.KV_DTYPE_BYTES")

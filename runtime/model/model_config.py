@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from radixgate.radix_cache.kv_dtypes import kv_bytes_per_token
+
 
 @dataclass(frozen=True)
 class ModelConfig:
@@ -32,9 +34,10 @@ class ModelConfig:
         if self.head_dim % 2:
             raise ValueError(f"head_dim must be even for RoPE, got {self.head_dim}")
 
-    def kv_bytes_per_token(self, dtype_bytes: int = 2) -> int:
-        """K and V for one token across all layers: 2 x layers x kv_heads x head_dim x bytes."""
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * dtype_bytes
+    def kv_bytes_per_token(self, kv_dtype: str | int = 2) -> int:
+        """K and V for one token across all layers, as ``kv_dtype`` (a ``[cache] kv_dtype``
+        name, scales included, or bytes per number): radix_cache.kv_dtypes's formula."""
+        return kv_bytes_per_token(self.num_layers, self.num_kv_heads, self.head_dim, kv_dtype)
 
     @property
     def num_params(self) -> int:

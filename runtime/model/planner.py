@@ -1,10 +1,6 @@
 """KV capacity planner: bytes per token, tokens and concurrent conversations that fit a
 memory budget, for a model config (loaded or read from a file) or a named preset.
-
-    bytes per token = 2 (K and V) x layers x kv_heads x head_dim x bytes per number
-
-and, for the 8-bit KV dtypes (``int8``, ``fp8`` e4m3), plus one float16 scale per (token,
-kv head) for K and for V: 2 x layers x kv_heads x (head_dim + 2) bytes (``--kv-dtype``).
+Bytes per token are radix_cache/kv_dtypes.py's formula (the 8-bit KV dtypes' scales included).
 Units are binary (KiB = 1024 B, GiB = 2**30 B), so Llama 2 7B at fp16 is 512 KiB/token and
 8,192 tokens take 4 GiB. No torch import: the CLI can plan without loading a model.
 """
@@ -15,7 +11,7 @@ import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from radixgate.runtime.model.kv_dtypes import KV_DTYPE_BYTES, kv_bytes_per_token
+from radixgate.radix_cache.kv_dtypes import KV_DTYPE_BYTES, kv_bytes_per_token
 
 GiB, KiB = 2**30, 2**10
 
@@ -27,10 +23,8 @@ class KVShape:
     num_kv_heads: int
     head_dim: int
 
-    def kv_bytes_per_token(self, dtype_bytes: int = 2) -> int:
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * dtype_bytes
-
-    def kv_bytes_per_token_as(self, kv_dtype: str) -> int:
+    def kv_bytes_per_token(self, kv_dtype: str | int = 2) -> int:
+        """As ``kv_dtype`` (a ``[cache] kv_dtype`` name, scales included, or bytes per number)."""
         return kv_bytes_per_token(self.num_layers, self.num_kv_heads, self.head_dim, kv_dtype)
 
 
@@ -95,10 +89,9 @@ def plan(config_or_name, memory_gb: float, context_tokens: int, dtype_bytes: int
     """How much KV fits in ``memory_gb`` GiB for conversations of ``context_tokens``;
     ``kv_dtype`` (float32 | bfloat16 | float16 | int8 | fp8) replaces ``dtype_bytes``."""
     shape = shape_of(config_or_name)
+    per_token = shape.kv_bytes_per_token(kv_dtype or dtype_bytes)
     if kv_dtype:
-        per_token, dtype_bytes = shape.kv_bytes_per_token_as(kv_dtype), KV_DTYPE_BYTES[kv_dtype]
-    else:
-        per_token = shape.kv_bytes_per_token(dtype_bytes)
+        dtype_bytes = KV_DTYPE_BYTES[kv_dtype]
     memory = int(memory_gb * GiB)
     max_tokens = memory // per_token
     return Plan(shape.name, dtype_bytes, per_token, memory, context_tokens, max_tokens,
