@@ -17,6 +17,10 @@ REQUIRED = [
     ("radixgate.radix_cache", "BlockPool"), ("radixgate.radix_cache", "RadixTree"),
     ("radixgate.radix_cache", "MatchResult"), ("radixgate.radix_cache", "InsertResult"),
     ("radixgate.radix_cache", "EvictionPolicy"), ("radixgate.radix_cache", "CacheConfig"),
+    ("radixgate.runtime.engine.api", "Request"), ("radixgate.runtime.engine.api", "SamplingParams"),
+    ("radixgate.runtime.engine.api", "Finished"), ("radixgate.runtime.engine.engine", "Engine"),
+    ("radixgate.runtime.kv_tier", "KVTier"), ("radixgate.runtime.kv_tier", "open_disk_tier"),
+    ("radixgate.runtime.kv_tier", "TierBackend"), ("radixgate.runtime.model.loader", "load_model"),
 ]
 
 
