@@ -14,12 +14,14 @@ import pytest
 from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 
+from radixgate.gateway import output
 from radixgate.gateway.openai.responses import api as responses_api
 from radixgate.gateway.openai.responses.convert import continuation_base, stored_tokens
 from radixgate.gateway.render import render_continuation
 from radixgate.gateway.render import ChatMessage, Conversation, Piece, RenderBudget, render_prompt
 from radixgate.gateway.openai.responses.store import ResponseStore, StoredTurn
 from radixgate.gateway.tools import ToolCallParser, split_output
+from radixgate.runtime.engine.api import TextDelta
 from tests.support.engine import tiny_model
 from tests.support.inproc import in_process_gateway
 from tests.support import client as c
@@ -196,9 +198,9 @@ class _CallingParser(ToolCallParser):
 
 @pytest.fixture
 def calls_found(monkeypatch):
-    monkeypatch.setattr(responses_api, "split_output",
+    monkeypatch.setattr(output, "split_output",
                         lambda text, names, prefix, max_calls=None: split_output(CALL, names, prefix))
-    monkeypatch.setattr(responses_api, "ToolCallParser", _CallingParser)
+    monkeypatch.setattr(output, "ToolCallParser", _CallingParser)
 
 
 async def test_forced_function_call_and_its_output_continue_the_turn(calls_found):
@@ -306,7 +308,7 @@ def test_an_error_after_the_200_is_a_response_failed_event_the_sdk_parses():
     body = ResponsesRequest.model_validate({"model": MODEL, "input": "hi"})
     stream = responses_api.ResponseStream(
         responses_api.ResponseBuilder(body, convert_first_turn(body)), lambda *a: None)
-    frames = stream.start(None) + stream.text("Hel") + stream.error(
+    frames = stream.start(None) + stream.delta(TextDelta("Hel")) + stream.error(
         ApiError(Kind.OVERLOADED, "the server is shutting down"))
     assert ResponseTextDeltaEvent.model_validate(frames[4][1]).delta == "Hel"
     failed = ResponseFailedEvent.model_validate(frames[-1][1])

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 
-from radixgate.gateway.anthropic import messages as anthropic_api
+from radixgate.gateway import output
 from radixgate.gateway.auth import namespace_for
 from radixgate.gateway.http_util import STATE
 from radixgate.gateway.tools import split_output
@@ -42,7 +42,7 @@ async def expected_nodes(client) -> int:
 async def test_tool_use_response_marks_the_conversation_for_continuation(aiohttp_client,
                                                                          monkeypatch):
     items = split_output("Sure. " + CALL, ("search",), "toolu_")
-    monkeypatch.setattr(anthropic_api, "split_output", lambda *args: items)
+    monkeypatch.setattr(output, "split_output", lambda *args: items)
     client = await start(aiohttp_client)
     await wait_ready(client)
     response = await client.post("/v1/messages", json=body("Sure.", False), headers=HEADERS)

@@ -9,7 +9,7 @@ from radixgate.gateway.openai.chat import ChatStream, _chat_body
 from radixgate.gateway.prompt_parts import ConvertedPrompt
 from radixgate.gateway.render import Conversation
 from radixgate.gateway.tools import forced_call_prefill
-from radixgate.runtime.engine.api import Finished, FinishReason, Usage
+from radixgate.runtime.engine.api import Finished, FinishReason, TextDelta, Usage
 
 USAGE = Usage(prompt_tokens=100, cache_read_tokens=60, cache_creation_tokens=30,
               cache_creation_5m_tokens=10, cache_creation_1h_tokens=20, uncached_tokens=10,
@@ -73,7 +73,7 @@ def test_openai_stream_chunks_carry_tool_call_deltas_and_final_usage():
     stream = ChatStream("c", "g", WITH_TOOLS, include_usage=True)
     frames = stream.start(None)
     for piece in ("Sure ", CALL[:15], CALL[15:]):
-        frames += stream.text(piece)
+        frames += stream.delta(TextDelta(piece))
     frames += stream.end(finished("Sure " + CALL))
     assert frames[-1] == (None, "[DONE]")
     out = [data for _, data in frames[:-1]]
@@ -91,7 +91,7 @@ def test_anthropic_stream_opens_and_closes_blocks_in_order():
     stream = MessageStream(WITH_TOOLS, "claude", "msg_1")
     frames = []
     for piece in ("Let me ", "check. ", CALL[:20], CALL[20:], "\n"):
-        frames += stream.text(piece)
+        frames += stream.delta(TextDelta(piece))
     frames += stream.end(finished("Let me check. " + CALL + "\n"))
     assert all(name == data["type"] for name, data in frames)
     events = [data for _, data in frames]

@@ -21,7 +21,7 @@ from radixgate.gateway.anthropic.schemas import CountTokensRequest, MessagesRequ
 from radixgate.gateway.service import (Generation, answer_tokens, engine_request,
                                        render_request, reserved_for, sampling_params)
 from radixgate.gateway.structured import compile_constraint
-from radixgate.gateway.tools import ToolCallParser, split_output
+from radixgate.gateway.output import AnswerReader, answer_items
 from radixgate.runtime.engine.api import Finished, FinishReason, Usage
 
 _STOP_REASONS = {FinishReason.EOS: "end_turn", FinishReason.LENGTH: "max_tokens",
@@ -80,9 +80,7 @@ def usage_body(usage: Usage, output_tokens: int | None = None) -> dict:
 
 def message_body(message_id: str, model: str, converted: ConvertedPrompt,
                  finished: Finished) -> dict:
-    text = converted.output_prefix + finished.text
-    items = split_output(text, converted.tool_names, "toolu_", converted.max_tool_calls) if converted.tool_names else (
-        [("text", text)] if text else [])
+    items = answer_items(converted, finished.text, "toolu_")
     content = [_block(kind, value) for kind, value in items]
     has_tool = any(kind == "tool" for kind, _ in items)
     return {"id": message_id, "type": "message", "role": "assistant", "model": model,
@@ -113,9 +111,7 @@ class MessageStream:
         self.index = -1
         self.open_text = False
         self.has_tool_call = False
-        self.parser = (ToolCallParser(converted.tool_names, "toolu_", converted.max_tool_calls)
-                       if converted.tool_names else None)
-        self._prefix = converted.output_prefix
+        self.reader = AnswerReader(converted, "toolu_")
 
     def start(self, first) -> list[Frame]:
         usage = first.usage if first.usage is not None else Usage()
@@ -125,19 +121,13 @@ class MessageStream:
         return [_frame({"type": "message_start", "message": message}), _frame({"type": "ping"})]
 
     def delta(self, event) -> list[Frame]:
-        return self.text(event.text)
+        return self._items(self.reader.feed(event.text))
 
-    def text(self, text: str) -> list[Frame]:
-        if self._prefix:
-            text, self._prefix = self._prefix + text, ""
-        items = self.parser.feed(text) if self.parser else [("text", text)]
+    def _items(self, items) -> list[Frame]:
         return [frame for kind, value in items for frame in self._item(kind, value)]
 
     def end(self, finished: Finished) -> list[Frame]:
-        frames = self.text("") if self._prefix else []
-        for kind, value in (self.parser.finish() if self.parser else []):
-            frames += self._item(kind, value)
-        frames += self._close_text()
+        frames = self._items(self.reader.finish()) + self._close_text()
         delta = {"stop_reason": _stop_reason(finished, self.has_tool_call),
                  "stop_sequence": finished.stop_sequence}
         return frames + [_frame({"type": "message_delta", "delta": delta,

@@ -25,7 +25,7 @@ from radixgate.gateway.openai.schemas import ChatCompletionRequest
 from radixgate.gateway.service import (Generation, answer_tokens, engine_request,
                                        render_request, reserved_for, sampling_params)
 from radixgate.gateway.structured import compile_constraint
-from radixgate.gateway.tools import ToolCallParser, split_output
+from radixgate.gateway.output import AnswerReader, answer_items
 from radixgate.runtime.engine.api import Finished, FinishReason, Usage
 
 FINISH_REASONS = {FinishReason.EOS: "stop", FinishReason.STOP_SEQUENCE: "stop",
@@ -108,9 +108,7 @@ def _chat_body(completion_id: str, model: str, converted: ConvertedPrompt,
 
 def _chat_choice(index: int, converted: ConvertedPrompt, finished: Finished,
                  token_bytes) -> dict:
-    text = converted.output_prefix + finished.text
-    items = (split_output(text, converted.tool_names, "call_", converted.max_tool_calls)
-             if converted.tool_names else [("text", text)])
+    items = answer_items(converted, finished.text, "call_")
     content = "".join(v for k, v in items if k == "text")
     calls = [_tool_call(v) for k, v in items if k == "tool"]
     message = {"role": "assistant", "content": content if (content or not calls) else None,
@@ -144,9 +142,7 @@ class ChatStream:
         self.include_usage = include_usage
         self.token_bytes = token_bytes      # set: logprobs ride on the chunks
         self._logprobs: list = []           # of tokens whose text no chunk carried yet
-        self.parser = (ToolCallParser(converted.tool_names, "call_", converted.max_tool_calls)
-                       if converted.tool_names else None)
-        self.prefix = converted.output_prefix
+        self.reader = AnswerReader(converted, "call_")
         self.num_calls = 0
 
     def _chunk(self, delta: dict, finish_reason=None) -> dict:
@@ -165,17 +161,13 @@ class ChatStream:
 
     def delta(self, event) -> list[Frame]:
         self._logprobs.extend(event.logprobs)
-        return self._with_logprobs(self.text(event.text))
+        return self._with_logprobs(self._items(self.reader.feed(event.text)))
 
-    def text(self, text: str) -> list[Frame]:
-        if self.prefix:
-            text, self.prefix = self.prefix + text, ""
-        items = self.parser.feed(text) if self.parser else [("text", text)]
+    def _items(self, items) -> list[Frame]:
         return [(None, self._item(k, v)) for k, v in items if k != "text" or v]
 
     def end(self, finished: Finished) -> list[Frame]:
-        out = self.text("") if self.prefix else []
-        out += [(None, self._item(k, v)) for k, v in (self.parser.finish() if self.parser else [])]
+        out = self._items(self.reader.finish())
         reason = "tool_calls" if self.num_calls else FINISH_REASONS.get(finished.reason, "stop")
         out.append((None, self._chunk({}, reason)))
         if not self.final:

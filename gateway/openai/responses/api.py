@@ -39,7 +39,8 @@ from radixgate.gateway.openai.responses.schemas import NamedFunctionChoice, Resp
 from radixgate.gateway.service import (Generation, answer_tokens, engine_request,
                                        render_request, reserved_for, sampling_params)
 from radixgate.gateway.structured import compile_constraint
-from radixgate.gateway.tools import ToolCall, ToolCallParser, split_output
+from radixgate.gateway.output import AnswerReader, answer_items
+from radixgate.gateway.tools import ToolCall
 from radixgate.runtime.engine.api import Breakpoint, Finished, FinishReason, TextDelta, Usage
 
 STORE = web.AppKey("response_store", ResponseStore)
@@ -203,11 +204,7 @@ class ResponseBuilder:
                 "usage": None, "user": body.user}
 
     def output_items(self, finished: Finished) -> list[dict]:
-        converted = self.turn.converted
-        text = converted.output_prefix + finished.text
-        items = (split_output(text, converted.tool_names, "call_", converted.max_tool_calls)
-                 if converted.tool_names
-                 else [("text", text)])
+        items = answer_items(self.turn.converted, finished.text, "call_")
         has_calls = any(kind == "tool" for kind, _ in items)
         status = "incomplete" if _incomplete(finished, has_calls) else "completed"
         output = [message_item(_new_id("msg_"), value, status) if kind == "text"
@@ -267,12 +264,9 @@ class ResponseStream:
     has seen it."""
 
     def __init__(self, builder: ResponseBuilder, on_done):
-        converted = builder.turn.converted
         self.builder = builder
         self.on_done = on_done
-        self.parser = (ToolCallParser(converted.tool_names, "call_", converted.max_tool_calls)
-                       if converted.tool_names else None)
-        self.prefix = converted.output_prefix
+        self.reader = AnswerReader(builder.turn.converted, "call_")
         self.sequence_number = 0
         self.output: list[dict] = []          # items already done, in output order
         self.message: dict | None = None      # the message item being streamed
@@ -292,13 +286,7 @@ class ResponseStream:
                 self._event("response.in_progress", response=self.builder.base("in_progress"))]
 
     def delta(self, event: TextDelta) -> list[Frame]:
-        return self.text(event.text)
-
-    def text(self, text: str) -> list[Frame]:
-        if self.prefix:
-            text, self.prefix = self.prefix + text, ""
-        items = self.parser.feed(text) if self.parser else [("text", text)]
-        return self._items(items)
+        return self._items(self.reader.feed(event.text))
 
     def _items(self, items) -> list[Frame]:
         frames: list[Frame] = []
@@ -356,8 +344,7 @@ class ResponseStream:
         return frames
 
     def end(self, finished: Finished) -> list[Frame]:
-        frames = self.text("") if self.prefix else []
-        frames += self._items(self.parser.finish() if self.parser else [])
+        frames = self._items(self.reader.finish())
         incomplete = _incomplete(finished, self.has_tool_call)
         if not self.output and self.message is None:
             frames += self._open_message()
