@@ -8,7 +8,8 @@
                     [--replicas N] [--ray-address ADDR] [--kv-events-endpoint tcp://127.0.0.1:P]
     radixgate generate "prompt" [--chat] [--system S] [--max-tokens N] [--temperature T]
                     [--repeat K] [--tiny] [--model PATH] [--threads N]
-    radixgate plan [planner args...]       # runtime/model/planner.py's CLI
+    radixgate plan [MODEL...] [--memory-gb G] [--context N] [--conversations C]
+                    [--dtype-bytes B | --kv-dtype D|all]   # runtime/model/planner.py's arithmetic
     radixgate bench [benchmark args...]    # benchmarks/run_all.py
 
 Flags override the config file (the cache flags its ``[cache]`` section; ``--plain-lru`` is
@@ -30,6 +31,7 @@ from pathlib import Path
 
 from radixgate.gateway.config import ConfigError, GatewayConfig, load_config
 from radixgate.radix_cache.cache_config import KV_DTYPES, POLICIES
+from radixgate.radix_cache.kv_dtypes import KV_DTYPE_BYTES
 
 THREADS_ENV = "RADIXGATE_THREADS"
 THREADS_HELP = (
@@ -76,11 +78,27 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--temperature", type=float, default=0.0)
     gen.add_argument("--repeat", type=int, default=1, help="run K times (shows cache reuse)")
     _model_flags(gen)
-    for name, text in (("plan", "KV/memory planner (runtime/model/planner.py)"),
-                       ("bench", "benchmarks (benchmarks/run_all.py)")):
-        p = sub.add_parser(name, help=text, add_help=False)
-        p.add_argument("args", nargs=argparse.REMAINDER)
+    _plan_flags(sub.add_parser("plan", help="KV/memory planner (runtime/model/planner.py)",
+                               description="KV capacity planner: bytes per token, and how "
+                                           "many tokens and conversations fit a budget"))
+    bench = sub.add_parser("bench", help="benchmarks (benchmarks/run_all.py)", add_help=False)
+    bench.add_argument("args", nargs=argparse.REMAINDER)
     return parser
+
+
+def _plan_flags(parser: argparse.ArgumentParser) -> None:
+    from radixgate.runtime.model.planner import PRESETS   # no torch: the planner is arithmetic
+    parser.add_argument("models", nargs="*", default=None,
+                        help=f"preset names ({', '.join(PRESETS)}), GGUF files or HF dirs "
+                             "('default' = SmolLM2); default: every preset")
+    parser.add_argument("--memory-gb", type=float, default=80.0, help="KV budget in GiB (default 80)")
+    parser.add_argument("--context", type=int, default=8192, help="tokens per conversation (default 8192)")
+    parser.add_argument("--conversations", type=int, default=None,
+                        help="also show the memory this many conversations need")
+    parser.add_argument("--dtype-bytes", type=int, default=2, help="bytes per number (2 = fp16/bf16)")
+    parser.add_argument("--kv-dtype", choices=[*KV_DTYPE_BYTES, "all"], default=None,
+                        help="plan for this [cache] kv_dtype (8-bit ones with their scales; "
+                             "'all': one row per dtype); replaces --dtype-bytes")
 
 
 def _model_flags(p: argparse.ArgumentParser) -> None:
@@ -178,7 +196,7 @@ def _check_disk_tier(config: GatewayConfig) -> None:
 
 
 # subcommands whose arguments belong to another module's own parser
-DELEGATES = {"plan": "radixgate.runtime.model.planner", "bench": "benchmarks.run_all"}
+DELEGATES = {"bench": "benchmarks.run_all"}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -186,6 +204,8 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] in DELEGATES:        # passed on untouched, --help included
         return _delegate(DELEGATES[argv[0]], argv[1:])
     args = build_parser().parse_args(argv)
+    if args.command == "plan":
+        return plan_command(args)
     try:
         if args.command == "serve":
             return serve(config_from_args(args))
@@ -193,6 +213,21 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"radixgate: {e}", file=sys.stderr)
         return 2
+
+
+def plan_command(args: argparse.Namespace) -> int:
+    """``radixgate plan``: prints the planner's table (no model is loaded), returns the exit code."""
+    from radixgate.runtime.model.planner import PRESETS, format_plan_table, plan
+    names = args.models or list(PRESETS)
+    dtypes = list(KV_DTYPE_BYTES) if args.kv_dtype == "all" else [args.kv_dtype]
+    try:
+        plans = [plan(n, args.memory_gb, args.context, args.dtype_bytes, d)
+                 for n in names for d in dtypes]
+    except ValueError as exc:
+        print(f"radixgate plan: {exc}", file=sys.stderr)
+        return 2
+    print(format_plan_table(plans, args.conversations))
+    return 0
 
 
 def serve(config: GatewayConfig) -> int:

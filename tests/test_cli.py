@@ -1,5 +1,5 @@
 """The ``radixgate`` command line: flags over the config file, the loopback guard, CPU
-threads (flag, env, config), generate with cache reuse, plan delegation."""
+threads (flag, env, config), generate with cache reuse, the plan command."""
 from __future__ import annotations
 
 import re
@@ -103,13 +103,15 @@ def test_generate_prints_text_and_usage_and_reuses_the_cache(capsys, torch_threa
     assert 1 <= o1 <= 3 and 1 <= o2 <= 3
 
 
-def test_plan_delegates_to_the_planner(capsys):
+def test_plan_prints_the_planners_table(capsys):
     assert main(["plan", "default", "--memory-gb", "1", "--context", "2048"]) == 0
-    assert capsys.readouterr().out.strip()
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split()[:2] == ["model", "KV/token"] and len(lines) == 3
+    assert "22.5 KiB" in lines[2] and "1 GiB" in lines[2]       # SmolLM2-135M at 2 bytes
 
 
 @pytest.mark.parametrize("command, flag", [("plan", "--memory-gb"), ("bench", "--quick")])
-def test_help_of_delegated_commands_is_their_own(command, flag, capsys):
+def test_help_of_plan_and_bench_lists_their_own_flags(command, flag, capsys):
     with pytest.raises(SystemExit) as exit_info:
         main([command, "--help"])
     assert exit_info.value.code == 0

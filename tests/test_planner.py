@@ -1,7 +1,8 @@
 """KV capacity planner: the reference figures and the CLI table."""
 import pytest
 
-from radixgate.runtime.model.planner import GiB, KiB, PRESETS, format_plan_table, plan, planner_main
+from radixgate.gateway.cli import main as radixgate_main
+from radixgate.runtime.model.planner import GiB, KiB, PRESETS, format_plan_table, plan
 
 GB = 10**9
 
@@ -42,7 +43,7 @@ def test_loaded_config_and_default_file_match_the_smollm2_preset(tiny_model):
 def test_unknown_model_name_is_an_error():
     with pytest.raises(ValueError, match="not a preset"):
         plan("gpt-17", 1, 1)
-    assert planner_main(["gpt-17"]) == 2
+    assert radixgate_main(["plan", "gpt-17"]) == 2
 
 
 def test_table_lists_each_model_with_its_figures(capsys):
@@ -50,7 +51,7 @@ def test_table_lists_each_model_with_its_figures(capsys):
     lines = table.splitlines()
     assert len(lines) == 4 and lines[2].startswith("llama-2-7b") and "512 KiB" in lines[2]
     assert "195.3 GiB" in lines[2] and "128 KiB" in lines[3]
-    assert planner_main(["llama-2-7b", "--memory-gb", "4", "--context", "8192"]) == 0
+    assert radixgate_main(["plan", "llama-2-7b", "--memory-gb", "4", "--context", "8192"]) == 0
     out = capsys.readouterr().out
     assert "4 GiB" in out and "8,192" in out
 
@@ -60,6 +61,6 @@ def test_kv_dtype_rows_count_the_8_bit_scales(capsys):
     eight_bit = plan("smollm2-135m", 4, 8192, kv_dtype="fp8")
     assert eight_bit.bytes_per_token == 2 * 30 * 3 * (64 + 2) and eight_bit.kv_dtype == "fp8"
     assert eight_bit.max_tokens >= 3.5 * plan("smollm2-135m", 4, 8192, kv_dtype="float32").max_tokens
-    assert planner_main(["smollm2-135m", "--memory-gb", "4", "--kv-dtype", "all"]) == 0
+    assert radixgate_main(["plan", "smollm2-135m", "--memory-gb", "4", "--kv-dtype", "all"]) == 0
     rows = capsys.readouterr().out.splitlines()[2:]
     assert [r.split()[1] for r in rows] == ["(float32)", "(bfloat16)", "(float16)", "(int8)", "(fp8)"]

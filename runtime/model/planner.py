@@ -2,12 +2,11 @@
 memory budget, for a model config (loaded or read from a file) or a named preset.
 Bytes per token are radix_cache/kv_dtypes.py's formula (the 8-bit KV dtypes' scales included).
 Units are binary (KiB = 1024 B, GiB = 2**30 B), so Llama 2 7B at fp16 is 512 KiB/token and
-8,192 tokens take 4 GiB. No torch import: the CLI can plan without loading a model.
+8,192 tokens take 4 GiB. No torch import: ``radixgate plan`` (gateway/cli.py) plans
+without loading a model.
 """
 from __future__ import annotations
 
-import argparse
-import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -124,40 +123,3 @@ def format_plan_table(plans: list[Plan], conversations: int | None = None) -> st
                        for i, (cell, w) in enumerate(zip(r, widths))) for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
-
-
-def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
-    parser = parser or argparse.ArgumentParser(prog="radixgate plan", description=__doc__.split("\n\n")[0].replace("\n", " "))
-    parser.add_argument("models", nargs="*", default=None,
-                        help="preset names, GGUF files or HF dirs ('default' = SmolLM2); "
-                             "default: every preset")
-    parser.add_argument("--memory-gb", type=float, default=80.0, help="KV budget in GiB (default 80)")
-    parser.add_argument("--context", type=int, default=8192, help="tokens per conversation (default 8192)")
-    parser.add_argument("--conversations", type=int, default=None,
-                        help="also show the memory this many conversations need")
-    parser.add_argument("--dtype-bytes", type=int, default=2, help="bytes per number (2 = fp16/bf16)")
-    parser.add_argument("--kv-dtype", choices=[*KV_DTYPE_BYTES, "all"], default=None,
-                        help="plan for this [cache] kv_dtype (8-bit ones with their scales; "
-                             "'all': one row per dtype); replaces --dtype-bytes")
-    return parser
-
-
-def planner_main(argv: list[str] | None = None) -> int:
-    """``radixgate plan`` entry point; prints the table, returns the exit code."""
-    args = build_parser().parse_args(argv)
-    names = args.models or list(PRESETS)
-    dtypes = list(KV_DTYPE_BYTES) if args.kv_dtype == "all" else [args.kv_dtype]
-    try:
-        plans = [plan(n, args.memory_gb, args.context, args.dtype_bytes, d)
-                 for n in names for d in dtypes]
-    except ValueError as exc:
-        print(f"radixgate plan: {exc}", file=sys.stderr)
-        return 2
-    print(format_plan_table(plans, args.conversations))
-    return 0
-
-
-main = planner_main   # gateway/cli.py delegates ``radixgate plan ARGS`` to ``module.main(argv)``
-
-if __name__ == "__main__":
-    raise SystemExit(planner_main())
