@@ -6,7 +6,10 @@ work: two long prompts that evict each other through a small memory, and the fir
 (spilled by the writer thread, loaded back by the loader thread; the tier-off server
 recomputes). Then ``runs`` 200-token answers to a short prompt, one at a time. Servers are
 interleaved (off, on, on, off, ...) so a drift of the machine's speed hits both; the figure
-is the ratio of median decode tok/s, tier on / tier off, per repetition.
+is the ratio of median decode tok/s, tier on / tier off, per repetition. Each server's
+thread switches (the governor's: one torch thread while other processes keep a core busy)
+are listed beside its figures: a run with a switch measured the machine's load, not the
+tier.
 
 Run: ``python -m benchmarks.kv_tier_bench`` (section "decode"), or alone with
 ``python -m benchmarks.tier_decode`` (``--quick``: one repetition of 2 runs).
@@ -61,9 +64,13 @@ def run_server(tier: bool, runs: int) -> dict:
         extra = ("--kv-disk-dir", folder, "--kv-disk-gb", str(DISK_GB)) if tier else ()
         server = ServerProcess(bench_spec(extra, kv_cache_gb=KV_CACHE_GB)).start()
         try:
-            return asyncio.run(measure(server.base_url, runs))
+            figures = asyncio.run(measure(server.base_url, runs))
         finally:
             server.stop()
+        log = (server.workdir / "server.log").read_text(errors="replace")
+        figures["thread_switches"] = [line.split("radixgate.runtime.", 1)[-1] for line in
+                                      log.splitlines() if "engine torch threads" in line]
+        return figures
 
 
 def run(quick: bool = False) -> dict:
