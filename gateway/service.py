@@ -15,8 +15,10 @@ from aiohttp import web
 from radixgate.gateway.auth import Principal, namespace_for
 from radixgate.gateway.errors import ApiError, Kind, from_engine
 from radixgate.gateway.http_util import ACCESS
-from radixgate.gateway.prepare import render_bounded, room_for_prompt
-from radixgate.gateway.render import RenderedPrompt
+from radixgate.gateway.prepare import (check_length_bound, conversation_texts, render_bounded,
+                                       room_for_prompt, run_abandonable)
+from radixgate.gateway.render import (Conversation, RenderBudget, RenderedPrompt,
+                                      render_continuation)
 from radixgate.gateway.state import GatewayState
 from radixgate.runtime.engine.stop import compile_stops, stop_problem
 from radixgate.runtime.engine.api import (Breakpoint, Finished, FinishReason, Request, SamplingParams,
@@ -104,6 +106,23 @@ async def render_request(state: GatewayState, principal: Principal, converted,
                                 reserved=reserved, timeout_s=state.config.server.request_timeout_s,
                                 on_template_render=state.metrics.template_renders.labels(
                                     principal.tenant).inc)
+
+
+async def render_continuation_request(state: GatewayState, principal: Principal,
+                                      conversation: Conversation, base: list[int],
+                                      roles, reserved: int) -> RenderedPrompt:
+    """A stored turn's exact ids ``base`` then ``conversation``'s new messages
+    (``render.render_continuation``), within the context window like ``render_request``."""
+    engine = state.require_engine()
+    room = room_for_prompt(engine.max_model_len, reserved)
+    check_length_bound(conversation_texts(conversation), state.tokenizer, room - len(base),
+                       reserved)
+    on_render = state.metrics.template_renders.labels(principal.tenant).inc
+    return await run_abandonable(
+        lambda cancelled: render_continuation(
+            state.tokenizer, base, roles, conversation,
+            RenderBudget(max_tokens=room, cancelled=cancelled, on_template_render=on_render)),
+        timeout_s=state.config.server.request_timeout_s, room=room, reserved=reserved)
 
 
 async def engine_request(state: GatewayState, principal: Principal, request_id: str,

@@ -12,15 +12,13 @@ import json
 
 from aiohttp import web
 
-from radixgate.gateway.streaming import Frame, admitted_body, stream_answer
 from radixgate.gateway.anthropic.convert import convert_messages_request
+from radixgate.gateway.anthropic.schemas import CountTokensRequest, MessagesRequest
 from radixgate.gateway.errors import Api, ApiError
 from radixgate.gateway.http_util import request_id_of
+from radixgate.gateway.pipeline import Ask, admit, prompt_tokens
 from radixgate.gateway.prompt_parts import ConvertedPrompt
-from radixgate.gateway.anthropic.schemas import CountTokensRequest, MessagesRequest
-from radixgate.gateway.service import (Generation, answer_tokens, engine_request,
-                                       render_request, reserved_for, sampling_params)
-from radixgate.gateway.structured import compile_constraint
+from radixgate.gateway.streaming import Frame, admitted_body, stream_answer
 from radixgate.gateway.output import AnswerReader, answer_items
 from radixgate.runtime.engine.api import Finished, FinishReason, Usage
 
@@ -35,25 +33,18 @@ def add_routes(app: web.Application) -> None:
 
 async def count_tokens(request: web.Request) -> web.Response:
     async with admitted_body(request, CountTokensRequest) as (state, principal, body):
-        rendered = await render_request(state, principal, convert_messages_request(body),
-                                        reserved=0)
-    return web.json_response({"input_tokens": len(rendered.tokens)})
+        tokens = await prompt_tokens(state, principal, convert_messages_request(body))
+    return web.json_response({"input_tokens": len(tokens)})
+
+
+def _ask(state, principal, body: MessagesRequest) -> Ask:
+    return Ask("anthropic", body, convert_messages_request(body), max_tokens=body.max_tokens,
+               stop=body.stop_sequences, cache_salt=body.cache_salt)
 
 
 async def messages(request: web.Request) -> web.StreamResponse:
-    async with admitted_body(request, MessagesRequest) as (state, principal, body):
-        state.require_engine()
-        converted = convert_messages_request(body)
-        grammar = await compile_constraint(state, principal.tenant, converted.constraint)
-        rendered = await render_request(state, principal, converted,
-                                         reserved=reserved_for(state, body.max_tokens))
-        sampling = sampling_params(body, max_tokens=answer_tokens(state, body.max_tokens,
-                                                                  len(rendered.tokens)),
-                                   stop=body.stop_sequences)
-        engine_req = await engine_request(state, principal, request_id_of(request),
-                                          rendered.tokens, rendered.breakpoints, sampling,
-                                          body.cache_salt, grammar)
-    generation = Generation(state, request, principal, "anthropic", engine_req)
+    admitted = await admit(request, MessagesRequest, _ask)
+    body, converted, generation = admitted.body, admitted.ask.converted, admitted.generation
     message_id = "msg_" + request_id_of(request).removeprefix("req_")
     if body.stream:
         return await stream_answer(request, generation,

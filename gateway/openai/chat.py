@@ -14,17 +14,14 @@ import time
 from aiohttp import web
 
 from radixgate.gateway.openai.convert import convert_chat_request
-from radixgate.gateway.streaming import Frame, admitted_body, stream_answer, stream_choices
-from radixgate.gateway.openai.choices import (choice_id, choice_sampling, openai_usage, results,
-                                       shared_prompt_usage)
+from radixgate.gateway.openai.choices import openai_usage, results, shared_prompt_usage
 from radixgate.gateway.errors import Api, ApiError, Kind
 from radixgate.gateway.openai.logprobs import chat_content, chat_logprobs, chat_logprobs_asked
 from radixgate.gateway.http_util import request_id_of
-from radixgate.gateway.prompt_parts import ConvertedPrompt
 from radixgate.gateway.openai.schemas import ChatCompletionRequest
-from radixgate.gateway.service import (Generation, answer_tokens, engine_request,
-                                       render_request, reserved_for, sampling_params)
-from radixgate.gateway.structured import compile_constraint
+from radixgate.gateway.pipeline import Ask, admit
+from radixgate.gateway.prompt_parts import ConvertedPrompt
+from radixgate.gateway.streaming import Frame, stream_answer, stream_choices
 from radixgate.gateway.output import AnswerReader, answer_items
 from radixgate.runtime.engine.api import Finished, FinishReason, Usage
 
@@ -48,26 +45,19 @@ def usage_body(usage: Usage) -> dict:
     return openai_usage(usage.prompt_tokens, usage.cache_read_tokens, usage.output_tokens)
 
 
+def _ask(state, principal, body: ChatCompletionRequest) -> Ask:
+    reject_unsupported(body)
+    return Ask("openai", body, convert_chat_request(body),
+               max_tokens=body.max_completion_tokens or body.max_tokens, stop=body.stop,
+               n=body.n, logprobs=chat_logprobs_asked(body.logprobs, body.top_logprobs),
+               cache_salt=body.cache_salt, routing_hint=body.prompt_cache_key)
+
+
 async def chat_completions(request: web.Request) -> web.StreamResponse:
-    async with admitted_body(request, ChatCompletionRequest) as (state, principal, body):
-        reject_unsupported(body)
-        state.require_engine()
-        converted = convert_chat_request(body)
-        grammar = await compile_constraint(state, principal.tenant, converted.constraint)
-        asked = body.max_completion_tokens or body.max_tokens
-        rendered = await render_request(state, principal, converted,
-                                         reserved=reserved_for(state, asked))
-        max_tokens = answer_tokens(state, asked, len(rendered.tokens))
-        asked_logprobs = chat_logprobs_asked(body.logprobs, body.top_logprobs)
-        sampling = sampling_params(body, max_tokens=max_tokens, stop=body.stop,
-                                   logprobs=asked_logprobs)
-        engine_reqs = [await engine_request(state, principal, choice_id(request, i, body.n),
-                                            rendered.tokens, rendered.breakpoints,
-                                            choice_sampling(sampling, i), body.cache_salt,
-                                            grammar, routing_hint=body.prompt_cache_key)
-                       for i in range(body.n)]
-    token_bytes = state.tokenizer.token_to_bytes if asked_logprobs is not None else None
-    generations = [Generation(state, request, principal, "openai", r) for r in engine_reqs]
+    admitted = await admit(request, ChatCompletionRequest, _ask)
+    state, body, converted = admitted.state, admitted.body, admitted.ask.converted
+    generations = admitted.generations
+    token_bytes = state.tokenizer.token_to_bytes if admitted.ask.logprobs is not None else None
     completion_id = "chatcmpl-" + request_id_of(request).removeprefix("req_")
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     if body.stream:

@@ -1,6 +1,7 @@
 """Several choices in one OpenAI request: ``n`` per prompt and batched prompts.
 
-Each choice is its own engine request. The ``n`` choices of one prompt share its KV
+Each choice is its own engine request (gateway/pipeline.py: ``choice_id``,
+``choice_sampling``). The ``n`` choices of one prompt share its KV
 through the radix tree: the first prefills it, the others wait for that prefill (the
 scheduler holds a request whose prompt a running prefill covers) and then read it from the
 cache, computing only the last prompt token. Usage counts each prompt once, as OpenAI does.
@@ -9,26 +10,9 @@ Seeded choices use ``seed + i``, so they differ from each other and stay reprodu
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 from typing import Sequence
 
-from aiohttp import web
-
-from radixgate.gateway.http_util import request_id_of
-from radixgate.gateway.service import SEED_MODULUS
-from radixgate.runtime.engine.api import Finished, SamplingParams
-
-
-def choice_id(request: web.Request, index: int, count: int) -> str:
-    """The engine request id of choice ``index`` of ``count`` (the request's own when one)."""
-    own = request_id_of(request)
-    return own if count == 1 else f"{own}-{index}"
-
-
-def choice_sampling(sampling: SamplingParams, index: int) -> SamplingParams:
-    if index == 0 or sampling.seed is None:
-        return sampling
-    return dataclasses.replace(sampling, seed=(sampling.seed + index) % SEED_MODULUS)
+from radixgate.runtime.engine.api import Finished
 
 
 async def results(generations: Sequence) -> list[Finished]:

@@ -5,23 +5,20 @@ order, index ``prompt * n + j``), ``echo`` (the prompt's text before each choice
 """
 from __future__ import annotations
 
-import asyncio
 import time
 
 from aiohttp import web
 
-from radixgate.gateway.streaming import Frame, admitted_body, stream_answer, stream_choices
-from radixgate.gateway.openai.choices import batched_usage, choice_id, choice_sampling, results
 from radixgate.gateway.errors import ApiError, Kind
 from radixgate.gateway.http_util import request_id_of
-from radixgate.gateway.openai.logprobs import completion_logprobs
 from radixgate.gateway.openai.chat import (FINISH_REASONS, error_and_done, reject_unsupported,
-                                          usage_and_done, usage_body)
-from radixgate.gateway.prepare import check_length_bound, room_for_prompt, too_long
+                                           usage_and_done, usage_body)
+from radixgate.gateway.openai.choices import batched_usage, results
+from radixgate.gateway.openai.logprobs import completion_logprobs
 from radixgate.gateway.openai.schemas import CompletionRequest
-from radixgate.gateway.service import (Generation, answer_tokens, engine_request, reserved_for,
-                                       sampling_params)
-from radixgate.gateway.structured import compile_constraint
+from radixgate.gateway.pipeline import Ask, admit
+from radixgate.gateway.prepare import check_length_bound, too_long
+from radixgate.gateway.streaming import Frame, stream_answer, stream_choices
 from radixgate.gateway.structured_fields import openai_constraint
 from radixgate.runtime.engine.api import Finished
 
@@ -32,29 +29,26 @@ def add_routes(app: web.Application) -> None:
     app.router.add_post("/v1/completions", completions)
 
 
+def _ask(state, principal, body: CompletionRequest) -> Ask:
+    reject_unsupported(body)
+    _check_options(body)
+
+    def tokenize(room: int, reserved: int) -> list[list[int]]:
+        return _prompt_token_lists(state, body, room, reserved)
+
+    return Ask("openai", body, constraint=openai_constraint(body), tokenize=tokenize,
+               max_tokens=body.max_tokens or 16, stop=body.stop, n=body.n,
+               logprobs=body.logprobs, prompt_logprobs=body.logprobs if body.echo else None,
+               cache_salt=body.cache_salt)
+
+
 async def completions(request: web.Request) -> web.StreamResponse:
-    async with admitted_body(request, CompletionRequest) as (state, principal, body):
-        reject_unsupported(body)
-        _check_options(body)
-        engine = state.require_engine()
-        grammar = await compile_constraint(state, principal.tenant, openai_constraint(body))
-        asked = body.max_tokens or 16
-        reserved = reserved_for(state, asked)
-        room = room_for_prompt(engine.max_model_len, reserved)
-        prompts = await asyncio.to_thread(_prompt_token_lists, state, body, room, reserved)
-        engine_reqs = []
-        for p, tokens in enumerate(prompts):
-            sampling = sampling_params(
-                body, max_tokens=answer_tokens(state, asked, len(tokens)), stop=body.stop,
-                logprobs=body.logprobs, prompt_logprobs=body.logprobs if body.echo else None)
-            for j in range(body.n):
-                engine_reqs.append(await engine_request(
-                    state, principal, choice_id(request, p * body.n + j, len(prompts) * body.n),
-                    tokens, (), choice_sampling(sampling, j), body.cache_salt, grammar))
+    admitted = await admit(request, CompletionRequest, _ask)
+    state, body, generations = admitted.state, admitted.body, admitted.generations
+    prompts = [prompt.tokens for prompt in admitted.prompts]
     prompt_echoes = [_echo_text(state, body, tokens) for tokens in prompts]   # once a prompt
     echoes = [echo for echo in prompt_echoes for _ in range(body.n)]
     token_bytes = state.tokenizer.token_to_bytes if body.logprobs is not None else None
-    generations = [Generation(state, request, principal, "openai", r) for r in engine_reqs]
     completion_id = "cmpl-" + request_id_of(request).removeprefix("req_")
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     if body.stream:

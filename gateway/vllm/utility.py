@@ -18,7 +18,7 @@ from radixgate.gateway.streaming import admitted_body
 from radixgate.gateway.openai.convert import convert_chat_request
 from radixgate.gateway.errors import ApiError, Kind
 from radixgate.gateway.openai.schemas import ChatCompletionRequest, ChatMessageIn
-from radixgate.gateway.service import render_request
+from radixgate.gateway.pipeline import prompt_tokens
 
 PATHS = ("/tokenize", "/detokenize")
 
@@ -67,8 +67,7 @@ async def _chat_tokens(state, principal, body: TokenizeRequest) -> list[int]:
                        "chat template is rendered as /v1/chat/completions renders it",
                        param="add_generation_prompt")
     chat = ChatCompletionRequest(model=body.model, messages=body.messages)
-    rendered = await render_request(state, principal, convert_chat_request(chat), reserved=0)
-    return rendered.tokens
+    return await prompt_tokens(state, principal, convert_chat_request(chat))
 
 
 async def detokenize(request: web.Request) -> web.Response:

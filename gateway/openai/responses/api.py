@@ -1,9 +1,8 @@
 """POST /v1/responses, GET and DELETE /v1/responses/{id} (OpenAI Responses API).
 
-The request becomes the equivalent chat conversation (gateway/openai/responses/convert.py) and
-runs through the same path as chat completions: rate limit and preparing slot
-(``admitted_body``), render, ``engine_request`` (tenant, namespace, ``cache_salt``),
-``Generation``. Tool calls in the output become ``function_call`` items.
+The request becomes the equivalent chat conversation (openai/responses/convert.py) and runs
+through the one handler pipeline (gateway/pipeline.py) like chat completions. Tool calls in
+the output become ``function_call`` items.
 
 Stored responses (``store``, default true) live in memory per tenant (store.py:
 1 h TTL, LRU-bounded); ``previous_response_id`` continues from the stored turn's token
@@ -24,24 +23,19 @@ import time
 
 from aiohttp import web
 
-from radixgate.gateway.streaming import Frame, admitted_body, stream_answer
-from radixgate.gateway.openai.responses.convert import (ResponsesTurn, continuation_base,
-                                                 convert_continuation, convert_first_turn,
-                                                 stored_tokens, tools_body)
-from radixgate.gateway.render import render_continuation
 from radixgate.gateway.errors import ApiError, Kind
-from radixgate.gateway.http_util import principal_of, request_id_of
-from radixgate.gateway.prepare import (check_length_bound, conversation_texts,
-                                       room_for_prompt, run_abandonable)
-from radixgate.gateway.render import RenderBudget, RenderedPrompt
-from radixgate.gateway.openai.responses.store import ResponseStore, StoredTurn
+from radixgate.gateway.http_util import principal_of
+from radixgate.gateway.openai.responses.convert import (ResponsesTurn, continuation_base,
+                                                        convert_continuation,
+                                                        convert_first_turn, stored_tokens,
+                                                        tools_body)
 from radixgate.gateway.openai.responses.schemas import NamedFunctionChoice, ResponsesRequest
-from radixgate.gateway.service import (Generation, answer_tokens, engine_request,
-                                       render_request, reserved_for, sampling_params)
-from radixgate.gateway.structured import compile_constraint
+from radixgate.gateway.openai.responses.store import ResponseStore, StoredTurn
 from radixgate.gateway.output import AnswerReader, answer_items
+from radixgate.gateway.pipeline import Ask, Continuation, admit
+from radixgate.gateway.streaming import Frame, stream_answer
 from radixgate.gateway.tools import ToolCall
-from radixgate.runtime.engine.api import Breakpoint, Finished, FinishReason, TextDelta, Usage
+from radixgate.runtime.engine.api import Finished, FinishReason, TextDelta, Usage
 
 STORE = web.AppKey("response_store", ResponseStore)
 RETENTION_PIN_TTL_S = 3600.0       # "24h" without a disk tier: a 1 h breakpoint
@@ -82,56 +76,34 @@ def _previous(store: ResponseStore, tenant: str, response_id: str | None) -> Sto
     return stored
 
 
-async def _render_continuation(state, principal, stored: StoredTurn, turn: ResponsesTurn,
-                               reserved: int) -> RenderedPrompt:
-    """The continuation's prompt within the context window, in a worker thread that stops
-    when the handler goes (like ``render_request``)."""
-    engine = state.require_engine()
-    room = room_for_prompt(engine.max_model_len, reserved)
-    conversation = turn.converted.conversation
-    base = continuation_base(stored, state.tokenizer.eos_token_ids)
-    check_length_bound(conversation_texts(conversation), state.tokenizer, room - len(base),
-                       reserved)
-    on_render = state.metrics.template_renders.labels(principal.tenant).inc
-    return await run_abandonable(
-        lambda cancelled: render_continuation(
-            state.tokenizer, base, stored.roles, conversation,
-            RenderBudget(max_tokens=room, cancelled=cancelled, on_template_render=on_render)),
-        timeout_s=state.config.server.request_timeout_s, room=room, reserved=reserved)
+def _retention_s(state, body: ResponsesRequest) -> float | None:
+    """``prompt_cache_retention: "24h"``: how long the whole prompt is pinned."""
+    if body.prompt_cache_retention != "24h":
+        return None
+    return DISK_RETENTION_TTL_S if state.config.cache.disk_dir else RETENTION_PIN_TTL_S
 
 
-def _retention_pin(state, body: ResponsesRequest,
-                   rendered: RenderedPrompt) -> tuple[Breakpoint, ...]:
-    end = len(rendered.tokens)
-    if body.prompt_cache_retention != "24h" or any(b.offset == end for b in rendered.breakpoints):
-        return rendered.breakpoints
-    ttl_s = DISK_RETENTION_TTL_S if state.config.cache.disk_dir else RETENTION_PIN_TTL_S
-    return rendered.breakpoints + (Breakpoint(end, ttl_s),)
+def _asker(store: ResponseStore):
+    def ask(state, principal, body: ResponsesRequest) -> Ask:
+        _reject_unsupported(body)
+        stored = _previous(store, principal.tenant, body.previous_response_id)
+        turn = convert_continuation(body, stored) if stored else convert_first_turn(body)
+        salt = body.cache_salt if body.cache_salt is not None or stored is None else (
+            stored.cache_salt)
+        continuation = None if stored is None else Continuation(
+            continuation_base(stored, state.tokenizer.eos_token_ids), stored.roles)
+        return Ask("responses", body, turn.converted, continuation=continuation,
+                   max_tokens=body.max_output_tokens, cache_salt=salt,
+                   routing_hint=body.prompt_cache_key, pin_prompt_s=_retention_s(state, body),
+                   note=turn)
+    return ask
 
 
 async def create_response(request: web.Request) -> web.StreamResponse:
     store = request.app[STORE]
-    async with admitted_body(request, ResponsesRequest) as (state, principal, body):
-        _reject_unsupported(body)
-        state.require_engine()
-        stored = _previous(store, principal.tenant, body.previous_response_id)
-        turn = convert_continuation(body, stored) if stored else convert_first_turn(body)
-        asked = body.max_output_tokens
-        reserved = reserved_for(state, asked)
-        if stored is None:
-            rendered = await render_request(state, principal, turn.converted, reserved=reserved)
-        else:
-            rendered = await _render_continuation(state, principal, stored, turn, reserved)
-        max_tokens = answer_tokens(state, asked, len(rendered.tokens))
-        sampling = sampling_params(body, max_tokens=max_tokens, stop=None)
-        grammar = await compile_constraint(state, principal.tenant, turn.converted.constraint)
-        salt = body.cache_salt if body.cache_salt is not None or stored is None else (
-            stored.cache_salt)
-        engine_req = await engine_request(state, principal, request_id_of(request),
-                                          rendered.tokens, _retention_pin(state, body, rendered),
-                                          sampling, salt, grammar,
-                                          routing_hint=body.prompt_cache_key)
-    generation = Generation(state, request, principal, "responses", engine_req)
+    admitted = await admit(request, ResponsesRequest, _asker(store))
+    principal, body, generation = admitted.principal, admitted.body, admitted.generation
+    turn, salt, engine_req = admitted.ask.note, admitted.ask.cache_salt, generation.request
     builder = ResponseBuilder(body, turn)
 
     def save(finished: Finished, response_body: dict) -> None:
