@@ -25,12 +25,14 @@ import json
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 from radixgate.gateway.errors import ApiError, Kind
 from radixgate.gateway.tools import CALL_CLOSE, CALL_OPEN, ToolSpec
-from radixgate.runtime.engine.grammar import (CompiledGrammar, GrammarCompiler, GrammarError,
-                                       GrammarTooSlow, choice_grammar, json_grammar, lark_json,
-                                       lark_literal, regex_grammar)
+
+if TYPE_CHECKING:
+    from radixgate.runtime.engine.grammar import CompiledGrammar, GrammarCompiler, GrammarError
 
 CACHE_ENTRIES = 512        # compiled grammars kept (all tenants together), least recent out
 COMPILE_TIMEOUT_S = 10.0   # a compile still running then is answered with a 400
@@ -44,11 +46,21 @@ class Constraint:
     param: str
 
 
+def grammars() -> ModuleType:
+    """runtime/engine/grammar.py, imported at the first constrained request: it loads
+    llguidance, which a server that never sees a constraint never needs
+    (tests/test_structured_api.py checks that importing the app does not load it)."""
+    from radixgate.runtime.engine import grammar
+    return grammar
+
+
 def constraint(param: str, build, *args) -> Constraint:
-    """``build(*args)`` as a Constraint; a GrammarError becomes a 400 naming ``param``."""
+    """``build(grammars())(*args)`` as a Constraint (``build`` picks the builder from the
+    grammar module); a GrammarError becomes a 400 naming ``param``."""
+    g = grammars()
     try:
-        return Constraint(build(*args), param)
-    except GrammarError as exc:
+        return Constraint(build(g)(*args), param)
+    except g.GrammarError as exc:
         raise ApiError(Kind.BAD_REQUEST, f"{param}: {exc}", param=param) from None
 
 
@@ -59,19 +71,19 @@ def json_schema(param: str, schema) -> Constraint:
         except ValueError:
             raise ApiError(Kind.BAD_REQUEST, f"{param}: the schema is not valid JSON",
                            param=param) from None
-    return constraint(param, json_grammar, schema)
+    return constraint(param, lambda g: g.json_grammar, schema)
 
 
 def json_object(param: str) -> Constraint:
-    return constraint(param, json_grammar, {"type": "object"})
+    return constraint(param, lambda g: g.json_grammar, {"type": "object"})
 
 
 def regex(param: str, pattern: str) -> Constraint:
-    return constraint(param, regex_grammar, pattern)
+    return constraint(param, lambda g: g.regex_grammar, pattern)
 
 
 def choice(param: str, choices: list[str]) -> Constraint:
-    return constraint(param, choice_grammar, choices)
+    return constraint(param, lambda g: g.choice_grammar, choices)
 
 
 def lark(param: str, text: str) -> Constraint:
@@ -93,14 +105,14 @@ def tool_calls(param: str, tools: list[ToolSpec], forced: str | None,
     """The grammar of the text after ``forced_call_prefill(forced)``: the rest of one call
     (to ``forced``, or to any of ``tools`` when None), then, when ``parallel``, more calls
     (to the same tool when one is forced), each after a newline."""
-    return constraint(param, _forced_calls_source, tools, forced, parallel)
+    return constraint(param, lambda g: _forced_calls_source, tools, forced, parallel)
 
 
 def strict_tool_calls(param: str, tools: list[ToolSpec], strict: set[str],
                       parallel: bool) -> Constraint:
     """``tool_choice`` auto with strict tools: free text (without ``<tool_call>``), or text
     then calls; a strict tool's arguments match its schema, another's are any object."""
-    return constraint(param, _auto_calls_source, tools, strict, parallel)
+    return constraint(param, lambda g: _auto_calls_source, tools, strict, parallel)
 
 
 def format_or_calls(fmt: Constraint, tools: list[ToolSpec], strict: set[str],
@@ -123,6 +135,14 @@ def auto_tool_constraint(fmt: Constraint | None, tools: list[ToolSpec], strict: 
     return fmt
 
 
+def _literal(text: str) -> str:
+    return grammars().lark_literal(text)
+
+
+def _lark_json(schema: dict | bool) -> str:
+    return grammars().lark_json(schema)
+
+
 NAME_OPEN = CALL_OPEN + '{"name": "'     # what forced_call_prefill(None) prefills
 FREE_TEXT = "/(?s:.*)/ & ~/(?s:.*" + CALL_OPEN + ".*)/"
 
@@ -136,34 +156,34 @@ def _forced_calls_source(tools: list[ToolSpec], forced: str | None, parallel: bo
 
 def _auto_calls_source(tools: list[ToolSpec], strict: set[str], parallel: bool) -> str:
     return "\n".join([
-        f"start: FREE | text {lark_literal(NAME_OPEN[len(CALL_OPEN):])} named"
+        f"start: FREE | text {_literal(NAME_OPEN[len(CALL_OPEN):])} named"
         f"{_more_calls(parallel)}",
-        f"FREE: {FREE_TEXT}", f"text[suffix={lark_literal(CALL_OPEN)}]: /(?s:.*)/",
+        f"FREE: {FREE_TEXT}", f"text[suffix={_literal(CALL_OPEN)}]: /(?s:.*)/",
         *_call_rules(tools, strict)])
 
 
 def _format_or_calls_source(answer: str, tools: list[ToolSpec], strict: set[str],
                             parallel: bool) -> str:
-    main = "\n".join([f"start: @answer | {lark_literal(NAME_OPEN)} named{_more_calls(parallel)}",
+    main = "\n".join([f"start: @answer | {_literal(NAME_OPEN)} named{_more_calls(parallel)}",
                       *_call_rules(tools, strict)])
     return json.dumps({"grammars": [{"lark_grammar": main},
                                     {"name": "answer", "lark_grammar": answer}]})
 
 
 def _more_calls(parallel: bool) -> str:
-    return f" ({lark_literal(chr(10) + NAME_OPEN)} named)*" if parallel else ""
+    return f" ({_literal(chr(10) + NAME_OPEN)} named)*" if parallel else ""
 
 
 def _call_rules(tools: list[ToolSpec], strict: set[str]) -> list[str]:
     """``named``: the rest of a call after NAME_OPEN, to one of ``tools``; arguments match
     the schema of the tools in ``strict``, any JSON object for the others."""
     after_name = '", "arguments": '
-    rules = [f"tool_{i}: {lark_literal(t.name + after_name)} args_{i} close"
+    rules = [f"tool_{i}: {_literal(t.name + after_name)} args_{i} close"
              for i, t in enumerate(tools)]
-    rules += [f"args_{i}: {lark_json(t.input_schema if t.name in strict else {'type': 'object'})}"
+    rules += [f"args_{i}: {_lark_json(t.input_schema if t.name in strict else {'type': 'object'})}"
               for i, t in enumerate(tools)]
     return ["named: " + " | ".join(f"tool_{i}" for i in range(len(tools))),
-            f"close: {lark_literal('}' + CALL_CLOSE)}", *rules]
+            f"close: {_literal('}' + CALL_CLOSE)}", *rules]
 
 
 # -- compiling, cached per tenant ----------------------------------------------------------
@@ -175,6 +195,7 @@ class GrammarCache:
         self.compiler = compiler
         self.max_entries = max_entries
         self._entries: OrderedDict[tuple[str, str], CompiledGrammar | GrammarError] = OrderedDict()
+        self._grammar = grammars()
         self._lock = threading.Lock()
         self.compiles = 0
 
@@ -188,12 +209,12 @@ class GrammarCache:
                 self._entries.move_to_end(key)
         if found is None:
             found = self._compile(source)
-            if not isinstance(found, GrammarTooSlow):
+            if not isinstance(found, self._grammar.GrammarTooSlow):
                 with self._lock:
                     self._entries[key] = found
                     while len(self._entries) > self.max_entries:
                         self._entries.popitem(last=False)
-        if isinstance(found, GrammarError):
+        if isinstance(found, self._grammar.GrammarError):
             raise found
         return found
 
@@ -201,7 +222,7 @@ class GrammarCache:
         self.compiles += 1
         try:
             return self.compiler.compile(source)
-        except GrammarError as exc:
+        except self._grammar.GrammarError as exc:
             return exc
 
 
@@ -214,7 +235,8 @@ def grammar_cache(state) -> GrammarCache:
     with _cache_lock:
         if state.grammars is None:
             engine = state.require_engine()
-            state.grammars = GrammarCache(GrammarCompiler(engine.tokenizer, vocab_size(engine)))
+            compiler = grammars().GrammarCompiler(engine.tokenizer, vocab_size(engine))
+            state.grammars = GrammarCache(compiler)
         return state.grammars
 
 
@@ -235,7 +257,7 @@ async def compile_constraint(state, tenant: str, found: Constraint | None
     try:
         return await asyncio.wait_for(asyncio.to_thread(cache.get, tenant, found.source),
                                       COMPILE_TIMEOUT_S)
-    except GrammarError as exc:
+    except grammars().GrammarError as exc:
         raise ApiError(Kind.BAD_REQUEST, f"{found.param}: {exc}", param=found.param) from None
     except asyncio.TimeoutError:
         raise ApiError(Kind.BAD_REQUEST, f"{found.param}: the grammar took more than "
