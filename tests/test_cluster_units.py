@@ -100,3 +100,35 @@ def test_replicas_and_kv_events_come_from_flags_and_the_config_file():
 def test_bad_cluster_settings_are_config_errors(raw, problem):
     with pytest.raises(ConfigError, match=problem):
         config_from_dict(raw)
+
+
+RAY_FREE = ("radixgate.cluster", "radixgate.cluster.client", "radixgate.cluster.serve_app",
+            "radixgate.cluster.replica", "radixgate.cluster.policy",
+            "radixgate.cluster.admission", "radixgate.gateway.scaleout")
+
+
+def test_the_cluster_package_imports_ray_only_in_serve_router():
+    """What cluster/__init__.py says: importing the package and its modules never imports
+    Ray, except serve_router.py (which subclasses Serve's router at its top), which no
+    module of the package imports (Serve loads it by serve_app.ROUTER_CLASS)."""
+    import ast
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    probe = "import sys\n" + "".join(f"import {m}\n" for m in RAY_FREE) + (
+        "print(sorted(m for m in sys.modules if m == 'ray' or m.startswith('ray.')))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+    folder = Path(__file__).resolve().parent.parent / "cluster"
+    importers = [p.name for p in folder.glob("*.py") for node in ast.walk(ast.parse(p.read_text()))
+                 if isinstance(node, ast.ImportFrom) and "serve_router" in (
+                     (node.module or "") + "".join(a.name for a in node.names))]
+    assert importers == []
+    from radixgate.cluster.serve_app import ROUTER_CLASS
+    assert ROUTER_CLASS == "radixgate.cluster.serve_router:RadixPrefixRouter"
+    router_top = ast.parse((folder / "serve_router.py").read_text()).body
+    assert any(isinstance(n, ast.ImportFrom) and (n.module or "").startswith("ray")
+               for n in router_top)
