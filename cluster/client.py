@@ -1,9 +1,9 @@
 """``ClusterEngine``: the gateway's engine when the engines are Ray Serve replicas.
 
-It offers what the gateway uses of ``runtime.engine.engine.Engine`` (``submit``, ``snapshot``,
-``request_snapshot``, ``flush``, ``pin``, ``unpin``, ``publish``, ``expect_continuation``,
-``check_integrity``, ``shutdown``, ``tokenizer``, ``max_model_len``, ``block_size``,
-``num_blocks``), so the HTTP layer is the same for one engine and for N.
+It implements ``runtime.engine.client.EngineClient``, the contract of the in-process
+``Engine`` too, so the HTTP layer is the same for one engine and for N. It runs no model:
+``model_info`` (tokenizer, name, vocabulary, context) is read from the model's config and
+tokenizer alone (``runtime.model.loader.read_model_info``).
 
 - **Routing**: every request goes through the deployment handle, whose router
   (``serve_router.py``) picks the replica. Admin commands go to every replica
@@ -28,6 +28,7 @@ import logging
 import time
 from concurrent.futures import Future
 
+from radixgate.radix_cache import PUBLIC_NAMESPACE
 from radixgate.runtime.engine.api import ErrorKind, Finished, FinishReason, Request, Usage
 
 from .admission import TenantAdmission
@@ -40,14 +41,14 @@ REPLICA_FAILED = "the engine replica serving this request failed; retry the requ
 
 
 class ClusterEngine:
-    def __init__(self, handle, loaded, engine_config, *, started_ray: bool = True):
+    def __init__(self, handle, model_info, engine_config, *, started_ray: bool = True):
         self.handle = handle
-        self.loaded = loaded
-        self.tokenizer = loaded.tokenizer
+        self.model_info = model_info
+        self.tokenizer = model_info.tokenizer
         self.config = engine_config
         self.block_size = engine_config.cache.block_size
-        self.max_model_len = min(engine_config.max_model_len or loaded.max_model_len,
-                                 loaded.max_model_len)
+        self.max_model_len = min(engine_config.max_model_len or model_info.max_model_len,
+                                 model_info.max_model_len)
         self.num_blocks = 0                  # per replica: learned from the first stats
         self.admission = TenantAdmission(engine_config, retire=self.retire_namespace)
         self.started_ray = started_ray
@@ -143,11 +144,13 @@ class ClusterEngine:
     def expect_continuation(self, namespace, tokens) -> Future:
         return self._combined("expect_continuation", max, namespace, list(tokens))
 
-    def publish(self, tokens, ttl_s: float, owner: str = "public") -> Future:
-        """Computes and pins ``tokens`` on every replica; the first failure, else the
-        first replica's Finished."""
+    def publish(self, tokens, ttl_s: float, namespace: str = PUBLIC_NAMESPACE,
+                owner: str = PUBLIC_NAMESPACE) -> Future:
+        """Computes ``tokens`` into ``namespace`` and pins them on every replica; the first
+        failure, else the first replica's Finished."""
         async def run():
-            results = [r for _, r in await self._broadcast("publish", list(tokens), ttl_s, owner)]
+            results = [r for _, r in await self._broadcast("publish", list(tokens), ttl_s,
+                                                           namespace, owner)]
             failed = [r for r in results if r.reason is FinishReason.ERROR]
             return (failed or results)[0]
         return self._future(run())

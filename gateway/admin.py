@@ -26,7 +26,6 @@ from radixgate.gateway.http_util import (parse_body, principal_of, read_body, re
                                          state_of)
 from radixgate.gateway.prompt_parts import TTL_SECONDS
 from radixgate.gateway.render import ChatMessage, Conversation, Piece, render_prompt
-from radixgate.runtime.engine.api import Breakpoint, Request, SamplingParams
 
 
 class FlushRequest(BaseModel):
@@ -141,14 +140,10 @@ async def add_prefix(request: web.Request) -> web.Response:
     if len(tokens) + 1 > engine.max_model_len:
         raise ApiError(Kind.BAD_REQUEST, f"prefix of {len(tokens)} tokens exceeds the context")
     if body.tenant is None or body.tenant == PUBLIC_NAMESPACE:
-        finished = await asyncio.wrap_future(engine.publish(tokens, ttl_s))
         namespace, owner = PUBLIC_NAMESPACE, PUBLIC_NAMESPACE
     else:
         namespace, owner = namespace_for(body.tenant, body.cache_salt), body.tenant
-        handle = engine.submit(Request(tokens, SamplingParams(max_tokens=1, temperature=0.0),
-                                       tenant=owner, namespace=namespace,
-                                       breakpoints=(Breakpoint(len(tokens), ttl_s),)))
-        finished = await handle.result()
+    finished = await asyncio.wrap_future(engine.publish(tokens, ttl_s, namespace, owner))
     if finished.error_kind is not None:
         raise ApiError(Kind.BAD_REQUEST, f"could not compute the prefix: {finished.error_message}")
     pinned = await asyncio.wrap_future(engine.pin(namespace, tokens, ttl_s, owner))

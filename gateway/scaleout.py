@@ -4,8 +4,10 @@ Builds what the replicas get (``cluster.replica.ReplicaSpec``: the model setting
 threads split between replicas, an engine config whose tenant running/queue quotas are
 off, since the gateway enforces them once for the deployment: ``cluster/admission.py``),
 holds the disk tier's folder and checks each replica's subfolder before Ray starts
-(``cluster/tier_folders.py``), starts the deployment and wraps its handle in ``cluster.client.ClusterEngine``. The
-gateway loads the model's tokenizer itself (it renders prompts).
+(``cluster/tier_folders.py``), starts the deployment and wraps its handle in
+``cluster.client.ClusterEngine``. The gateway reads only the model's tokenizer and config
+(it renders prompts and checks their length and token ids: ``read_model_info``); the
+weights load in the replicas alone.
 """
 from __future__ import annotations
 
@@ -13,12 +15,17 @@ import dataclasses
 import logging
 import os
 
+from typing import TYPE_CHECKING
+
 from radixgate.gateway.config import GatewayConfig
+
+if TYPE_CHECKING:
+    from radixgate.cluster.client import ClusterEngine
 
 log = logging.getLogger("radixgate.gateway")
 
 
-def start_cluster_engine(config: GatewayConfig, gateway_engine):
+def start_cluster_engine(config: GatewayConfig, gateway_engine) -> ClusterEngine:
     """``gateway_engine``: the EngineConfig one engine would get (``state.engine_config``)."""
     from radixgate.cluster.client import ClusterEngine
     from radixgate.cluster.policy import RoutingParams
@@ -26,7 +33,7 @@ def start_cluster_engine(config: GatewayConfig, gateway_engine):
     from radixgate.cluster.serve_app import ClusterSettings, start_cluster
     from radixgate.cluster.tier_folders import prepare_deployment_folder
     from radixgate.runtime.engine.engine_config import TenantQuota
-    from radixgate.runtime.model.loader import load_model
+    from radixgate.runtime.model.loader import read_model_info
     c = config.cluster
     slots = replica_slots(config)
     prepare_deployment_folder(config.cache, slots)     # before Ray: a clear error, no loop
@@ -46,13 +53,12 @@ def start_cluster_engine(config: GatewayConfig, gateway_engine):
         max_replicas=c.max_replicas, num_cpus=c.num_cpus or None,
         routing=RoutingParams(balance_abs=c.balance_abs, balance_rel=c.balance_rel,
                               load_tokens=c.load_tokens, routed_ttl_s=c.routed_ttl_s))
-    loaded = load_model(config.model.path, tiny=config.model.tiny,
-                        max_model_len=config.model.max_model_len,
-                        weights_dtype=config.model.weights_dtype)
+    model_info = read_model_info(config.model.path, tiny=config.model.tiny,
+                                 max_model_len=config.model.max_model_len)
     handle = start_cluster(settings, spec)
     log.info("%d engine replicas on Ray Serve (%s), %d torch threads each", c.replicas,
              c.ray_address or "local cluster", spec.threads)
-    return ClusterEngine(handle, loaded, gateway_engine, started_ray=not c.ray_address)
+    return ClusterEngine(handle, model_info, gateway_engine, started_ray=not c.ray_address)
 
 
 def replica_slots(config: GatewayConfig) -> int:

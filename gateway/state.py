@@ -11,7 +11,7 @@ import gc
 import logging
 import threading
 import time
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from radixgate.gateway.auth import ADMIN_TENANT, KeyRing, RateLimiter
 from radixgate.gateway.config import GatewayConfig, ModelSettings
@@ -21,14 +21,18 @@ from radixgate.gateway.model_names import model_names
 from radixgate.gateway.prepare import PrepareGate
 from radixgate.gateway.usage_book import UsageBook
 
+if TYPE_CHECKING:       # the runtime is imported lazily: importing the gateway never loads torch
+    from radixgate.runtime.engine.client import EngineClient
+
 log = logging.getLogger("radixgate.gateway")
 DRAIN_RETRY_AFTER_S = 5.0
 
-# (config) -> Engine, started. Tests pass one that reuses a loaded model.
-EngineFactory = Callable[[GatewayConfig], object]
+# (config) -> a started engine: the in-process Engine or a ClusterEngine. Tests pass one
+# that reuses a loaded model.
+EngineFactory = Callable[[GatewayConfig], "EngineClient"]
 
 
-def default_engine_factory(config: GatewayConfig):
+def default_engine_factory(config: GatewayConfig) -> EngineClient:
     """Loads the configured model and starts an Engine sized by the config; with
     ``[cluster]`` replicas, starts them on Ray Serve instead (gateway/scaleout.py)."""
     if config.cluster.enabled:
@@ -84,7 +88,7 @@ class GatewayState:
         self.keyring = KeyRing(config)
         self.limiter = RateLimiter()
         self.book = UsageBook()
-        self.engine = None
+        self.engine: EngineClient | None = None
         self.ready = False
         self.draining = False
         self.load_error: str | None = None
@@ -107,14 +111,15 @@ class GatewayState:
             return
         finally:
             self.load_done.set()
+        info = self.engine.model_info
         if self.config.model.path != "default" and self.config.model.name == ModelSettings().name:
-            self.model_name = getattr(self.engine.loaded, "name", self.model_name)  # other model
-        self.model_names = model_names(getattr(self.engine.loaded, "path", ""))
+            self.model_name = info.name         # another model, served under its own name
+        self.model_names = model_names(info.path)
         _warm_up(self.engine.tokenizer)
         _freeze_startup_objects()
         self.ready = True
         log.info("engine ready: model %s (%s), %d KV blocks of %d tokens, context %d, in %.1f s",
-                 self.model_name, getattr(self.engine.loaded, "name", "?"), self.engine.num_blocks,
+                 self.model_name, info.name, self.engine.num_blocks,
                  self.engine.block_size, self.engine.max_model_len, time.perf_counter() - start)
 
     def shutdown(self, grace_s: float) -> None:
@@ -122,7 +127,7 @@ class GatewayState:
             self.engine.shutdown(grace_s=grace_s)
 
     # -- helpers for handlers -------------------------------------------------------------
-    def require_engine(self):
+    def require_engine(self) -> EngineClient:
         """The engine, or a 503 while loading, after a failed load or while draining."""
         if self.draining:
             raise ApiError(Kind.UNAVAILABLE, "the server is shutting down; retry on another "

@@ -235,16 +235,9 @@ def grammar_cache(state) -> GrammarCache:
     with _cache_lock:
         if state.grammars is None:
             engine = state.require_engine()
-            compiler = grammars().GrammarCompiler(engine.tokenizer, vocab_size(engine))
+            compiler = grammars().GrammarCompiler(engine.tokenizer, engine.model_info.vocab_size)
             state.grammars = GrammarCache(compiler)
         return state.grammars
-
-
-def vocab_size(engine) -> int:
-    """The logits' width: the model's vocabulary (may exceed the tokenizer's)."""
-    loaded = getattr(engine, "loaded", None)
-    config = getattr(loaded, "config", None)
-    return getattr(config, "vocab_size", None) or engine.tokenizer.vocab_size
 
 
 async def compile_constraint(state, tenant: str, found: Constraint | None

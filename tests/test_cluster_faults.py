@@ -8,6 +8,7 @@ import pytest
 
 from radixgate.runtime.engine.api import ErrorKind, Finished, FinishReason, Request, TextDelta, Usage
 from radixgate.runtime.engine.engine_config import EngineConfig, TenantQuota
+from radixgate.runtime.model.model_info import ModelInfo
 
 rex = pytest.importorskip("ray.exceptions")
 
@@ -86,14 +87,12 @@ class RoutingHandle(Handle):
         return Stream([(replica, finished(replica))], die=False)
 
 
-class Loaded:
-    tokenizer = None
-    max_model_len = 512
+MODEL = ModelInfo(tokenizer=None, name="stand-in", path="", vocab_size=64, max_model_len=512)
 
 
 def engine(streams) -> cluster_client.ClusterEngine:
     config = EngineConfig(tenant_quotas={"acme": TenantQuota(max_running=1, max_queued=0)})
-    return cluster_client.ClusterEngine(Handle(streams), Loaded(), config)
+    return cluster_client.ClusterEngine(Handle(streams), MODEL, config)
 
 
 def finished(text: str = "ok") -> Finished:
@@ -127,7 +126,7 @@ def router():
 async def test_the_retry_goes_to_another_replica_than_the_one_that_died(router):
     handle = RoutingHandle(["r1", "r2", "r3"], dying={"r1"}, router=router)
     config = EngineConfig(tenant_quotas={"acme": TenantQuota(max_running=1, max_queued=0)})
-    eng = cluster_client.ClusterEngine(handle, Loaded(), config)
+    eng = cluster_client.ClusterEngine(handle, MODEL, config)
     out = await events_of(eng, Request([1, 2, 3], tenant="acme"))
     assert out == [finished("r2")] and handle.tries == ["r1", "r2"]
     assert router.placements == {} and eng.admission.running == {}
@@ -135,7 +134,7 @@ async def test_the_retry_goes_to_another_replica_than_the_one_that_died(router):
 
 async def test_each_retry_excludes_every_replica_that_died_under_the_request(router):
     handle = RoutingHandle(["r1", "r2", "r3"], dying={"r1", "r2"}, router=router)
-    eng = cluster_client.ClusterEngine(handle, Loaded(), EngineConfig())
+    eng = cluster_client.ClusterEngine(handle, MODEL, EngineConfig())
     out = await events_of(eng, Request([1, 2, 3], tenant="acme"))
     assert out == [finished("r3")] and handle.tries == ["r1", "r2", "r3"]
 

@@ -15,6 +15,7 @@ from radixgate.cluster.client import ClusterEngine
 from radixgate.radix_cache import BlockPool, RadixTree
 from radixgate.runtime.engine.api import Breakpoint, Finished, FinishReason, Request, Usage
 from radixgate.runtime.engine.engine_config import EngineConfig, TenantQuota
+from radixgate.runtime.model.model_info import ModelInfo
 from tests.support.radix import cache
 
 REPLICAS = ("replica-a", "replica-b")
@@ -78,9 +79,7 @@ class FakeHandle:
         return target, 0
 
 
-class FakeLoaded:
-    tokenizer = None
-    max_model_len = 4096
+MODEL = ModelInfo(tokenizer=None, name="stand-in", path="", vocab_size=64, max_model_len=4096)
 
 
 @pytest.fixture
@@ -91,7 +90,7 @@ def cluster(monkeypatch):
 
     def build(**quota) -> ClusterEngine:
         config = EngineConfig(tenant_quotas={"acme": TenantQuota(**quota)})
-        engine = ClusterEngine(FakeHandle(), FakeLoaded(), config, started_ray=False)
+        engine = ClusterEngine(FakeHandle(), MODEL, config, started_ray=False)
         made.append(engine)
         return engine
     yield router, build

@@ -132,3 +132,41 @@ def test_the_cluster_package_imports_ray_only_in_serve_router():
     router_top = ast.parse((folder / "serve_router.py").read_text()).body
     assert any(isinstance(n, ast.ImportFrom) and (n.module or "").startswith("ray")
                for n in router_top)
+
+
+def test_the_cluster_gateway_reads_the_tokenizer_and_config_but_builds_no_model(monkeypatch,
+                                                                                 tmp_path):
+    """``start_cluster_engine`` gives its ClusterEngine the model's facts from the config
+    and tokenizer alone (``read_model_info``): the same facts a loaded model has, and no
+    model is built in the gateway (the replicas load the weights)."""
+    from radixgate.cluster import client, serve_app
+    from radixgate.gateway import scaleout
+    from radixgate.gateway.state import engine_config
+    from radixgate.runtime.model import loader
+    from tests.support.engine import tiny_model
+
+    built = tiny_model().info
+    config = config_from_dict({"model": {"tiny": True, "max_model_len": 512},
+                               "cluster": {"replicas": 2, "ray_address": "auto"}})
+    monkeypatch.setattr(loader, "load_model", _no_model)
+    monkeypatch.setattr(loader, "LlamaModel", _no_model)
+    monkeypatch.setattr(serve_app, "start_cluster", lambda settings, spec: "handle")
+    engine = scaleout.start_cluster_engine(config, engine_config(config))
+    assert isinstance(engine, client.ClusterEngine) and engine.handle == "handle"
+    info = engine.model_info
+    assert (info.name, info.vocab_size, info.max_model_len) == (built.name, built.vocab_size,
+                                                                512)
+    assert info.tokenizer.encode("a radix tree") == built.tokenizer.encode("a radix tree")
+    assert engine.max_model_len == 512
+
+
+def test_model_info_without_weights_matches_the_loaded_model(default_model_path):
+    from radixgate.runtime.model.loader import read_model_info
+    info = read_model_info("default", max_model_len=4096)
+    assert (info.name, info.vocab_size, info.max_model_len) == ("smollm2-135m-instruct",
+                                                                49152, 4096)
+    assert info.path == str(default_model_path)
+
+
+def _no_model(*args, **kwargs):
+    raise AssertionError("the cluster gateway built a model")

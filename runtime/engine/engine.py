@@ -48,6 +48,7 @@ class Engine:
         self.config = config
         self.core = EngineCore(loaded, config)
         self.tokenizer = loaded.tokenizer
+        self.model_info = loaded.info
         self.block_size = self.core.pool.block_size
         self.num_blocks = self.core.pool.num_blocks
         self.max_model_len = self.core.max_model_len
@@ -197,11 +198,13 @@ class Engine:
     def unpin(self, namespace: str, tokens: Sequence[int]) -> Future:
         return self._command(self.core.blocks.unpin_prefix, namespace, list(tokens))
 
-    def publish(self, tokens: Sequence[int], ttl_s: float, owner: str = PUBLIC_NAMESPACE) -> Future:
-        """Future[Finished]: computes ``tokens`` into the ``public`` namespace and pins them
-        for ``ttl_s`` (tenants with ``use_public`` then reuse them)."""
+    def publish(self, tokens: Sequence[int], ttl_s: float, namespace: str = PUBLIC_NAMESPACE,
+                owner: str = PUBLIC_NAMESPACE) -> Future:
+        """Future[Finished]: computes ``tokens`` into ``namespace`` (default ``public``:
+        tenants with ``use_public`` then reuse them) and pins them for ``ttl_s``, booked to
+        ``owner`` (the tenant whose namespace it is)."""
         request = Request(list(tokens), SamplingParams(max_tokens=1, temperature=0.0),
-                          tenant=owner, namespace=PUBLIC_NAMESPACE,
+                          tenant=owner, namespace=namespace,
                           breakpoints=(Breakpoint(len(tokens), ttl_s),))
         return self.submit_future(request)
 

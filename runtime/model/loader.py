@@ -1,5 +1,6 @@
 """``load_model``: the one entry point that turns a path (or ``"default"`` / ``tiny=True``)
-into a ``LoadedModel`` (model, tokenizer, config, name, path)."""
+into a ``LoadedModel`` (model, tokenizer, config, name, path); ``read_model_info``: the same
+path's ``ModelInfo`` (tokenizer, name, vocabulary, context) without building the model."""
 from __future__ import annotations
 
 import dataclasses
@@ -16,6 +17,7 @@ from radixgate.runtime.model.model_config import ModelConfig
 from radixgate.runtime.model.fresh_thread import run_on_fresh_thread
 from radixgate.runtime.model.linear import resolve_weights_dtype
 from radixgate.runtime.model.model import LlamaModel
+from radixgate.runtime.model.model_info import ModelInfo
 from radixgate.runtime.model.tokenizer import Tokenizer
 from radixgate.runtime.model.weights import source_kind
 
@@ -35,6 +37,11 @@ class LoadedModel:
     max_model_len: int       # min(requested, config.max_position_embeddings)
     load_s: float = 0.0
     weights_dtype: str = "float32"   # as built: float32 | bfloat16 | int8 | int4
+
+    @property
+    def info(self) -> ModelInfo:
+        return ModelInfo(self.tokenizer, self.name, self.path, self.config.vocab_size,
+                         self.max_model_len)
 
     @property
     def device(self) -> torch.device:
@@ -89,6 +96,39 @@ def _tokenizer_for(path: Path) -> Tokenizer:
     return gguf_tokenizer(path)
 
 
+def read_model_info(path: str = "default", *, tiny: bool = False,
+                    max_model_len: int | None = None) -> ModelInfo:
+    """``load_model``'s tokenizer, name, vocabulary and context for the same arguments,
+    from the config and tokenizer alone (a GGUF's header, an HF folder's JSON files): for
+    a process that renders prompts but runs no model (the gateway of Ray Serve replicas)."""
+    p = resolve_path(path)
+    if tiny:
+        tokenizer = _tokenizer_for(p)
+        from radixgate.runtime.model.tiny import tiny_config
+        config = tiny_config(tokenizer.vocab_size, tokenizer.bos_token_id,
+                             tuple(sorted(tokenizer.eos_token_ids)))
+    elif p.is_dir():
+        from radixgate.runtime.model.loader_hf import read_hf_config, tokenizer_from_hf
+        config = read_hf_config(p)
+        tokenizer = tokenizer_from_hf(p, config)
+    elif p.is_file():
+        from radixgate.runtime.model.loader_gguf import read_gguf_config
+        config, tokenizer = read_gguf_config(p), gguf_tokenizer(p)
+    else:
+        raise FileNotFoundError(f"model path {p} is neither a GGUF file nor an HF directory")
+    return ModelInfo(tokenizer, _model_name(path, p, tiny), str(p), config.vocab_size,
+                     _context(config, max_model_len))
+
+
+def _model_name(path: str, resolved: Path, tiny: bool) -> str:
+    return "tiny-random-llama" if tiny else (
+        DEFAULT_MODEL_NAME if str(path) == "default" else resolved.stem)
+
+
+def _context(config: ModelConfig, max_model_len: int | None) -> int:
+    return min(max_model_len or config.max_position_embeddings, config.max_position_embeddings)
+
+
 def _read(path: Path, tiny: bool, seed: int):
     if tiny:
         from radixgate.runtime.model.tiny import tiny_config, tiny_weights
@@ -133,8 +173,8 @@ def _load(path: str, tiny: bool, device: str | None, dtype, max_model_len: int |
     weights_dtype = resolve_weights_dtype(weights_dtype, kind, dev, dt, tiny)
     model = LlamaModel(config, weights, device=dev, dtype=dt, weights_dtype=weights_dtype)
     del weights
-    limit = min(max_model_len or config.max_position_embeddings, config.max_position_embeddings)
-    name = "tiny-random-llama" if tiny else (DEFAULT_MODEL_NAME if str(path) == "default" else p.stem)
+    limit = _context(config, max_model_len)
+    name = _model_name(path, p, tiny)
     elapsed = time.perf_counter() - start
     log.info("loaded %s (%s, %.1fM params, %s weights, %.0f MB) on %s/%s in %.2f s", name,
              config.arch, model.num_parameters() / 1e6, weights_dtype,
