@@ -173,3 +173,57 @@ def test_the_weights_identity_survives_a_move_and_a_touch_but_not_other_weights(
             out.seek(offset)
             out.write(bytes([byte[0] ^ 0xFF]))
         assert weights_identity(str(changed)) != original
+
+
+def native_threads() -> int:
+    """OS threads of this process that are not Python threads: OpenMP workers and the like."""
+    import threading
+    python = {t.native_id for t in threading.enumerate()}
+    return sum(int(tid) not in python for tid in os.listdir("/proc/self/task"))
+
+
+@pytest.fixture(scope="module")
+def served_model():
+    """The default model as ``radixgate serve`` loads it (int4 weights, a Q8_0 embedding
+    dequantized in torch)."""
+    from radixgate.runtime.model.loader import load_model
+    return load_model("default", max_model_len=2048)
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="one CPU: torch never goes parallel")
+async def test_a_server_with_the_tier_adds_no_openmp_pool_beside_the_engine_s(tmp_path,
+                                                                            served_model):
+    """The gateway builds its engine on a long-lived executor thread; a torch op there
+    that goes parallel (the fingerprint's embedding probe did, at the default model's
+    size) leaves that thread an OpenMP pool for the server's life, and single-stream decode
+    ran at 0.47x of tier off. With the tier on, after a spill and a disk load, the server
+    holds exactly the native threads it holds with the tier off: the engine's workers."""
+    import httpx2 as httpx
+
+    from tests.support.inproc import in_process_gateway
+    from tests.support.server import tenant_key
+
+    kept = torch.get_num_threads()
+    torch.set_num_threads(max(2, kept))
+    prompts = {name: [(k * 7919 + seed * 104729) % 48000 + 100 for k in range(800)]
+               for seed, name in enumerate(("a", "b"))}
+    added, reads = {}, {}
+    try:
+        for tier in (False, True):
+            before = native_threads()
+            cache = {"disk_dir": str(tmp_path / "kv"), "disk_gb": 1} if tier else {}
+            async with in_process_gateway(tenants=("acme",), kv_cache_gb=0.05,
+                                          max_model_len=2048, cache=cache,
+                                          model=served_model) as (base_url, app):
+                async with httpx.AsyncClient(base_url=base_url, timeout=300, headers={
+                        "x-api-key": tenant_key("acme")}) as client:
+                    for name in ("a", "b", "a"):          # b evicts a; a comes back
+                        got = await client.post("/v1/completions", json={
+                            "prompt": prompts[name], "max_tokens": 2, "temperature": 0})
+                        assert got.status_code == 200, got.text
+                    reads[tier] = got.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+                added[tier] = native_threads() - before
+    finally:
+        torch.set_num_threads(kept)
+    assert reads[True] >= 768                                  # the second a: from disk
+    assert added[True] == added[False], added

@@ -29,6 +29,7 @@ from concurrent.futures import Future
 import torch
 
 from radixgate.radix_cache import PUBLIC_NAMESPACE
+from radixgate.runtime.model.fresh_thread import run_on_fresh_thread
 
 from .api import Breakpoint, ErrorKind, Event, Finished, FinishReason, Request, SamplingParams, Usage
 from .core import EngineCore
@@ -46,7 +47,11 @@ class Engine:
     def __init__(self, loaded, config: EngineConfig):
         self.loaded = loaded
         self.config = config
-        self.core = EngineCore(loaded, config)
+        # built on a thread that ends with the build: a torch op of the build that goes
+        # parallel (the tier fingerprint's embedding probe, a warm-up) would otherwise leave
+        # the caller, often a long-lived executor thread, an OpenMP pool for the process's
+        # life, and the engine's workers would sleep between ops (cpu_threads.py)
+        self.core = run_on_fresh_thread(EngineCore, loaded, config)
         self.tokenizer = loaded.tokenizer
         self.model_info = loaded.info
         self.block_size = self.core.pool.block_size
