@@ -9,7 +9,7 @@ For 1 and 16 concurrent streams (each its own prompt, greedy), interleaved round
 - ``json+jf``: the same with jump-forward on (forced tokens computed in one step);
 - ``json+batched``: ``json`` with the k constrained rows' masks filled by llguidance's
   batched fill (its thread pool) instead of one after another (the A/B of
-  ``structured.MaskFill``; ``--kinds json json+batched`` runs just that pair).
+  ``grammar_masks.MaskFill``; ``--kinds json json+batched`` runs just that pair).
 
 Reported per configuration: output tokens per second over the wall time, forward steps
 per output token, and the ratio to ``free`` (goal >= 0.9 without jump-forward). Also the
@@ -28,7 +28,7 @@ import time
 
 import torch
 
-from radixgate.runtime.engine import structured
+from radixgate.runtime.engine import grammar_masks
 from radixgate.runtime.engine.api import Request, SamplingParams
 from radixgate.runtime.engine.engine import Engine
 from radixgate.runtime.engine.engine_config import EngineConfig
@@ -63,7 +63,7 @@ class MaskTimer:
         self.compute_s: list[float] = []
         self.rows = 0
         self.wait_s: list[float] = []
-        self._compute, self._result = structured.compute_masks, structured.PendingMasks.result
+        self._compute, self._result = grammar_masks.compute_masks, grammar_masks.PendingMasks.result
 
     def install(self) -> None:
         timer = self
@@ -81,7 +81,7 @@ class MaskTimer:
             timer.wait_s.append(time.perf_counter() - started)
             return out
 
-        structured.compute_masks, structured.PendingMasks.result = compute, result
+        grammar_masks.compute_masks, grammar_masks.PendingMasks.result = compute, result
 
 
 def run(engine: Engine, requests: list[Request]) -> dict:
@@ -118,7 +118,7 @@ def fill_times(loaded, compiled, ks: list[int]) -> dict:
     words = (loaded.config.vocab_size + 31) // 32
     out = {}
     for k in ks:
-        fills = {"loop": structured.MaskFill(None), "batched": structured.MaskFill(1)}
+        fills = {"loop": grammar_masks.MaskFill(None), "batched": grammar_masks.MaskFill(1)}
         grammars = {name: [compiled.matcher() for _ in range(k)] for name in fills}
         times: dict[str, list[float]] = {name: [] for name in fills}
         for token in tokens:
@@ -167,7 +167,7 @@ def main() -> None:
         engines[kind] = Engine(loaded, EngineConfig(
             cache=CacheConfig(kv_cache_gb=0.25, enable_prefix_cache=False), jump_forward=jump,
             max_num_seqs=64)).start()
-        engines[kind].core.grammar_masks.fill = structured.MaskFill(1 if batched else None)
+        engines[kind].core.grammar_masks.fill = grammar_masks.MaskFill(1 if batched else None)
     try:
         for engine in engines.values():
             engine.generate(requests_for(loaded, compiled, 1, 8, "free")[0])   # warm up

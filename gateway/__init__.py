@@ -6,7 +6,7 @@ What they share: ``pipeline`` (a converted request -> engine requests -> ``Gener
 constraint, render, answer room, sampling, submit, abort on disconnect, usage booked),
 ``streaming`` (the way in and the streamed answer's skeleton), ``output`` (the answer's
 text and tool calls), render + prompt_parts + tools (token ids with breakpoints;
-docs/PROMPT_FORMAT.md), structured + structured_fields (grammars from request fields).
+docs/PROMPT_FORMAT.md), constraints + constraint_fields (grammars from request fields).
 The server shell: app (assembly, lifecycle), middleware (ids, auth, CORS, error envelopes,
 access log), state (config, keys, the engine), config, auth, errors, cli, scaleout (the
 engine on Ray Serve). Operations: admin (health, metrics, stats, cache administration),

@@ -34,7 +34,7 @@ from radixgate.gateway.service import (SEED_MODULUS, Generation, answer_tokens, 
                                        reserved_for, sampling_params)
 from radixgate.gateway.state import GatewayState
 from radixgate.gateway.streaming import admitted_body
-from radixgate.gateway.structured import Constraint, compile_constraint
+from radixgate.gateway.constraints import Constraint, compile_constraint
 from radixgate.runtime.engine.api import Breakpoint, SamplingParams
 
 

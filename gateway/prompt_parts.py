@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from radixgate.gateway.errors import ApiError, Kind
 from radixgate.gateway.render import Conversation, Piece
-from radixgate.gateway.structured import Constraint
+from radixgate.gateway.constraints import Constraint
 from radixgate.gateway.tools import TOOLS_HEADER, ToolSpec, tool_definition_text
 
 MAX_BREAKPOINTS = 4
@@ -24,7 +24,7 @@ class ConvertedPrompt:
     ``tool_names``: tools whose calls in the output become tool_use blocks / tool_calls
     (empty: no parsing). ``output_prefix``: text the gateway prefilled for a forced tool
     choice; it is part of the model's answer and parsed with it. ``constraint``: the
-    grammar the output must match (gateway/structured.py; None: free). ``max_tool_calls``:
+    grammar the output must match (gateway/constraints.py; None: free). ``max_tool_calls``:
     calls after this many are dropped (parallel calls disabled: 1; None: no limit).
     """
 

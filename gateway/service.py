@@ -132,7 +132,7 @@ async def engine_request(state: GatewayState, principal: Principal, request_id: 
     """The engine Request: tenant and namespace come from the key, never from the body.
     Its stop strings are compiled here, in a worker thread (call it inside the tenant's
     preparing slot), so the engine thread never spends time on them. ``grammar``: a
-    ``CompiledGrammar`` (gateway/structured.py) the output must match; the request gets its
+    ``CompiledGrammar`` (gateway/constraints.py) the output must match; the request gets its
     own state of it."""
     timeout = state.config.server.request_timeout_s
     automaton = None

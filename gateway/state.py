@@ -97,7 +97,7 @@ class GatewayState:
         self.metrics = GatewayMetrics(self.snapshot, lambda: self.model_name)
         self.prepare_gate = PrepareGate()
         self.load_done = threading.Event()     # set when load() ends, ready or failed
-        self.grammars = None    # gateway/structured.py: compiled grammars, made at first use
+        self.grammars = None    # gateway/constraints.py: compiled grammars, made at first use
         self._factory = engine_factory or default_engine_factory
 
     # -- lifecycle (worker thread) --------------------------------------------------------

@@ -45,5 +45,5 @@ def test_the_check_sees_a_step_however_it_is_reached(tmp_path):
     module.write_text("from radixgate.gateway import service\n"
                       "async def h(s):\n    return await service.engine_request(s)\n")
     assert pipeline_steps_used(module) == {"engine_request"}
-    module.write_text("from radixgate.gateway.structured import compile_constraint as c\n")
+    module.write_text("from radixgate.gateway.constraints import compile_constraint as c\n")
     assert pipeline_steps_used(module) == {"compile_constraint"}

@@ -402,7 +402,7 @@ async def test_strict_tools_with_auto_choice_give_text_or_valid_calls(gateway):
     ('Hi <tool_call>{"name": "other", "arguments": {}}</tool_call>', False),
 ])
 def test_strict_auto_grammar_admits_text_and_valid_calls_only(text, allowed):
-    from radixgate.gateway.structured import strict_tool_calls
+    from radixgate.gateway.constraints import strict_tool_calls
     from radixgate.gateway.tools import ToolSpec
     from radixgate.runtime.engine.grammar import GrammarCompiler
     from tests.support.engine import tiny_model

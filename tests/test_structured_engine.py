@@ -17,7 +17,7 @@ from radixgate.runtime.engine.api import FinishReason, Request, SamplingParams, 
 from radixgate.runtime.engine.grammar import (GrammarCompiler, GrammarError, choice_grammar,
                                        json_grammar, regex_grammar)
 from radixgate.runtime.engine.sampling import TokenMasks, sample_tokens
-from radixgate.runtime.engine.structured import compute_masks
+from radixgate.runtime.engine.grammar_masks import compute_masks
 from tests.support.engine import integrity, running_engine, tiny_model
 
 SCHEMA = {"type": "object", "additionalProperties": False,
@@ -218,7 +218,7 @@ def test_masks_touch_only_constrained_rows_and_exempt_ends_from_min_tokens(compi
 
 def test_the_mask_worker_thread_gives_the_masks_computed_inline(compiler):
     from types import SimpleNamespace
-    from radixgate.runtime.engine.structured import MaskFill, MaskWorker
+    from radixgate.runtime.engine.grammar_masks import MaskFill, MaskWorker
     pick = compiler.compile(choice_grammar(["alpha", "beta"]))
     vocab = tiny_model().config.vocab_size
     rows = [SimpleNamespace(request=SimpleNamespace(grammar=g))
@@ -240,7 +240,7 @@ def test_the_mask_worker_thread_gives_the_masks_computed_inline(compiler):
 def test_the_batched_fill_gives_the_masks_of_one_fill_after_another(compiler):
     """llguidance's batched fill (``MaskFill`` from ``min_rows`` rows) against the loop, for
     rows of different grammars in different states, an ended one included."""
-    from radixgate.runtime.engine.structured import MaskFill
+    from radixgate.runtime.engine.grammar_masks import MaskFill
     vocab = tiny_model().config.vocab_size
     tokenizer = tiny_model().tokenizer
     sources = [json_grammar(SCHEMA), choice_grammar(["yes", "no"]), regex_grammar("[a-c]{3}")]
@@ -264,7 +264,7 @@ def test_the_batched_fill_is_used_only_where_two_cores_are_spare(monkeypatch):
     """On 2 cores it lost to one fill after another (benchmarks/RESULTS.md): a CPU forward
     on every core, or one core left, keeps the loop; an accelerator's host batches."""
     import os
-    from radixgate.runtime.engine.structured import MaskFill, spare_mask_threads
+    from radixgate.runtime.engine.grammar_masks import MaskFill, spare_mask_threads
     assert spare_mask_threads(2, 2, False) == 0 and spare_mask_threads(2, 1, False) == 1
     assert spare_mask_threads(2, 1, True) == 1 and spare_mask_threads(64, 1, True) == 16
     for cores, threads, accelerated, batched in ((2, 2, False, None), (2, 1, True, None),
@@ -308,7 +308,7 @@ def stall_clocks(monkeypatch, stalls: int) -> None:
 def test_one_slow_mask_measurement_does_not_refuse_a_grammar(compiler, monkeypatch):
     """A mask that was slow once (the thread preempted, a cold cache) is measured again; a
     refusal needs every try to be slow."""
-    from radixgate.gateway.structured import GrammarCache
+    from radixgate.gateway.constraints import GrammarCache
     cache = GrammarCache(compiler)
     source = json_grammar({**SCHEMA, "title": "slow once"})
     with monkeypatch.context() as patched:
@@ -326,7 +326,7 @@ def test_a_wall_clock_stall_is_not_mask_cost(compiler, monkeypatch):
 
 
 def test_a_too_complex_verdict_is_not_cached(compiler, monkeypatch):
-    from radixgate.gateway.structured import GrammarCache
+    from radixgate.gateway.constraints import GrammarCache
     cache = GrammarCache(compiler)
     source = json_grammar({**SCHEMA, "title": "slow while measured"})
     with monkeypatch.context() as patched:

@@ -13,8 +13,8 @@ from radixgate.gateway.render import ChatMessage, Conversation, Piece
 from radixgate.gateway.anthropic.schemas import (CacheControl, InputMessage, TextBlock,
                                                  ToolResultBlock, ToolUseBlock,
                                                  UnsupportedBlock, PromptFields)
-from radixgate.gateway.structured import auto_tool_constraint, tool_calls
-from radixgate.gateway.structured_fields import anthropic_constraint
+from radixgate.gateway.constraints import auto_tool_constraint, tool_calls
+from radixgate.gateway.constraint_fields import anthropic_constraint
 from radixgate.gateway.tools import ToolSpec, forced_call_prefill, tool_call_text, tool_result_text
 
 

@@ -19,7 +19,7 @@ from radixgate.gateway.openai.schemas import CompletionRequest
 from radixgate.gateway.pipeline import Ask, admit
 from radixgate.gateway.prepare import check_length_bound, too_long
 from radixgate.gateway.streaming import Frame, stream_answer, stream_choices
-from radixgate.gateway.structured_fields import openai_constraint
+from radixgate.gateway.constraint_fields import openai_constraint
 from radixgate.runtime.engine.api import Finished
 
 MAX_PROMPTS = 32        # prompts in one batched request

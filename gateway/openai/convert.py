@@ -14,8 +14,8 @@ from radixgate.gateway.prompt_parts import (BreakpointRules, ConvertedPrompt,
                                             check_unique_tool_names, tool_pieces)
 from radixgate.gateway.render import ChatMessage, Conversation, Piece
 from radixgate.gateway.openai.schemas import ChatCompletionRequest, ChatMessageIn, TextPart
-from radixgate.gateway.structured import auto_tool_constraint, tool_calls
-from radixgate.gateway.structured_fields import openai_constraint
+from radixgate.gateway.constraints import auto_tool_constraint, tool_calls
+from radixgate.gateway.constraint_fields import openai_constraint
 from radixgate.gateway.tools import ToolSpec, forced_call_prefill, tool_call_text, tool_result_text
 
 

@@ -136,7 +136,7 @@ class _SamplingFields(_Model):
     min_tokens: int | None = Field(default=None, ge=0)
     ignore_eos: bool = False
     # structured output: OpenAI's response_format, vLLM's structured_outputs and its
-    # older guided_* names (gateway/structured_fields.py)
+    # older guided_* names (gateway/constraint_fields.py)
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputs | None = None
     guided_json: dict[str, Any] | str | None = None

@@ -36,7 +36,7 @@ from .scheduler import Chunk, Scheduler
 from .sequence import Sequence, SeqStatus
 from .snapshot import EngineCounters, take_snapshot
 from .stop import StopMatcher
-from .structured import MaskWorker, append_constrained
+from .grammar_masks import MaskWorker, append_constrained
 from .submit_checks import rejection
 from .trace import RequestTrace
 

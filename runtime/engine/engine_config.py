@@ -50,7 +50,7 @@ class EngineConfig:
     tokens with a prompt being prefilled than it matches in the tree waits for that prefill
     (``None``: one block).
     ``jump_forward``: where a request's grammar allows exactly one continuation, append it
-    without sampling and compute it in one step (``runtime/engine/structured.py``).
+    without sampling and compute it in one step (``runtime/engine/grammar_masks.py``).
     ``kv_events_endpoint``: where the tree's KV events are published (vLLM's format over
     ZMQ PUB, ``runtime/engine/kv_events.py``; None: off); a loopback address unless
     ``kv_events_allow_remote``. ``kv_events_rank``: the batches' ``data_parallel_rank``;

@@ -8,7 +8,7 @@ and audio parts, other item and tool types, reasoning settings,
 ``background`` and ``truncation: "auto"`` are refused with a 400 naming the field (the
 handler's checks or validation); other unknown top-level fields are ignored and named in
 ``x-radixgate-ignored-fields``. ``text.format`` json_schema / json_object constrain the answer
-(gateway/structured.py).
+(gateway/constraints.py).
 """
 from __future__ import annotations
 

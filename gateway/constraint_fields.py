@@ -1,4 +1,4 @@
-"""Each API's structured-output fields -> one ``structured.Constraint`` (or None: free).
+"""Each API's structured-output fields -> one ``constraints.Constraint`` (or None: free).
 
 - OpenAI chat / completions: ``response_format`` (``json_schema`` with name, schema,
   strict; ``json_object``; ``text``); vLLM's ``structured_outputs`` (``json``, ``regex``,
@@ -15,13 +15,13 @@ An unknown key inside ``response_format``, ``structured_outputs`` or ``text.form
 400 naming it (their schema models forbid extras); an empty ``structured_outputs`` too.
 A forced tool call's grammar (``tool_choice``) is made by the converters and wins over
 these fields; under ``tool_choice`` auto the format and the tools combine
-(``structured.format_or_calls``).
+(``constraints.format_or_calls``).
 """
 from __future__ import annotations
 
-from radixgate.gateway import structured
+from radixgate.gateway import constraints
 from radixgate.gateway.errors import ApiError, Kind
-from radixgate.gateway.structured import Constraint
+from radixgate.gateway.constraints import Constraint
 
 
 def openai_constraint(body) -> Constraint | None:
@@ -39,11 +39,11 @@ def _response_format(fmt) -> Constraint | None:
     if fmt is None or fmt.type == "text":
         return None
     if fmt.type == "json_object":
-        return structured.json_object("response_format")
+        return constraints.json_object("response_format")
     if fmt.json_schema is None:
         raise ApiError(Kind.BAD_REQUEST, "response_format.json_schema is required when type "
                        "is 'json_schema'", param="response_format.json_schema")
-    return structured.json_schema("response_format.json_schema.schema", fmt.json_schema.schema_)
+    return constraints.json_schema("response_format.json_schema.schema", fmt.json_schema.schema_)
 
 
 def _vllm(body) -> list[Constraint | None]:
@@ -65,15 +65,15 @@ def _vllm(body) -> list[Constraint | None]:
 def _vllm_fields(prefix: str, json_, regex, choice, grammar, json_object) -> list[Constraint]:
     out = []
     if json_ is not None:
-        out.append(structured.json_schema(prefix + "json", {} if json_ is True else json_))
+        out.append(constraints.json_schema(prefix + "json", {} if json_ is True else json_))
     if regex is not None:
-        out.append(structured.regex(prefix + "regex", regex))
+        out.append(constraints.regex(prefix + "regex", regex))
     if choice is not None:
-        out.append(structured.choice(prefix + "choice", choice))
+        out.append(constraints.choice(prefix + "choice", choice))
     if grammar is not None:
-        out.append(structured.lark(prefix + "grammar", grammar))
+        out.append(constraints.lark(prefix + "grammar", grammar))
     if json_object:
-        out.append(structured.json_object(prefix + "json_object"))
+        out.append(constraints.json_object(prefix + "json_object"))
     return out
 
 
@@ -89,5 +89,5 @@ def anthropic_constraint(body) -> Constraint | None:
     if not given:
         return None
     param, fmt = given[0]
-    return structured.json_schema(param + ".schema", fmt.schema_)
+    return constraints.json_schema(param + ".schema", fmt.schema_)
 
