@@ -11,17 +11,16 @@ against the reference is checked before timing. Writes ``kernels.json`` into ``-
 """
 from __future__ import annotations
 
-import argparse
-import json
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 from radixgate.kernels import reference_paged_attention
 from radixgate.kernels.testing import make_paged_case
+
+from benchmarks.cli import size_parser, write_result
 
 # HBM peak in GB/s by device-name fragment, most specific first.
 PEAK_GBPS = [
@@ -201,12 +200,8 @@ def _extend_rows(sizes: GpuSizes, quick: bool, timer) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    mode = parser.add_mutually_exclusive_group()
-    mode.add_argument("--quick", action="store_true", help="fewer sizes and repetitions")
-    mode.add_argument("--full", action="store_true", help="the issue's sizes (default)")
+    parser = size_parser(__doc__, quick="fewer sizes and repetitions", full="all sizes")
     parser.add_argument("--peak-gbps", type=float, default=None, help="override the device's HBM peak")
-    parser.add_argument("--out", type=Path, default=Path("benchmarks/out"))
     args = parser.parse_args(argv)
     torch.manual_seed(0)
     results = {"torch": torch.__version__, "threads": torch.get_num_threads(), "rows": cpu_rows(args.quick)}
@@ -216,8 +211,7 @@ def main(argv: list[str] | None = None) -> dict:
     else:
         results["gpu_skipped"] = "no CUDA device: GPU section (Triton decode bandwidth, extend TFLOP/s) skipped"
         print(results["gpu_skipped"])
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "kernels.json").write_text(json.dumps(results, indent=2))
+    write_result(args.out, "kernels.json", results)
     print(markdown_table(results["rows"]))
     return results
 

@@ -17,9 +17,7 @@ radix_ops.json into ``--out`` (default benchmarks/out).
 
 from __future__ import annotations
 
-import argparse
 import hashlib
-import json
 import pickle
 import random
 import statistics
@@ -28,6 +26,8 @@ from array import array
 from pathlib import Path
 
 from radixgate.radix_cache import BlockPool, RadixTree, token_array
+
+from benchmarks.cli import size_parser, write_result
 
 B = 16
 VOCAB = 49152
@@ -293,18 +293,11 @@ def table(r: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    mode = parser.add_mutually_exclusive_group()
-    mode.add_argument("--quick", action="store_true", help="fewer repetitions")
-    mode.add_argument("--full", action="store_true", help="more repetitions (default)")
-    parser.add_argument("--out", type=Path, default=OUT_DIR, help="folder for radix_ops.json")
-    args = parser.parse_args(argv)
+    args = size_parser(__doc__, quick="fewer repetitions", full="more repetitions",
+                       out=OUT_DIR).parse_args(argv)
     results = run(quick=args.quick)
     print(table(results))
-    args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / "radix_ops.json"
-    path.write_text(json.dumps(results, indent=2))
-    print(f"\nwritten {path}")
+    print(f"\nwritten {write_result(args.out, 'radix_ops.json', results)}")
     return 0
 
 

@@ -15,7 +15,6 @@ Prints a markdown table and writes ``runtime.json`` into ``--out`` (default
 """
 from __future__ import annotations
 
-import argparse
 import json
 import random
 import statistics
@@ -25,6 +24,7 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.cli import size_parser, write_result
 from benchmarks.text import TextGen
 from radixgate.runtime.engine.api import Request, SamplingParams
 from radixgate.runtime.engine.engine import Engine
@@ -168,15 +168,10 @@ def table(result: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    mode = parser.add_mutually_exclusive_group()
-    mode.add_argument("--quick", action="store_true", help="1,024-token prefix, 16 new tokens")
-    mode.add_argument("--full", action="store_true", help="the issue's sizes (default)")
-    parser.add_argument("--out", type=Path, default=OUT_DIR, help="folder for runtime.json")
-    args = parser.parse_args(argv)
+    args = size_parser(__doc__, quick="1,024-token prefix, 16 new tokens",
+                       full="2,048-token prefix, 32 new tokens", out=OUT_DIR).parse_args(argv)
     result = run(quick=args.quick)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "runtime.json").write_text(json.dumps(result, indent=2))
+    write_result(args.out, "runtime.json", result)
     print(table(result))
     return 0
 

@@ -16,15 +16,14 @@ Run: ``python -m benchmarks.kv_tier_bench`` (section "decode"), or alone with
 """
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import statistics
 import tempfile
-from pathlib import Path
 
 import aiohttp
 
+from benchmarks.cli import size_parser, write_result
 from benchmarks.launch import ADMIN_KEY, ServerProcess, bench_spec, tenant_key
 from benchmarks.peer_speed import complete
 
@@ -88,13 +87,10 @@ def run(quick: bool = False) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="one repetition of 2 runs")
-    parser.add_argument("--out", type=Path, default=Path("benchmarks/out"))
-    args = parser.parse_args(argv)
+    args = size_parser(__doc__, quick="one repetition of 2 runs",
+                       full="two repetitions of 3 runs").parse_args(argv)
     result = run(args.quick)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "tier_decode.json").write_text(json.dumps(result, indent=1))
+    write_result(args.out, "tier_decode.json", result, indent=1)
     print(json.dumps({"ratios": result["ratios"]}))
 
 
