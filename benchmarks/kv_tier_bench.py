@@ -23,13 +23,14 @@ repetition).
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
+
+from benchmarks.cli import size_parser, write_result
 
 from radixgate.radix_cache import BlockPool, CacheConfig, RadixTree
 from radixgate.runtime.engine.api import Request, SamplingParams
@@ -185,9 +186,8 @@ def ttft_one(loaded, length: int, folder: str) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="smaller trace, 2k TTFT only")
-    parser.add_argument("--out", type=Path, default=Path("benchmarks/out"))
+    parser = size_parser(__doc__, quick="smaller trace, 2k TTFT only, one decode repetition",
+                         full="the full trace, 2k and 6k TTFT")
     parser.add_argument("--skip-ttft", action="store_true", help="no TTFT section")
     parser.add_argument("--skip-decode", action="store_true", help="no decode section")
     parser.add_argument("--fractions", type=float, nargs="+", default=list(FRACTIONS),
@@ -204,8 +204,7 @@ def main(argv: list[str] | None = None) -> None:
         print("single-stream decode over HTTP, tier on / off (SmolLM2-135M):", flush=True)
         result["decode"] = tier_decode(args.quick)
     result["elapsed_s"] = round(time.perf_counter() - started, 1)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "kv_tier.json").write_text(json.dumps(result, indent=1))
+    write_result(args.out, "kv_tier.json", result, indent=1)
     print(json.dumps(result, indent=1))
 
 

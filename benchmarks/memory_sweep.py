@@ -44,7 +44,6 @@ Hit rate = reused prompt tokens / prompt tokens. Run: ``python -m benchmarks.mem
 """
 from __future__ import annotations
 
-import argparse
 import json
 import time
 from dataclasses import asdict, dataclass, field
@@ -54,6 +53,7 @@ from typing import Sequence
 from radixgate.radix_cache import BlockPool, CacheConfig, RadixTree, make_policy
 
 from benchmarks.belady import SESSION_POLICIES, BeladyCache
+from benchmarks.cli import size_parser
 
 FRACTIONS = (0.05, 0.1, 0.15, 0.25, 0.35, 0.5, 0.75, 1.0)
 SESSION_WORKLOADS = ("multi_turn", "agents")      # also swept with every session open
@@ -352,16 +352,15 @@ def run_sweep(quick: bool, seed: int = 0, out_dir: Path = Path("benchmarks/out")
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--full", action="store_true", help="full-size workloads")
+    parser = size_parser(__doc__, quick="quick-size workloads", full="full-size workloads",
+                         default="quick")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", type=Path, default=Path("benchmarks/out"))
     parser.add_argument("--compare-policies", action="store_true",
                         help="instead: hit rate of each simulator eviction policy "
                              "(writes policies.md)")
     args = parser.parse_args(argv)
     if args.compare_policies:
-        traces = sweep_traces(not args.full, args.seed)
+        traces = sweep_traces(args.quick, args.seed)
         table = compare_policies({n: pairs(e) for n, e in traces.items()},
                                  tool_calls={n: tool_call_flags(e) for n, e in traces.items()},
                                  sessions={n: session_ids(e) for n, e in traces.items()})
@@ -369,7 +368,7 @@ def main(argv: list[str] | None = None) -> None:
         (args.out / "policies.md").write_text(table)
         print(table)
         return
-    result = run_sweep(quick=not args.full, seed=args.seed, out_dir=args.out)
+    result = run_sweep(quick=args.quick, seed=args.seed, out_dir=args.out)
     print((args.out / "sweep.md").read_text())
     print(json.dumps(result["goals"], indent=1))
 
