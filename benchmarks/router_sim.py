@@ -26,7 +26,6 @@ router_sim.png into ``--out``.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import multiprocessing
 import random
@@ -40,6 +39,7 @@ from pathlib import Path
 from radixgate.radix_cache import BlockPool, RadixTree
 from radixgate.radix_cache.kv_events import prompt_block_ids
 
+from benchmarks.cli import size_parser
 from benchmarks.sim_cluster import Cluster, Rates
 from radixgate.cluster.policy import PrefixRouter, RoutingParams
 
@@ -341,12 +341,13 @@ def plot(results: dict, path: Path) -> None:
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(prog="router_sim", description=__doc__.split("\n")[0])
+    p = size_parser(__doc__, quick="small traces and N (a smoke run)",
+                    full="8-512 replicas, full traces", out=OUT_DIR)
+    p.prog = "router_sim"
     p.add_argument("--replicas", default="8,64,256,512",
                    type=lambda s: [int(x) for x in s.split(",")])
     p.add_argument("--workloads", default="agents,multi_turn", type=lambda s: s.split(","))
     p.add_argument("--routers", default=",".join(ROUTERS), type=lambda s: s.split(","))
-    p.add_argument("--quick", action="store_true", help="small traces and N (a smoke run)")
     p.add_argument("--sessions-per-replica", type=int, default=50)
     p.add_argument("--sessions-per-tenant", type=int, default=10)
     p.add_argument("--sessions-per-s-per-replica", type=float, default=0.15,
@@ -358,7 +359,6 @@ def parse_args(argv):
     p.add_argument("--balance-rel", type=float, default=RoutingParams().balance_rel)
     p.add_argument("--jobs", type=int, default=2, help="simulations run at once (processes)")
     p.add_argument("--load-tokens", type=int, default=RoutingParams().load_tokens)
-    p.add_argument("--out", type=Path, default=OUT_DIR)
     args = p.parse_args(argv)
     if args.quick and args.replicas == [8, 64, 256, 512]:
         args.replicas = [4, 16]

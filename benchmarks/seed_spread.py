@@ -18,9 +18,9 @@ import argparse
 import json
 import statistics
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Sequence
 
+from benchmarks.cli import size_parser
 from benchmarks.memory_sweep import (FRACTIONS, SESSION_WORKLOADS, WorkloadSweep, pairs,
                                      session_ids, sweep_trace, sweep_traces, tool_call_flags)
 from benchmarks.workloads import WORKLOAD_NAMES
@@ -147,17 +147,13 @@ def page_rounded_goal(spreads: Sequence[RatioSpread]) -> dict[str, bool]:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    mode = parser.add_mutually_exclusive_group()
-    mode.add_argument("--quick", action="store_true", help=f"{QUICK_SEEDS} seeds")
-    mode.add_argument("--full", action="store_true", help=f"{FULL_SEEDS} seeds (default)")
+    parser = size_parser(__doc__, quick=f"{QUICK_SEEDS} seeds", full=f"{FULL_SEEDS} seeds")
     parser.add_argument("--seeds", type=int, help="seeds 0 .. N-1 (overrides the mode's)")
     parser.add_argument("--first-seed", type=int, default=0,
                         help="start there instead of 0 (seeds the defaults were not tuned on)")
     parser.add_argument("--small-traces", action="store_true",
                         help="the quick-size traces (seconds; default: full size, as the "
                              "sweep of both bench modes)")
-    parser.add_argument("--out", type=Path, default=Path("benchmarks/out"))
     args = parser.parse_args(argv)
     if args.seeds is None:
         args.seeds = QUICK_SEEDS if args.quick else FULL_SEEDS
