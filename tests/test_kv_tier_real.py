@@ -175,11 +175,11 @@ def test_the_weights_identity_survives_a_move_and_a_touch_but_not_other_weights(
         assert weights_identity(str(changed)) != original
 
 
-def native_threads() -> int:
+def native_threads() -> set[int]:
     """OS threads of this process that are not Python threads: OpenMP workers and the like."""
     import threading
     python = {t.native_id for t in threading.enumerate()}
-    return sum(int(tid) not in python for tid in os.listdir("/proc/self/task"))
+    return {int(tid) for tid in os.listdir("/proc/self/task")} - python
 
 
 @pytest.fixture(scope="module")
@@ -196,8 +196,9 @@ async def test_a_server_with_the_tier_adds_no_openmp_pool_beside_the_engine_s(tm
     """The gateway builds its engine on a long-lived executor thread; a torch op there
     that goes parallel (the fingerprint's embedding probe did, at the default model's
     size) leaves that thread an OpenMP pool for the server's life, and single-stream decode
-    ran at 0.47x of tier off. With the tier on, after a spill and a disk load, the server
-    holds exactly the native threads it holds with the tier off: the engine's workers."""
+    ran at 0.47x of tier off. With the tier on, after a spill and a disk load, the running
+    server has started exactly the native threads it starts with the tier off: the engine's
+    workers (threads of earlier tests ending meanwhile do not count)."""
     import httpx2 as httpx
 
     from tests.support.inproc import in_process_gateway
@@ -222,7 +223,7 @@ async def test_a_server_with_the_tier_adds_no_openmp_pool_beside_the_engine_s(tm
                             "prompt": prompts[name], "max_tokens": 2, "temperature": 0})
                         assert got.status_code == 200, got.text
                     reads[tier] = got.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
-                added[tier] = native_threads() - before
+                added[tier] = len(native_threads() - before)  # new ones, while it serves
     finally:
         torch.set_num_threads(kept)
     assert reads[True] >= 768                                  # the second a: from disk
