@@ -78,7 +78,8 @@ from tests.support.engine import engine_config
 from tests.support.engine_compare import greedy
 from tests.test_kv_tier_real import PINNED, PROMPTS, wait_settled
 loaded = load_model(sys.argv[2], device="cpu", dtype="float32", weights_dtype="float32")
-engine = Engine(loaded, engine_config(num_blocks=40, disk_dir=sys.argv[1], disk_gb=0.5)).start()
+engine = Engine(loaded, engine_config(num_blocks=40, disk_dir=sys.argv[1], disk_gb=0.5,
+                                      adapt_threads=False)).start()
 for tokens in PROMPTS:
     engine.generate(greedy(tokens, max_tokens=2, namespace="ns-a"))
 engine.generate(greedy(PINNED, max_tokens=2, namespace="ns-pin",
@@ -129,9 +130,11 @@ def test_blocks_on_disk_before_a_kill_9_are_served_after_it_at_real_size(tmp_pat
         child.kill()                                  # SIGKILL: no shutdown, no flush
         child.wait(30)
     restarted = Engine(real_model, engine_config(num_blocks=40, disk_dir=str(tmp_path),
-                                                 disk_gb=0.5, record_logits=True)).start()
+                                                 disk_gb=0.5, record_logits=True,
+                                                 adapt_threads=False)).start()
     cold = Engine(real_model, engine_config(num_blocks=40, record_logits=True,
-                                            enable_prefix_cache=False)).start()
+                                            enable_prefix_cache=False,
+                                            adapt_threads=False)).start()
     try:
         for tokens in PROMPTS[:2]:                    # evicted to disk before the kill
             got = restarted.generate(greedy(tokens, max_tokens=4, namespace="ns-a"))
