@@ -18,7 +18,6 @@ Claims are flocks, so two replicas starting at once never share an index.
 """
 from __future__ import annotations
 
-import fcntl
 import logging
 import os
 import re
@@ -27,8 +26,8 @@ from pathlib import Path
 
 from radixgate.radix_cache.cache_config import REPLICA_FOLDER_PREFIX, CacheConfig, replica_disk_dir
 from radixgate.runtime.kv_tier import TierFolderError, check_disk_folder
-from radixgate.runtime.kv_tier.folders import (PRIVATE_FILE, delete_folder, make_private_dir,
-                                               open_locked, unusable)
+from radixgate.runtime.kv_tier.folders import (delete_folder, lock_holder, make_private_dir,
+                                               open_locked, try_lock, unusable)
 
 log = logging.getLogger(__name__)
 CLAIM = "claim"
@@ -90,7 +89,7 @@ def _check_replica_folder(folder: Path, index: int) -> None:
     if fd is None:
         raise TierFolderError(
             f"the KV disk tier folder {folder} is in use by replica {index} of another "
-            f"deployment (pid {_holder(folder / CLAIM)}): stop it first, or use another "
+            f"deployment (pid {lock_holder(folder / CLAIM)}): stop it first, or use another "
             "--kv-disk-dir")
     os.close(fd)
     check_disk_folder(CacheConfig(disk_dir=str(folder), disk_gb=1.0))
@@ -109,23 +108,8 @@ def _reclaim_beyond(folder: Path, slots: int) -> None:
 
 
 def _try_lock(path: Path) -> int | None:
-    """An exclusive flock on ``path`` with this pid written in it, or None when another
-    process (or another fd of this one) holds it."""
+    """``folders.try_lock`` on ``path``, its folder made (private) first."""
     make_private_dir(path.parent)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, PRIVATE_FILE)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        return None
-    os.ftruncate(fd, 0)
-    os.write(fd, f"{os.getpid()}\n".encode())
-    return fd
+    return try_lock(path)
 
-
-def _holder(path: Path) -> str:
-    try:
-        return path.read_text().strip() or "unknown"
-    except OSError:
-        return "unknown"
 

@@ -56,20 +56,35 @@ def unusable(folder: Path, exc: OSError) -> TierFolderError:
                            "folder this user can write)")
 
 
-def take_lock(path: Path) -> int:
-    """An exclusive flock on ``path`` (held until the fd closes); TierFolderError when
-    another process (or engine) holds it."""
+def try_lock(path: Path) -> int | None:
+    """An exclusive flock on ``path`` with this pid written in it (held until the fd
+    closes), or None when another process (or another fd of this one) holds it."""
     fd = os.open(path, os.O_RDWR | os.O_CREAT, PRIVATE_FILE)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        holder = os.read(fd, 64).decode(errors="replace").strip() or "unknown"
         os.close(fd)
-        raise TierFolderError(
-            f"the KV disk tier folder {path.parent} is in use by another radixgate server "
-            f"(pid {holder}): give each server, and each replica, its own folder") from None
+        return None
     os.ftruncate(fd, 0)
     os.write(fd, f"{os.getpid()}\n".encode())
+    return fd
+
+
+def lock_holder(path: Path) -> str:
+    """The pid written in the lock file ``path`` ("unknown" when there is none)."""
+    try:
+        return path.read_text().strip() or "unknown"
+    except OSError:
+        return "unknown"
+
+
+def take_lock(path: Path) -> int:
+    """``try_lock(path)``; TierFolderError when another process (or engine) holds it."""
+    fd = try_lock(path)
+    if fd is None:
+        raise TierFolderError(
+            f"the KV disk tier folder {path.parent} is in use by another radixgate server "
+            f"(pid {lock_holder(path)}): give each server, and each replica, its own folder")
     return fd
 
 

@@ -251,8 +251,8 @@ class KVTier:
                     self.index.touch(record.digest, now)
 
     def load(self, run: TierRun, blocks: list[int]) -> LoadTicket:
-        """Queue ``run``'s records into ``blocks`` (one per record, the caller's own)."""
-        self.touch_run(run)
+        """Queue ``run``'s records into ``blocks`` (one per record, the caller's own); the
+        caller touched the run first (``touch_run``, before making room for it)."""
         ticket = LoadTicket(run, list(blocks), self.block_size)
         with self.lock:
             self.counts["loads"] += 1
