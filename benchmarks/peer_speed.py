@@ -14,6 +14,7 @@ server process measuring, over ``/v1/completions`` (greedy, ``ignore_eos``, fixe
 
 - start to healthy (``GET /health`` answers 200);
 - single-stream decode tok/s (tokens after the first / time after the first);
+- the same with another process spinning on one core (``busy_core``: the governor's case);
 - 16 concurrent streams: all their tokens / wall time;
 - cold prefill: time to first token of a fresh 2,048-token prompt;
 - cached prefix: time to first token of that prompt + 16 new tokens;
@@ -35,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import random
 import signal
@@ -50,6 +52,7 @@ import aiohttp
 
 from benchmarks.launch import (ADMIN_KEY, ServerProcess, bench_spec, free_port, tenant_key,
                                wait_healthy)
+from benchmarks.report import machine_info
 from benchmarks.peers import LLAMA_SERVER_BUILD_NOTE, find_llama_server
 from benchmarks.text import TextGen
 from benchmarks.traces import default_gguf_path, load_tokenizer
@@ -187,6 +190,19 @@ def memory_mb(pid: int) -> dict:
     return fields
 
 
+@contextlib.contextmanager
+def busy_core():
+    """Another process spinning on one core for the ``with`` block (the case a shared host
+    or a noisy neighbour gives: the server's 2 threads then share 2 cores with a third)."""
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.2)
+        yield
+    finally:
+        spinner.kill()
+        spinner.wait(timeout=10)
+
+
 async def measure_server(base_url: str, pid: int, prompts: Prompts, sizes: Sizes,
                          headers: dict | None = None) -> dict:
     """Every figure of one running server (see the module docstring), in order: warm-up,
@@ -198,6 +214,8 @@ async def measure_server(base_url: str, pid: int, prompts: Prompts, sizes: Sizes
         await complete(session, base_url, prompts.warmup, 4)
         light = memory_mb(pid)
         single = await complete(session, base_url, prompts.single, sizes.decode_tokens)
+        with busy_core():
+            busy = await complete(session, base_url, prompts.single, sizes.decode_tokens)
         streams, streams_wall = await _together(session, base_url, prompts.shorts,
                                                 sizes.stream_tokens)
         cold = await complete(session, base_url, prompts.document, 1)
@@ -209,6 +227,7 @@ async def measure_server(base_url: str, pid: int, prompts: Prompts, sizes: Sizes
     return {
         "single_stream_tok_s": round(single.decode_tok_s, 2),
         "single_stream_tokens": single.completion_tokens,
+        "single_stream_busy_core_tok_s": round(busy.decode_tok_s, 2),
         "streams": len(streams), "streams_tokens": streams_tokens,
         "streams_wall_s": round(streams_wall, 4),
         "streams_tok_s": round(streams_tokens / streams_wall, 2),
@@ -389,7 +408,8 @@ def copy_bandwidth_gbs(mib: int = 256, repeats: int = 5, threads: int = THREADS)
     return round(src.nbytes / best / 1e9, 2)
 
 
-METRICS = ("start_to_healthy_s", "single_stream_tok_s", "streams_tok_s", "cold_prefill_ttft_s",
+METRICS = ("start_to_healthy_s", "single_stream_tok_s", "single_stream_busy_core_tok_s",
+           "streams_tok_s", "cold_prefill_ttft_s",
            "cached_prefix_ttft_s", "users_wall_s", "rss_light_mb", "peak_rss_mb",
            "single_stream_roofline")
 
@@ -445,6 +465,7 @@ def run_benchmark(mode: str = "default", llama_binary: Path | None = None,
             add_roofline(run, bytes_per_token[name], max(bandwidth))
     return {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "mode": mode,
+        "machine": machine_info(),
         "sizes": asdict(sizes), "threads": THREADS,
         "peer": ({"binary": str(llama_binary), "args": f"-np {PARALLEL} -cb -c "
                   f"{sizes.context_tokens} -t {THREADS} -tb {THREADS}"} if llama_binary
@@ -470,7 +491,8 @@ def markdown(report: dict) -> str:
         if "ratio" in entry:
             cells.append(_cell(entry["ratio"]) + "x")
         lines.append(f"| {metric} | " + " | ".join(cells) + " |")
-    lines.append(f"\ncopy bandwidth {_cell(report['copy_bandwidth_gbs'])} GB/s; weight bytes "
+    lines.append(f"\nmachine: {report.get('machine')}")
+    lines.append(f"copy bandwidth {_cell(report['copy_bandwidth_gbs'])} GB/s; weight bytes "
                  f"per token {report['bytes_per_token']}; peer: {report['peer']}")
     if report["radixgate_default_budget"]:
         lines.append(f"radixgate at the default budget: {report['radixgate_default_budget']}")

