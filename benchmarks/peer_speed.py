@@ -52,8 +52,8 @@ import aiohttp
 
 from benchmarks.launch import (ADMIN_KEY, ServerProcess, bench_spec, free_port, tenant_key,
                                wait_healthy)
-from benchmarks.report import machine_info
 from benchmarks.peers import LLAMA_SERVER_BUILD_NOTE, find_llama_server
+from benchmarks.report import machine_info
 from benchmarks.text import TextGen
 from benchmarks.traces import default_gguf_path, load_tokenizer
 
@@ -491,7 +491,7 @@ def markdown(report: dict) -> str:
         if "ratio" in entry:
             cells.append(_cell(entry["ratio"]) + "x")
         lines.append(f"| {metric} | " + " | ".join(cells) + " |")
-    lines.append(f"\nmachine: {report.get('machine')}")
+    lines.append(f"\nmachine: {report['machine']}")
     lines.append(f"copy bandwidth {_cell(report['copy_bandwidth_gbs'])} GB/s; weight bytes "
                  f"per token {report['bytes_per_token']}; peer: {report['peer']}")
     if report["radixgate_default_budget"]:

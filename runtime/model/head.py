@@ -28,7 +28,7 @@ from collections.abc import Callable
 
 import torch
 
-from radixgate.runtime.model.linear import cpu_flags, quantize_int8_rows
+from radixgate.runtime.model.linear import cpu_flags, has_int8_op, quantize_int8_rows
 
 TOP_EXACT = 32               # OpenAI's top_logprobs go up to 20
 
@@ -40,7 +40,7 @@ def weight_only_wins() -> bool:
     """On CPUs with AMX (Sapphire Rapids and later) oneDNN's ``_int_mm`` of one row costs
     1.8x torch's weight-only int8 op (49,152 x 576, 2 threads); on AVX-512 without AMX
     (AMD EPYC) ``_int_mm`` was the faster at every row count."""
-    return hasattr(torch.ops.aten, "_weight_int8pack_mm") and "amx_int8" in cpu_flags()
+    return has_int8_op() and "amx_int8" in cpu_flags()
 
 
 def int_mm_available() -> bool:
@@ -63,8 +63,8 @@ class RescoredHead:
     def __init__(self, codes: torch.Tensor, scale: torch.Tensor,
                  exact_rows: Callable[[torch.Tensor], torch.Tensor], k: int = TOP_EXACT):
         self.shape, self.dtype, self.scale = tuple(codes.shape), torch.int8, scale
-        self.codes_t = codes.t()                          # [H, V] view: _int_mm's fast layout
         self.codes = codes.contiguous()                   # [V, H]: the weight-only op's layout
+        self.codes_t = self.codes.t()                     # [H, V] view: _int_mm's fast layout
         self.scale_bf16 = scale.to(torch.bfloat16)        # [V] the weight-only op's scale
         self.weight_only_rows = WEIGHT_ONLY_MAX_ROWS if weight_only_wins() else 0
         self.exact_rows, self.k = exact_rows, min(k, self.shape[0])
