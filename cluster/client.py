@@ -38,6 +38,7 @@ log = logging.getLogger(__name__)
 MAX_ATTEMPTS = 5
 RETRY_PAUSE_S = 0.2            # doubled after each failed try (Serve needs a moment to drop a dead replica)
 REPLICA_FAILED = "the engine replica serving this request failed; retry the request"
+BROADCAST_PRESENCE_CHECK_S = 1.0   # how often a waiting per-replica call checks its replica is still there
 
 
 class ClusterEngine:
@@ -166,9 +167,24 @@ class ClusterEngine:
         return self._future(run())
 
     async def _broadcast(self, command: str, *args) -> list[tuple[str, object]]:
-        calls = [self.handle.call.remote(command, *args, target=name)
-                 for name in self.replica_ids()]
-        return list(await asyncio.gather(*calls))
+        """(replica, result) of every replica that answers; one that leaves Serve's replica
+        set while its call waits (killed, replaced) is left out instead of being waited on
+        forever: the router holds a targeted call until its replica is a candidate."""
+        answers = await asyncio.gather(*(self._call_while_present(name, command, *args)
+                                         for name in self.replica_ids()))
+        return [answer for answer in answers if answer is not None]
+
+    async def _call_while_present(self, name: str, command: str, *args):
+        response = self.handle.call.remote(command, *args, target=name)
+        task = asyncio.ensure_future(_awaited(response))
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=BROADCAST_PRESENCE_CHECK_S)
+            if done:
+                return task.result()
+            if name not in self.replica_ids():
+                response.cancel()
+                task.cancel()
+                return None
 
     def _future(self, coroutine) -> Future:
         """A concurrent Future for ``coroutine`` run on the running event loop."""
@@ -185,6 +201,10 @@ class ClusterEngine:
             time.sleep(0.05)
         from .serve_app import stop_cluster
         stop_cluster(self.started_ray)
+
+
+async def _awaited(response):
+    return await response
 
 
 class ClusterHandle:

@@ -170,3 +170,52 @@ def test_model_info_without_weights_matches_the_loaded_model(default_model_path)
 
 def _no_model(*args, **kwargs):
     raise AssertionError("the cluster gateway built a model")
+
+
+class _Response:
+    """A DeploymentResponse stand-in: awaited, it answers after ``delay_s`` (None: never)."""
+
+    def __init__(self, name: str, delay_s: float | None):
+        self.name, self.delay_s, self.cancelled = name, delay_s, False
+
+    def __await__(self):
+        return self._answer().__await__()
+
+    async def _answer(self):
+        if self.delay_s is None:
+            await asyncio.Event().wait()
+        await asyncio.sleep(self.delay_s)
+        return self.name, "ok"
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+async def test_a_broadcast_leaves_out_a_replica_that_leaves_while_its_call_waits(monkeypatch):
+    """Serve's router holds a call targeted at a killed replica forever; the broadcast (stats,
+    flush, pins) answers with the replicas still there instead of hanging, and still waits
+    for a slow replica that stays."""
+    from radixgate.cluster import client
+    monkeypatch.setattr(client, "BROADCAST_PRESENCE_CHECK_S", 0.05)
+    present = {"r-live", "r-slow", "r-dead"}
+    responses = {}
+
+    class Handle:
+        class call:
+            @staticmethod
+            def remote(command, *args, target):
+                responses[target] = _Response(target, {"r-live": 0.0, "r-slow": 0.3}.get(target))
+                return responses[target]
+
+    engine = client.ClusterEngine.__new__(client.ClusterEngine)
+    engine.handle = Handle()
+    monkeypatch.setattr(client.ClusterEngine, "replica_ids", lambda self: sorted(present))
+
+    async def kill_later():
+        await asyncio.sleep(0.1)
+        present.discard("r-dead")
+    killer = asyncio.ensure_future(kill_later())
+    answers = await asyncio.wait_for(engine._broadcast("flush", None), timeout=5)
+    await killer
+    assert sorted(answers) == [("r-live", "ok"), ("r-slow", "ok")]
+    assert responses["r-dead"].cancelled and not responses["r-slow"].cancelled
