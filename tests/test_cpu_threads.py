@@ -105,6 +105,21 @@ def test_the_governor_drops_to_one_thread_while_others_are_busy_and_comes_back_w
     assert calls == [1, 2, 1] and governor.switches == 3
 
 
+def test_on_one_thread_the_governor_checks_in_short_windows_so_a_freed_core_comes_back_fast():
+    load = FakeLoad([0.9, 0.05, 0.05, 0.9])
+    governor = ThreadGovernor(2, load=load, window_s=0.3, recover_window_s=0.1,
+                              set_threads=lambda n: None)
+    load.now = 0.3
+    assert governor.tick() == 1                            # busy: one thread
+    seen = []
+    for _ in range(2):
+        load.now += 0.1                                    # a recovery window, not a full one
+        seen.append(governor.tick())
+    assert seen == [1, 2]                                  # two quiet short windows: back
+    load.now += 0.1
+    assert governor.tick() == 2 and len(load.loads) == 1   # back on full windows: no sample yet
+
+
 def test_others_on_cpus_the_engine_leaves_spare_do_not_count():
     load = FakeLoad([2.2, 2.1, 2.1, 3.0], cpus=4)          # 2 threads on 4 CPUs: 2 spare
     governor = ThreadGovernor(2, load=load, window_s=0.3, set_threads=lambda n: None)

@@ -40,6 +40,10 @@ class EngineConfig:
     block_size).
     ``max_step_tokens`` is the per-step token budget shared by decodes and prefill chunks;
     ``prefill_chunk`` caps one request's prefill tokens per step.
+    ``solo_step_tokens``: the budget (and chunk cap) of a step in which no sequence decodes,
+    so no one waits on it: a prompt prefilled alone goes in fewer, bigger chunks (each chunk
+    reads every weight once and, for int4 weights above 64 rows, dequantizes every layer;
+    2,048 tokens in one chunk instead of four: 1.9 against 2.2-2.4 s on the default model).
     ``debug_integrity`` runs the tree/pool integrity check whenever the engine goes idle.
     ``record_logits`` keeps each request's per-step logits and top-2 gaps for
     ``Engine.debug_trace`` (tests of the near-tie rule; costs memory).
@@ -66,6 +70,7 @@ class EngineConfig:
     max_model_len: int | None = None
     max_num_seqs: int = 64
     max_step_tokens: int = 512
+    solo_step_tokens: int = 2048
     max_queue: int = 256
     prefill_chunk: int | None = None
     debug_integrity: bool = False
@@ -86,8 +91,8 @@ class EngineConfig:
     kv_events_replay_endpoint: str | None = None
 
     def __post_init__(self) -> None:
-        if self.max_step_tokens <= 0 or self.max_num_seqs <= 0:
-            raise ValueError("max_step_tokens and max_num_seqs must be positive")
+        if self.max_step_tokens <= 0 or self.max_num_seqs <= 0 or self.solo_step_tokens <= 0:
+            raise ValueError("max_step_tokens, solo_step_tokens and max_num_seqs must be positive")
         if not 0.0 <= self.pin_share <= 1.0:
             raise ValueError("pin_share must lie in [0, 1]")
 
@@ -102,6 +107,15 @@ class EngineConfig:
     @property
     def chunk_tokens(self) -> int:
         return min(self.prefill_chunk or self.max_step_tokens, self.max_step_tokens)
+
+    @property
+    def solo_budget(self) -> int:
+        """A step's token budget when no sequence decodes (never below ``max_step_tokens``)."""
+        return max(self.solo_step_tokens, self.max_step_tokens)
+
+    @property
+    def solo_chunk_tokens(self) -> int:
+        return min(self.prefill_chunk or self.solo_budget, self.solo_budget)
 
     @property
     def share_wait_tokens(self) -> int:

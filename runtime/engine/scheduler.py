@@ -1,7 +1,9 @@
 """Which sequences compute which tokens in the next step (continuous batching).
 
 Each step spends at most ``max_step_tokens``: first one token for every decoding sequence
-(oldest first), then prefill chunks of running sequences, then new admissions. Admission is
+(oldest first), then prefill chunks of running sequences, then new admissions. A step in
+which no sequence decodes spends up to ``solo_step_tokens`` instead, in bigger chunks: no
+decode waits on it. Admission is
 fair across tenants (the tenant with the fewest running requests goes first, ties broken
 round-robin) and longest-cached-prefix-first inside a tenant (a preempted request first of
 all). A waiting request whose prompt shares notably more with a prompt now being prefilled
@@ -67,6 +69,7 @@ class Scheduler:
         self.running_by_tenant: dict[str, int] = defaultdict(int)
         self._served: dict[str, int] = defaultdict(int)   # tenant -> last admission tick
         self._tick = 0
+        self._chunk_cap = config.chunk_tokens   # this step's prefill chunk cap (schedule)
 
     # -- queue bookkeeping ----------------------------------------------------------------
     @property
@@ -102,7 +105,9 @@ class Scheduler:
     def schedule(self) -> StepPlan:
         plan = StepPlan()
         self.blocks.forget_probes()     # the tree changed since the last pass
-        budget = self.config.max_step_tokens
+        solo = not any(seq.prefill_inserted for seq in self.running)
+        self._chunk_cap = self.config.solo_chunk_tokens if solo else self.config.chunk_tokens
+        budget = self.config.solo_budget if solo else self.config.max_step_tokens
         budget = self._schedule_decodes(plan, budget)
         budget = self._schedule_prefills(plan, budget)
         if not plan.preempted:   # memory is short: admitting now would only thrash
@@ -168,8 +173,8 @@ class Scheduler:
         needs the output layer on every prompt row (49k logits each), so its chunks stay
         small: the extra work each step adds to the batch it shares is bounded."""
         if seq.params.prompt_logprobs is not None:
-            return min(self.config.chunk_tokens, PROMPT_LOGPROBS_CHUNK)
-        return self.config.chunk_tokens
+            return min(self._chunk_cap, PROMPT_LOGPROBS_CHUNK)
+        return self._chunk_cap
 
     # -- admission ------------------------------------------------------------------------
     def _tenant_order(self) -> list[str]:
