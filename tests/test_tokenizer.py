@@ -82,6 +82,16 @@ def test_emoji_is_split_across_tokens_at_byte_level(tok):
         pieces[0].decode("utf-8")
 
 
+def test_every_vocabulary_entry_maps_to_its_byte_level_bytes(tok):
+    from radixgate.runtime.model.tokenizer import bytes_to_unicode
+    byte_of = {c: b for b, c in bytes_to_unicode().items()}
+    added = set(tok.backend.get_added_tokens_decoder())
+    for i in range(tok.vocab_size):
+        piece = tok.id_to_token(i)
+        if i not in added:
+            assert tok.token_to_bytes(i) == bytes(byte_of[c] for c in piece), (i, piece)
+
+
 def test_ids_past_the_vocabulary_have_no_bytes(tok):
     assert tok.token_to_bytes(49152) == b"" and tok.decode_bytes([33, 10**6]) == tok.token_to_bytes(33)
 

@@ -63,6 +63,19 @@ class GGUFFile:
         self._pos += n
         return s
 
+    def _read_strings(self, count: int) -> list[str]:
+        """``count`` strings in a row (a vocabulary: ~100k at start), in one tight loop
+        (``_read_str`` per string cost ~130 ms of the default model's start)."""
+        mv, pos, out = self._mv, self._pos, []
+        from_bytes = int.from_bytes
+        for _ in range(count):
+            n = from_bytes(mv[pos:pos + 8], "little")
+            pos += 8
+            out.append(str(mv[pos:pos + n], "utf-8", "replace"))
+            pos += n
+        self._pos = pos
+        return out
+
     def _read_value(self, vtype: int):
         vtype = GGUFValueType(vtype)
         if vtype == GGUFValueType.STRING:
@@ -74,7 +87,7 @@ class GGUFFile:
     def _read_array(self):
         etype, count = GGUFValueType(self._unpack("<I")), self._unpack("<Q")
         if etype == GGUFValueType.STRING:
-            return [self._read_str() for _ in range(count)]
+            return self._read_strings(count)
         if etype == GGUFValueType.ARRAY:
             return [self._read_array() for _ in range(count)]
         dtype = np.dtype(_SCALAR[etype])

@@ -31,6 +31,8 @@ def bytes_to_unicode() -> dict[int, str]:
 
 
 _UNICODE_TO_BYTE = {c: b for b, c in bytes_to_unicode().items()}
+_BYTE_ALPHABET = frozenset(_UNICODE_TO_BYTE)
+_UNICODE_TO_LATIN1 = str.maketrans({c: chr(b) for c, b in _UNICODE_TO_BYTE.items()})
 
 
 def _raise_exception(message: str):
@@ -94,12 +96,15 @@ class Tokenizer:
     @cached_property
     def _token_bytes(self) -> list[bytes]:
         """The raw bytes each token id stands for (special tokens: their text)."""
-        decoder = json.loads(self.backend.to_str()).get("decoder") or {}
-        byte_level = "ByteLevel" in json.dumps(decoder)
+        decoder = self.backend.decoder       # its JSON alone (the whole tokenizer's took 110 ms)
+        byte_level = decoder is not None and b"ByteLevel" in decoder.__getstate__()
         added = {i: t.content for i, t in self.backend.get_added_tokens_decoder().items()}
+        pieces = [""] * self.vocab_size
+        for piece, i in self.backend.get_vocab(with_added_tokens=True).items():
+            if 0 <= i < self.vocab_size:
+                pieces[i] = piece
         table = []
-        for i in range(self.vocab_size):
-            piece = self.backend.id_to_token(i) or ""
+        for i, piece in enumerate(pieces):
             if i in added:
                 table.append(added[i].encode("utf-8"))
             elif byte_level:
@@ -168,10 +173,12 @@ def _encode(backend: HFTokenizer, text: str) -> list[int]:
 
 
 def _byte_level_bytes(piece: str) -> bytes:
-    try:
-        return bytes(_UNICODE_TO_BYTE[c] for c in piece)
-    except KeyError:
+    """The bytes a byte-level BPE piece stands for (a piece with a character outside the
+    byte alphabet: its UTF-8), through one ``str.translate`` (a generator per piece took
+    ~40 ms over a 49k vocabulary)."""
+    if not _BYTE_ALPHABET.issuperset(piece):
         return piece.encode("utf-8")
+    return piece.translate(_UNICODE_TO_LATIN1).encode("latin-1")
 
 
 def _sentencepiece_bytes(piece: str) -> bytes:
