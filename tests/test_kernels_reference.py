@@ -12,6 +12,7 @@ from radixgate.kernels import (
     BACKEND_ENV, copy_blocks, paged_attention, reference_copy_blocks, reference_paged_attention,
     reference_store_kv, store_kv,
 )
+from radixgate.kernels.reference import plan_attention
 from radixgate.kernels.testing import contiguous_attention, make_paged_case
 
 # (q_lens, seq_lens) as functions of the block size: every scenario crosses or meets a boundary.
@@ -52,6 +53,21 @@ def test_reference_attention_in_half_precision_stays_close(dtype):
                                     case.cu_q_lens, case.seq_lens, 0.125)
     assert out.dtype == dtype
     _check_against_contiguous(case, out, 0.125, atol=3e-2)
+
+
+@pytest.mark.parametrize("ratio", [1, 3])
+def test_a_lone_decode_row_on_scattered_blocks_gathers_exactly_its_slots(ratio):
+    # blocks in random order (a cached prefix's, then fresh ones); every other slot is NaN,
+    # so reading one position too many would show
+    case = make_paged_case([1], [3 * 16 - 5], num_heads=3 * ratio, num_kv_heads=3, head_dim=64,
+                           block_size=16, seed=11)
+    table = case.block_tables[0, :3].tolist()
+    assert table != list(range(table[0], table[0] + 3))
+    plan = plan_attention(case.block_tables, case.cu_q_lens, case.seq_lens, 16, 1)
+    assert plan.decode_slots is not None and plan.decode_slots.numel() == 3 * 16 - 5
+    out = reference_paged_attention(case.q, case.k_cache, case.v_cache, case.block_tables,
+                                    case.cu_q_lens, case.seq_lens, 0.125, plan)
+    _check_against_contiguous(case, out, 0.125, atol=1e-5)
 
 
 def test_reference_long_prefix_extend_attends_to_whole_prefix():
