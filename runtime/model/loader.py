@@ -146,6 +146,15 @@ def _read(path: Path, tiny: bool, seed: int):
     raise FileNotFoundError(f"model path {path} is neither a GGUF file nor an HF directory")
 
 
+def _release_file_pages(weights: dict) -> None:
+    """A GGUF file's pages leave the resident set once its weights are built
+    (``GGUFFile.release_resident_pages``)."""
+    files = {id(f): f for w in weights.values()
+             if (f := getattr(getattr(w, "info", None), "file", None)) is not None}
+    for gguf in files.values():
+        gguf.release_resident_pages()
+
+
 def load_model(path: str = "default", *, tiny: bool = False, device: str | None = None,
                dtype=None, max_model_len: int | None = None, seed: int = 0,
                weights_dtype: str = "auto") -> LoadedModel:
@@ -172,6 +181,7 @@ def _load(path: str, tiny: bool, device: str | None, dtype, max_model_len: int |
     kind = source_kind(w for name, w in weights.items() if name.endswith("proj.weight"))
     weights_dtype = resolve_weights_dtype(weights_dtype, kind, dev, dt, tiny)
     model = LlamaModel(config, weights, device=dev, dtype=dt, weights_dtype=weights_dtype)
+    _release_file_pages(weights)
     del weights
     limit = _context(config, max_model_len)
     name = _model_name(path, p, tiny)
