@@ -187,15 +187,15 @@ class AttentionPlan:
     decode_slots: torch.Tensor | None = None
     workspace: dict = field(default_factory=dict, compare=False, repr=False)
 
-    def gather_buffer(self, name: str, cache: torch.Tensor) -> torch.Tensor:
-        """A reused output for the decode gather of ``cache`` ([len(decode_blocks), bs, Hkv, D]
+    def gather_buffer(self, name: str, source: torch.Tensor, rows: int) -> torch.Tensor:
+        """A reused output for gathering ``rows`` rows of ``source`` ([rows, *source.shape[1:]]
         in its dtype), one per ``name``: every layer gathers into the same memory instead of a
         fresh allocation (safe because a layer is done with it before the next one gathers)."""
-        key = (name, cache.dtype, cache.device, tuple(cache.shape[1:]))
+        key = (name, source.dtype, source.device, tuple(source.shape[1:]), rows)
         buffer = self.workspace.get(key)
         if buffer is None:
-            buffer = torch.empty((self.decode_blocks.numel(), *cache.shape[1:]), dtype=cache.dtype,
-                                 device=cache.device)
+            buffer = torch.empty((rows, *source.shape[1:]), dtype=source.dtype,
+                                 device=source.device)
             self.workspace[key] = buffer
         return buffer
 
@@ -274,7 +274,8 @@ def _decode_read(cache: torch.Tensor, scales: torch.Tensor | None, plan: Attenti
     if isinstance(blocks, slice):
         return dequantize_kv(cache.flatten(0, 1)[blocks],
                              None if scales is None else scales.flatten(0, 1)[blocks], dtype)
-    return _gather(cache, scales, blocks, dtype, plan.gather_buffer(name, cache))
+    buffer = plan.gather_buffer(name, cache, blocks.numel())
+    return _gather(cache, scales, blocks, dtype, buffer)
 
 
 def _decode_attention(q, caches, plan: AttentionPlan, scale: float) -> torch.Tensor:
@@ -301,14 +302,9 @@ def _decode_attention(q, caches, plan: AttentionPlan, scale: float) -> torch.Ten
 
 def _slot_gather(cache: torch.Tensor, plan: AttentionPlan, name: str) -> torch.Tensor:
     """The lone decode row's positions of one float cache, ``plan.decode_slots`` of its flat
-    slots, gathered into a buffer every layer reuses: [length, Hkv, D]."""
-    slots = plan.decode_slots
-    key = ("slots", name, cache.dtype, cache.device, tuple(cache.shape[2:]))
-    out = plan.workspace.get(key)
-    if out is None:
-        out = plan.workspace[key] = torch.empty((slots.numel(), *cache.shape[2:]),
-                                                dtype=cache.dtype, device=cache.device)
-    return torch.index_select(cache.flatten(0, 1), 0, slots, out=out)
+    slots, gathered into the plan's reused buffer: [length, Hkv, D]."""
+    flat, slots = cache.flatten(0, 1), plan.decode_slots
+    return torch.index_select(flat, 0, slots, out=plan.gather_buffer(name, flat, slots.numel()))
 
 
 def _lone_row_attention(q, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:

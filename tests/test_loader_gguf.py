@@ -106,7 +106,6 @@ def test_not_a_gguf_file_is_rejected(tmp_path):
         GGUFFile(bad)
 
 
-
 RESIDENT_AFTER_LOAD = """
 import sys, torch
 from radixgate.runtime.model.loader import default_model_path, load_model

@@ -94,9 +94,9 @@ class ThreadGovernor:
     31-38 tok/s; 1 thread: 86-92; idle cores, 2 threads: 111-117). Checked every
     ``window_s`` between steps (a read of ``/proc/stat``); back to ``threads`` once the others
     stayed under ``idle_below`` (beyond the spare CPUs) for two windows in a row. While on one
-    thread the windows are ``recover_window_s`` long, so a core freed comes back within about
-    three of them (0.3 s) rather than 0.6-0.9 s: 16 streams that started just after a busy
-    spell ran at 290-320 tok/s instead of 430-500 with 0.3 s windows throughout."""
+    thread the windows are ``recover_window_s`` long: with a busy loop stopped just before 16
+    streams arrived, two threads were back 0.14 s after work resumed (0.6-0.9 s with 0.3 s
+    windows throughout)."""
 
     def __init__(self, threads: int, load: OtherCpuLoad | None = None, window_s: float = 0.3,
                  busy_above: float = 0.35, idle_below: float = 0.15,

@@ -69,7 +69,6 @@ class Scheduler:
         self.running_by_tenant: dict[str, int] = defaultdict(int)
         self._served: dict[str, int] = defaultdict(int)   # tenant -> last admission tick
         self._tick = 0
-        self._chunk_cap = config.chunk_tokens   # this step's prefill chunk cap (schedule)
 
     # -- queue bookkeeping ----------------------------------------------------------------
     @property
@@ -106,12 +105,12 @@ class Scheduler:
         plan = StepPlan()
         self.blocks.forget_probes()     # the tree changed since the last pass
         solo = not any(seq.prefill_inserted for seq in self.running)
-        self._chunk_cap = self.config.solo_chunk_tokens if solo else self.config.chunk_tokens
+        cap = self.config.solo_chunk_tokens if solo else self.config.chunk_tokens
         budget = self.config.solo_budget if solo else self.config.max_step_tokens
         budget = self._schedule_decodes(plan, budget)
-        budget = self._schedule_prefills(plan, budget)
+        budget = self._schedule_prefills(plan, budget, cap)
         if not plan.preempted:   # memory is short: admitting now would only thrash
-            self._schedule_admissions(plan, budget)
+            self._schedule_admissions(plan, budget, cap)
         return plan
 
     def _schedule_decodes(self, plan: StepPlan, budget: int) -> int:
@@ -146,17 +145,17 @@ class Scheduler:
         self.waiting[seq.tenant].insert(0, seq)
         plan.preempted.append(seq)
 
-    def _schedule_prefills(self, plan: StepPlan, budget: int) -> int:
+    def _schedule_prefills(self, plan: StepPlan, budget: int, cap: int) -> int:
         for seq in self.running:
             if budget == 0:
                 break
             if not seq.prefill_inserted and self.blocks.finish_load(seq):
-                n = min(seq.remaining_prefill, self._chunk_limit(seq), budget)
+                n = min(seq.remaining_prefill, self._chunk_limit(seq, cap), budget)
                 plan.chunks.append(Chunk(seq, n))
                 budget -= n
         return budget
 
-    def _schedule_admissions(self, plan: StepPlan, budget: int) -> None:
+    def _schedule_admissions(self, plan: StepPlan, budget: int, cap: int) -> None:
         held: set[int] = set()
         while budget > 0 and len(self.running) < self.config.max_num_seqs:
             seq = self._admit_next(held, plan)
@@ -164,17 +163,17 @@ class Scheduler:
                 return
             if seq.tier_load is not None:
                 continue                # its prefix is loading: it computes once loaded
-            n = min(seq.remaining_prefill, self._chunk_limit(seq), budget)
+            n = min(seq.remaining_prefill, self._chunk_limit(seq, cap), budget)
             plan.chunks.append(Chunk(seq, n))
             budget -= n
 
-    def _chunk_limit(self, seq: Sequence) -> int:
+    def _chunk_limit(self, seq: Sequence, cap: int) -> int:
         """Prefill tokens seq may compute in one step. A request that wants prompt logprobs
         needs the output layer on every prompt row (49k logits each), so its chunks stay
         small: the extra work each step adds to the batch it shares is bounded."""
         if seq.params.prompt_logprobs is not None:
-            return min(self._chunk_cap, PROMPT_LOGPROBS_CHUNK)
-        return self._chunk_cap
+            return min(cap, PROMPT_LOGPROBS_CHUNK)
+        return cap
 
     # -- admission ------------------------------------------------------------------------
     def _tenant_order(self) -> list[str]:

@@ -149,9 +149,9 @@ def _read(path: Path, tiny: bool, seed: int):
 def _release_file_pages(weights: dict) -> None:
     """A GGUF file's pages leave the resident set once its weights are built
     (``GGUFFile.release_resident_pages``)."""
-    files = {id(f): f for w in weights.values()
+    files = {f for w in weights.values()
              if (f := getattr(getattr(w, "info", None), "file", None)) is not None}
-    for gguf in files.values():
+    for gguf in files:
         gguf.release_resident_pages()
 
 
