@@ -29,7 +29,8 @@ import time
 from concurrent.futures import Future
 
 from radixgate.radix_cache import PUBLIC_NAMESPACE
-from radixgate.runtime.engine.api import ErrorKind, Finished, FinishReason, Request, Usage
+from radixgate.runtime.engine.api import (EngineUnavailable, ErrorKind, Finished, FinishReason,
+                                         Request, Usage)
 
 from .admission import TenantAdmission
 from .snapshot_merge import merge_snapshots
@@ -39,6 +40,9 @@ MAX_ATTEMPTS = 5
 RETRY_PAUSE_S = 0.2            # doubled after each failed try (Serve needs a moment to drop a dead replica)
 REPLICA_FAILED = "the engine replica serving this request failed; retry the request"
 BROADCAST_PRESENCE_CHECK_S = 1.0   # how often a waiting per-replica call checks its replica is still there
+SNAPSHOT_DEADLINE_S = 10.0     # a replica answers between steps; past this its last report is used
+COMMAND_DEADLINE_S = 60.0      # a command (flush, pin, ...) one replica has not answered by then fails
+PUBLISH_DEADLINE_S = 300.0     # publish computes the prefix, behind the replica's queue
 
 
 class ClusterEngine:
@@ -55,6 +59,7 @@ class ClusterEngine:
         self.started_ray = started_ray
         self.replica_usage: dict[str, list[int]] = {}    # replica -> [cached, prompt]
         self.fresh: dict[str, object] = {}              # replica -> last requested snapshot
+        self.stale: set[str] = set()        # replicas that missed the last snapshot request
         self._latest = merge_snapshots({}, {}, {}, self.block_size)
         self._stopped = False
 
@@ -91,7 +96,8 @@ class ClusterEngine:
         if snapshots:
             self.num_blocks = min(s.blocks.total for s in snapshots.values())
             self._latest = merge_snapshots(snapshots, self.hit_rates(),
-                                           {s["replica"]: s for s in stats}, self.block_size)
+                                           {s["replica"]: dict(s, stale=s["replica"] in self.stale)
+                                            for s in stats}, self.block_size)
         return self._latest
 
     def request_done(self, replica: str, request_id: str) -> None:
@@ -113,9 +119,15 @@ class ClusterEngine:
                 if prompt}
 
     def request_snapshot(self) -> Future:
+        """Every replica's snapshot taken now, summed; a replica that does not answer within
+        ``SNAPSHOT_DEADLINE_S`` (stuck, or being replaced) is counted from its last report,
+        and listed with ``stale`` set."""
         async def fresh():
-            for name, snap in await self._broadcast("request_snapshot"):
+            answers = await self._broadcast("request_snapshot", deadline_s=SNAPSHOT_DEADLINE_S,
+                                            required=False)
+            for name, snap in answers:
                 self.fresh[name] = snap
+            self.stale = set(self.replica_ids()) - {name for name, _ in answers}
             return self.snapshot()
         return self._future(fresh())
 
@@ -150,15 +162,16 @@ class ClusterEngine:
         """Computes ``tokens`` into ``namespace`` and pins them on every replica; the first
         failure, else the first replica's Finished."""
         async def run():
-            results = [r for _, r in await self._broadcast("publish", list(tokens), ttl_s,
-                                                           namespace, owner)]
+            results = [r for _, r in await self._broadcast(
+                "publish", list(tokens), ttl_s, namespace, owner, deadline_s=PUBLISH_DEADLINE_S)]
             failed = [r for r in results if r.reason is FinishReason.ERROR]
             return (failed or results)[0]
         return self._future(run())
 
     def check_integrity(self) -> Future:
         async def run():
-            return {name: result for name, result in await self._broadcast("check_integrity")}
+            return {name: result for name, result in
+                    await self._broadcast("check_integrity")}
         return self._future(run())
 
     def _combined(self, command: str, combine, *args) -> Future:
@@ -166,25 +179,44 @@ class ClusterEngine:
             return combine(r for _, r in await self._broadcast(command, *args))
         return self._future(run())
 
-    async def _broadcast(self, command: str, *args) -> list[tuple[str, object]]:
-        """(replica, result) of every replica that answers; one that leaves Serve's replica
-        set while its call waits (killed, replaced) is left out instead of being waited on
-        forever: the router holds a targeted call until its replica is a candidate."""
-        answers = await asyncio.gather(*(self._call_while_present(name, command, *args)
-                                         for name in self.replica_ids()))
-        return [answer for answer in answers if answer is not None]
+    async def _broadcast(self, command: str, *args, deadline_s: float | None = None,
+                         required: bool = True) -> list[tuple[str, object]]:
+        """(replica, result) of every replica that answers. One that leaves Serve's replica
+        set while its call waits (killed, replaced) is left out: the router holds a targeted
+        call until its replica is a candidate, which a dead one never is again. One still
+        listed that has not answered within ``deadline_s`` (a dead one Serve has not noticed
+        yet, a replacement still starting, a stuck one) is left out too when the answer is
+        not ``required`` (stats), else the command fails with ``EngineUnavailable`` naming
+        it, rather than holding the HTTP request for minutes (default ``COMMAND_DEADLINE_S``)."""
+        deadline_s = COMMAND_DEADLINE_S if deadline_s is None else deadline_s
+        names = self.replica_ids()
+        answers = await asyncio.gather(*(self._call_while_present(name, deadline_s, command, *args)
+                                         for name in names))
+        late = [name for name, answer in zip(names, answers) if answer is _LATE]
+        if late:
+            log.warning("replicas %s did not answer %r within %g s", late, command, deadline_s)
+            if required:
+                raise EngineUnavailable(f"engine replica(s) {', '.join(late)} did not answer "
+                                        f"{command!r} within {deadline_s:g} s; retry")
+        return [answer for answer in answers if answer is not None and answer is not _LATE]
 
-    async def _call_while_present(self, name: str, command: str, *args):
+    async def _call_while_present(self, name: str, deadline_s: float, command: str, *args):
+        """The replica's (name, result); None when it left the replica set; ``_LATE`` past
+        the deadline (the call is cancelled either way)."""
         response = self.handle.call.remote(command, *args, target=name)
         task = asyncio.ensure_future(_awaited(response))
+        deadline = time.monotonic() + deadline_s
         while True:
-            done, _ = await asyncio.wait({task}, timeout=BROADCAST_PRESENCE_CHECK_S)
+            left = deadline - time.monotonic()
+            done, _ = await asyncio.wait({task}, timeout=max(0.0, min(BROADCAST_PRESENCE_CHECK_S, left)))
             if done:
                 return task.result()
-            if name not in self.replica_ids():
+            gone = name not in self.replica_ids()
+            if gone or time.monotonic() >= deadline:
                 response.cancel()
                 task.cancel()
-                return None
+                task.add_done_callback(_retrieved)     # its RequestCancelledError is expected
+                return None if gone else _LATE
 
     def _future(self, coroutine) -> Future:
         """A concurrent Future for ``coroutine`` run on the running event loop."""
@@ -201,6 +233,14 @@ class ClusterEngine:
             time.sleep(0.05)
         from .serve_app import stop_cluster
         stop_cluster(self.started_ray)
+
+
+_LATE = object()      # a per-replica call that passed its deadline
+
+
+def _retrieved(task: asyncio.Future) -> None:
+    if not task.cancelled():
+        task.exception()
 
 
 async def _awaited(response):

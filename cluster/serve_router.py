@@ -12,7 +12,8 @@ the first rank's replica unless that one is full (``max_ongoing_requests``), the
   subscriber resyncs from); a replica that dies or leaves is forgotten, its index entries
   with it.
 - A call with ``target=<replica id>`` (the gateway's per-replica commands and stats) goes
-  to that replica only; a request with ``exclude=(replica ids)`` (the gateway's retry of a
+  to that replica only (while it is not a candidate, Serve backs off and asks again: every
+  choice sets the request's ``routing_context.should_backoff``); a request with ``exclude=(replica ids)`` (the gateway's retry of a
   request whose replica died) goes to another one while there is another.
 - Where each request went is kept for the gateway (``take_placement``): a retry excludes
   the replica that died before answering. The last ``MAX_PLACEMENTS`` are kept.
@@ -58,6 +59,12 @@ class RadixPrefixRouter(RequestRouter):
                               ) -> list[list[RunningReplica]]:
         by_id = {r.replica_id.unique_id: r for r in candidate_replicas}
         self._follow(candidate_replicas)
+        if pending_request is not None:
+            # Serve retries a choice that routed nowhere (a target that is gone, replicas
+            # that are full) at once, without yielding, while this is False: set, it backs
+            # off. Left False, a call targeted at a dead replica spun the router's event
+            # loop forever and every request of the gateway stalled behind it.
+            pending_request.routing_context.should_backoff = True
         kwargs = pending_request.kwargs if pending_request is not None else {}
         target = kwargs.get("target")
         if target is not None:

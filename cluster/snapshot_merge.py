@@ -25,7 +25,7 @@ TOP_N = 10
 def merge_snapshots(snapshots: Mapping[str, EngineSnapshot], hit_rates: Mapping[str, float],
                     views: Mapping[str, dict], block_size: int) -> EngineSnapshot:
     """``snapshots``: replica -> its latest snapshot; ``hit_rates`` and ``views`` (the
-    router's in_flight / indexed_blocks) per replica."""
+    router's in_flight / indexed_blocks, and ``stale``) per replica."""
     if not snapshots:
         return empty_snapshot(0, block_size)
     snaps = list(snapshots.values())
@@ -55,7 +55,8 @@ def merge_snapshots(snapshots: Mapping[str, EngineSnapshot], hit_rates: Mapping[
         replicas=tuple(ReplicaCounts(name, s.blocks, round(hit_rates.get(name, 0.0), 6),
                                      s.running, s.waiting,
                                      views.get(name, {}).get("in_flight", 0),
-                                     views.get(name, {}).get("indexed_blocks", 0))
+                                     views.get(name, {}).get("indexed_blocks", 0),
+                                     views.get(name, {}).get("stale", False))
                        for name, s in sorted(snapshots.items())))
 
 

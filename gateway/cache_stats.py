@@ -96,7 +96,7 @@ def _replicas(snapshot, admin: bool) -> list[dict]:
                 "hit_rate": r.hit_rate if admin else 0.0,
                 "running": r.running if admin else 0, "waiting": r.waiting if admin else 0}
         if admin:
-            item.update(in_flight=r.in_flight, indexed_blocks=r.indexed_blocks)
+            item.update(in_flight=r.in_flight, indexed_blocks=r.indexed_blocks, stale=r.stale)
         out.append(item)
     return out
 

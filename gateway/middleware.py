@@ -25,6 +25,7 @@ from radixgate.gateway.errors import ApiError, Kind, api_for_path
 from radixgate.gateway.http_util import (ACCESS, CLIENT_REQUEST_ID, IGNORED_FIELDS, PRINCIPAL,
                                         REQUEST_ID, STATE)
 from radixgate.gateway.vllm.utility import PATHS as VLLM_PATHS
+from radixgate.runtime.engine.api import EngineUnavailable
 
 log = logging.getLogger("radixgate.gateway")
 access_log = logging.getLogger("radixgate.access")
@@ -130,6 +131,10 @@ async def gateway_middleware(request: web.Request, handler) -> web.StreamRespons
             status = e.status
             raise
         error = _http_error(request, e)
+        status = error.status(api_for_path(request.path))
+        return _error_response(request, error)
+    except EngineUnavailable as e:
+        error = ApiError(Kind.UNAVAILABLE, str(e))
         status = error.status(api_for_path(request.path))
         return _error_response(request, error)
     except (asyncio.CancelledError, ConnectionResetError):

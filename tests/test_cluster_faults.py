@@ -167,8 +167,10 @@ async def test_the_router_sends_a_retry_to_a_replica_the_request_does_not_exclud
     def replica(name: str):
         return SimpleNamespace(replica_id=SimpleNamespace(unique_id=name), routing_stats={})
 
+    from ray.serve._private.request_router.common import RequestRoutingContext
+
     def pending(request: Request, **kwargs):
-        return SimpleNamespace(args=[request], kwargs=kwargs,
+        return SimpleNamespace(args=[request], kwargs=kwargs, routing_context=RequestRoutingContext(),
                                metadata=SimpleNamespace(internal_request_id=request.request_id))
 
     router = RadixPrefixRouter(DeploymentID(name="engines", app_name="test"),
@@ -189,6 +191,66 @@ async def test_the_router_sends_a_retry_to_a_replica_the_request_does_not_exclud
         ranked = sorted(r.replica_id.unique_id for rank in everyone for r in rank)
         assert ranked == ["r1", "r2", "r3"]                              # none left: all
     finally:
+        router.subscriber.close()
+        del router
+        gc.collect()
+
+
+async def test_a_call_targeted_at_a_replica_that_is_gone_backs_off_instead_of_spinning_the_router():
+    """Serve's routing loop asks the router again at once, without yielding, unless the
+    router sets ``should_backoff``: a stats call targeted at a replica that died spun the
+    router's event loop, and every later request of the gateway stalled behind it."""
+    pytest.importorskip("ray.serve")
+    import asyncio
+    import gc
+    from types import SimpleNamespace
+
+    from ray.serve._private.common import DeploymentHandleSource, DeploymentID
+    from ray.serve._private.request_router.common import RequestRoutingContext
+
+    from radixgate.cluster.serve_router import RadixPrefixRouter
+
+    router = RadixPrefixRouter(DeploymentID(name="engines", app_name="test"),
+                               DeploymentHandleSource.UNKNOWN)
+    router.initialize_state(block_size=4)
+    from ray.serve._private.common import ReplicaID
+    live = SimpleNamespace(replica_id=ReplicaID("r-live", DeploymentID(name="engines", app_name="test")),
+                           routing_stats={})
+    router._replicas, router._replicas_list = {live.replica_id: live}, [live]
+    router.initial_backoff_s = 0.01
+    pending = SimpleNamespace(args=["snapshot"], kwargs={"target": "r-dead"},
+                              routing_context=RequestRoutingContext(),
+                              metadata=SimpleNamespace(internal_request_id="x"))
+    ticks, choices = 0, 0
+    choose = router.choose_replicas
+
+    async def counted_choose(*args, **kwargs):
+        nonlocal choices
+        choices += 1
+        if choices > 1000:                            # bounds the spin when it is back
+            raise AssertionError("Serve's routing loop asked 1000 times without backing off")
+        return await choose(*args, **kwargs)
+
+    router.choose_replicas = counted_choose
+
+    async def ticker():
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0)
+
+    ticking = asyncio.ensure_future(ticker())
+    choosing = asyncio.ensure_future(router._choose_replicas_with_backoff(pending).__anext__())
+    try:
+        await asyncio.sleep(0.3)
+        if choosing.done():
+            choosing.result()                         # raises the spin's AssertionError
+        assert not choosing.done()                    # nothing to route to: it waits
+        assert ticks > 10, "the router's event loop was starved by its own routing loop"
+        assert pending.routing_context.should_backoff
+    finally:
+        choosing.cancel()
+        ticking.cancel()
         router.subscriber.close()
         del router
         gc.collect()

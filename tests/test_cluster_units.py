@@ -219,3 +219,34 @@ async def test_a_broadcast_leaves_out_a_replica_that_leaves_while_its_call_waits
     await killer
     assert sorted(answers) == [("r-live", "ok"), ("r-slow", "ok")]
     assert responses["r-dead"].cancelled and not responses["r-slow"].cancelled
+
+
+async def test_a_replica_that_stays_listed_but_never_answers_is_stale_for_stats_and_fails_a_command(
+        monkeypatch):
+    """A replica Serve still lists that never answers (killed but not yet noticed, a
+    replacement still starting, stuck): stats answer without it within their deadline and
+    mark it stale; a command fails with EngineUnavailable naming it (the gateway's 503)
+    instead of holding the HTTP request."""
+    from radixgate.cluster import client
+    from radixgate.runtime.engine.api import EngineUnavailable
+    monkeypatch.setattr(client, "BROADCAST_PRESENCE_CHECK_S", 0.05)
+    monkeypatch.setattr(client, "SNAPSHOT_DEADLINE_S", 0.3)
+    monkeypatch.setattr(client, "COMMAND_DEADLINE_S", 0.3)
+    responses = {}
+
+    class Handle:
+        class call:
+            @staticmethod
+            def remote(command, *args, target):
+                responses[target] = _Response(target, {"r-live": 0.0}.get(target))
+                return responses[target]
+
+    engine = client.ClusterEngine.__new__(client.ClusterEngine)
+    engine.handle, engine.fresh, engine.stale = Handle(), {}, set()
+    monkeypatch.setattr(client.ClusterEngine, "replica_ids", lambda self: ["r-live", "r-stuck"])
+    monkeypatch.setattr(client.ClusterEngine, "snapshot", lambda self: sorted(self.stale))
+    stale = await asyncio.wait_for(asyncio.wrap_future(engine.request_snapshot()), timeout=5)
+    assert stale == ["r-stuck"] and engine.fresh == {"r-live": "ok"}
+    assert responses["r-stuck"].cancelled
+    with pytest.raises(EngineUnavailable, match="r-stuck"):
+        await asyncio.wait_for(engine._broadcast("flush", None), timeout=5)

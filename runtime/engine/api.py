@@ -36,6 +36,11 @@ class ErrorKind(str, enum.Enum):
     INTERNAL = "internal"            # 500: a bug or an injected fault in a step
 
 
+class EngineUnavailable(RuntimeError):
+    """An engine did not answer a command in time (a replica of a scale-out deployment
+    that is stuck or being replaced); the gateway answers 503 in the API's format."""
+
+
 class FinishReason(str, enum.Enum):
     EOS = "eos"
     LENGTH = "length"

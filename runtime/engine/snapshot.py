@@ -59,6 +59,7 @@ class ReplicaCounts:
     waiting: int
     in_flight: int = 0       # requests the router sent it that have not finished
     indexed_blocks: int = 0  # its blocks in the router's prefix index (from its KV events)
+    stale: bool = False      # it missed the last snapshot request: counts from its last report
 
 
 @dataclass(frozen=True, slots=True)
