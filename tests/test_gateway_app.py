@@ -140,3 +140,30 @@ async def test_error_after_the_200_is_sent_as_an_error_event(aiohttp_client):
     assert '"error"' in lines[-2] and lines[-1] == "data: [DONE]"
     report = await asyncio.wrap_future(engine.check_integrity())
     assert report["running"] == 0 and report["locks"] == 0
+
+
+async def test_an_engine_that_does_not_answer_a_command_is_a_503_in_the_apis_format(aiohttp_client):
+    """A scale-out replica that does not answer a flush in time (``EngineUnavailable``)
+    gives the admin a 503 in the API's own envelope, not a generic 500."""
+    from concurrent.futures import Future
+
+    from radixgate.runtime.engine.api import EngineUnavailable
+
+    class Silent:
+        def __init__(self, inner):
+            self.inner = inner
+
+        def __getattr__(self, name):
+            return getattr(self.inner, name)
+
+        def flush(self, namespace=None):
+            future = Future()
+            future.set_exception(EngineUnavailable("engine replica(s) r-1 did not answer 'flush'"))
+            return future
+
+    client = await start(aiohttp_client, lambda config: Silent(engine_factory(config)))
+    await wait_ready(client)
+    resp = await client.post("/v1/cache/flush", headers={"authorization": "Bearer sk-admin"})
+    body = await resp.json()
+    assert resp.status == 503, body
+    assert "r-1 did not answer" in body["error"]["message"]
