@@ -15,7 +15,8 @@ writes, drops by reason and whether its disk is full; server-wide, so admin only
 gets zeros, and ``enabled`` and the disk budget, which are configuration), ``replicas``
 (scale-out: each
 engine replica's blocks, hit rate, running and waiting; the other counts are their sums;
-empty with one engine).
+empty with one engine), ``engine`` (steps since start, seconds inside them and in the model
+forward; admin only).
 """
 from __future__ import annotations
 
@@ -57,7 +58,17 @@ def build_stats(snapshot, book: UsageBook, *, model: str, tenant: str | None,
         "prefill_tokens_per_s": _prefill_rate(snapshot.prefill_tokens_per_s, admin),
         "tiers": _tiers(snapshot, admin),
         "replicas": _replicas(snapshot, admin),
+        "engine": _engine(snapshot, admin),
     }
+
+
+def _engine(snapshot, admin: bool) -> dict:
+    """Steps since start and the time inside them, of which in the model's forward (the
+    rest is scheduling, sampling and emitting): server-wide, so admin only."""
+    if not admin:
+        return {"steps": 0, "step_s": 0.0, "forward_s": 0.0}
+    return {"steps": snapshot.steps, "step_s": round(snapshot.step_time_s, 6),
+            "forward_s": round(snapshot.forward_time_s, 6)}
 
 
 DISK_COUNTS = ("blocks", "bytes", "retained_blocks", "hit_tokens", "loads", "loaded_blocks",

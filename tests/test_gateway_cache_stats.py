@@ -29,7 +29,8 @@ def snapshot(prefill_rate: float = 5432.1) -> EngineSnapshot:
         tenants=MappingProxyType({"acme": TenantCounts(running=1, pinned_tokens=100),
                                   "globex": TenantCounts()}),
         evictions=MappingProxyType({"lru": 3}), top_prefixes=(),
-        prefill_tokens_per_s=prefill_rate, kv_dtype="int8", kv_bytes_per_token=11880)
+        prefill_tokens_per_s=prefill_rate, kv_dtype="int8", kv_bytes_per_token=11880,
+        steps=40, step_time_s=0.5, forward_time_s=0.4)
 
 
 def usage(prompt: int, read: int, w5m: int = 0, w1h: int = 0, ttft_s: float | None = 0.05
@@ -118,3 +119,8 @@ def test_kv_dtype_and_capacity_are_shown_to_admin_and_tenants(book):
         assert got["kv_dtype"] == "int8"
         assert got["capacity"] == {"blocks": 100, "tokens": 1600, "bytes_per_token": 11880,
                                    "bytes": 1600 * 11880}
+
+
+def test_engine_step_times_are_the_admins_only(book):
+    assert stats(book)["engine"] == {"steps": 40, "step_s": 0.5, "forward_s": 0.4}
+    assert stats(book, "acme")["engine"] == {"steps": 0, "step_s": 0.0, "forward_s": 0.0}
