@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from radixgate.kernels import native
 from radixgate.kernels.checks import (
     SCALE_DTYPE,
     check_attention_inputs,
@@ -29,6 +30,12 @@ from radixgate.kernels.checks import (
 )
 
 QMAX = {torch.int8: 127.0, torch.float8_e4m3fn: 448.0}   # largest code of each 8-bit dtype
+NATIVE_DECODE = True                  # decode rows through kernels.native where it fits
+# positions read by one native call (rows x padded length) past which torch's two-thread
+# SDPA is the faster (measured, AMD EPYC: one row of 150 20.7 vs 24.5 us, of 600 58 vs 53;
+# 16 rows of 88 129 vs 175 us, of 300 384 vs 353)
+NATIVE_DECODE_MAX_POSITIONS = {1: 448}
+NATIVE_DECODE_MAX_POSITIONS_MANY = 2048
 SCALE_MIN, SCALE_MAX = 2.0 ** -24, 65504.0               # float16's smallest and largest
 
 
@@ -185,6 +192,8 @@ class AttentionPlan:
     decode_mask: torch.Tensor | None
     extends: tuple[tuple[int, int, int, slice | torch.Tensor], ...]
     decode_slots: torch.Tensor | None = None
+    decode_tables: torch.Tensor | None = None   # int32 [n, nb] the decode rows' block ids
+    decode_lens: torch.Tensor | None = None     # int32 [n] and their lengths (native kernel)
     workspace: dict = field(default_factory=dict, compare=False, repr=False)
 
     def gather_buffer(self, name: str, source: torch.Tensor, rows: int) -> torch.Tensor:
@@ -222,13 +231,17 @@ def plan_attention(block_tables: torch.Tensor, cu_q_lens: torch.Tensor, seq_lens
             else:
                 offsets = torch.arange(block_size, device=block_tables.device)
                 slots = (blocks[:, None] * block_size + offsets).reshape(-1)[:lens[decode[0]]]
+    native_read = {}
+    if decode:
+        native_read = dict(decode_tables=tables[:, :num_blocks].contiguous(),
+                           decode_lens=lengths.to(torch.int32).contiguous())
     if len(decode) == len(q_lens):
-        return AttentionPlan(num_tokens, block_size, None, blocks, mask, (), slots)
+        return AttentionPlan(num_tokens, block_size, None, blocks, mask, (), slots, **native_read)
     starts = cu_q_lens.tolist()
     rows = cu_q_lens[torch.tensor(decode, dtype=torch.int64, device=cu_q_lens.device)].to(torch.int64)
     extends = tuple((starts[b], n, lens[b], _extend_blocks(block_tables[b], -(-lens[b] // block_size)))
                     for b, n in enumerate(q_lens) if n > 1)
-    return AttentionPlan(num_tokens, block_size, rows, blocks, mask, extends, slots)
+    return AttentionPlan(num_tokens, block_size, rows, blocks, mask, extends, slots, **native_read)
 
 
 def _extend_blocks(table: torch.Tensor, num_blocks: int) -> slice | torch.Tensor:
@@ -284,6 +297,9 @@ def _decode_attention(q, caches, plan: AttentionPlan, scale: float) -> torch.Ten
     n, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
     blocks = plan.decode_blocks
+    if _native_decode_fits(q, k_cache, k_scale, plan):
+        return native.decode_attention(q.contiguous(), k_cache, v_cache, plan.decode_tables,
+                                       plan.decode_lens, scale)
     if k_scale is None and k_cache.dtype == q.dtype:
         if isinstance(blocks, slice):
             return _lone_row_attention(q, k_cache.flatten(0, 1)[blocks],
@@ -298,6 +314,19 @@ def _decode_attention(q, caches, plan: AttentionPlan, scale: float) -> torch.Ten
     out = F.scaled_dot_product_attention(grouped, k.transpose(1, 2), v.transpose(1, 2),
                                          attn_mask=plan.decode_mask, scale=scale)
     return out.reshape(n, num_heads, head_dim)
+
+
+def _native_decode_fits(q: torch.Tensor, k_cache: torch.Tensor, k_scale, plan: AttentionPlan) -> bool:
+    """The decode rows go through the native kernel (``kernels.native``, one thread): a
+    float32 cache and q, and at most ``NATIVE_DECODE_MAX_POSITIONS`` positions read in all
+    (past that torch's two-thread SDPA is the faster)."""
+    if not NATIVE_DECODE or k_scale is not None or plan.decode_tables is None:
+        return False
+    if q.dtype != torch.float32 or not native.usable(k_cache):
+        return False
+    rows, blocks = plan.decode_tables.shape
+    limit = NATIVE_DECODE_MAX_POSITIONS.get(rows, NATIVE_DECODE_MAX_POSITIONS_MANY)
+    return rows * blocks * plan.block_size <= limit
 
 
 def _slot_gather(cache: torch.Tensor, plan: AttentionPlan, name: str) -> torch.Tensor:

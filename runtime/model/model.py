@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from radixgate.kernels import attention_plan, paged_attention, store_kv
+from radixgate.kernels import attention_plan, native, paged_attention, store_kv
 from radixgate.runtime.model.batch import ForwardBatch, build_forward_batch
 from radixgate.runtime.model.model_config import ModelConfig
 from radixgate.runtime.model.kv_cache import KVCache
@@ -67,6 +67,9 @@ class LlamaModel:
         self.scale = config.head_dim ** -0.5
         self.q_size = config.num_heads * config.head_dim
         self.kv_size = config.num_kv_heads * config.head_dim
+        # residual add + norm in one native call where the norms are float32 on the CPU
+        self.fused_norms = native.usable(*(w for layer in self.layers
+                                           for w in (layer.attn_norm, layer.mlp_norm)))
 
     def _vector(self, source) -> torch.Tensor:
         return dense(source).to(device=self.device, dtype=self.dtype).contiguous()
@@ -99,21 +102,44 @@ class LlamaModel:
         eps = self.config.rms_norm_eps
         plan = attention_plan(batch.block_tables, batch.cu_q_lens, batch.seq_lens, kv.block_size,
                               batch.num_tokens, quantized=kv.quantized)  # shared by every layer
-        for i, layer in enumerate(self.layers):   # residual adds promote bf16 outputs to x's dtype
-            h = rms_norm(x, layer.attn_norm, eps)
-            x = x + self._attention(layer, h, cos, sin, batch, plan, kv.k[i], kv.v[i],
-                                    kv.layer_scales(i))
-            h = rms_norm(x, layer.mlp_norm, eps)
-            x = x + self._mlp(layer, h)
+        layer_args = (cos, sin, batch, plan, kv)
+        if self.fused_norms and native.usable(x):
+            x = self._layers_fused(x, eps, layer_args)
+        else:
+            x = self._layers(x, eps, layer_args)
         x = x[batch.logits_indices]                                      # [n, H]
         return self.logits_proj(rms_norm(x, self.norm, eps)).float()   # [n, V]
 
     __call__ = forward
 
-    def _attention(self, layer: DecoderLayer, h, cos, sin, batch: ForwardBatch, plan,
-                   k_cache: torch.Tensor, v_cache: torch.Tensor, scales: dict) -> torch.Tensor:
-        """``scales``: the layer's k_scale / v_scale (None for a float KV cache)."""
+    def _layers(self, x: torch.Tensor, eps: float, layer_args) -> torch.Tensor:
+        """The decoder layers in torch ops; residual adds promote bf16 outputs to x's dtype."""
+        for i, layer in enumerate(self.layers):
+            h = rms_norm(x, layer.attn_norm, eps)
+            x = x + self._attention(layer, h, i, *layer_args)
+            h = rms_norm(x, layer.mlp_norm, eps)
+            x = x + self._mlp(layer, h)
+        return x
+
+    def _layers_fused(self, x: torch.Tensor, eps: float, layer_args) -> torch.Tensor:
+        """The same layers with each residual add and the norm after it in one native call
+        (``kernels.native.add_rms_norm``, x updated in place: it is this forward's own
+        embedding output); the last add has no norm after it (the final norm runs on the
+        logits rows only)."""
+        layers = self.layers
+        h = native.add_rms_norm(x, None, layers[0].attn_norm, eps)
+        for i, layer in enumerate(layers):
+            h = native.add_rms_norm(x, self._attention(layer, h, i, *layer_args),
+                                    layer.mlp_norm, eps)
+            after = layers[i + 1].attn_norm if i + 1 < len(layers) else None
+            h = native.add_rms_norm(x, self._mlp(layer, h), after, eps)
+        return x
+
+    def _attention(self, layer: DecoderLayer, h, i: int, cos, sin, batch: ForwardBatch, plan,
+                   kv: KVCache) -> torch.Tensor:
+        """Layer ``i``'s attention block: qkv, rope, K/V stored, paged attention, o_proj."""
         cfg = self.config
+        k_cache, v_cache, scales = kv.k[i], kv.v[i], kv.layer_scales(i)
         tokens = h.shape[0]
         qkv = layer.qkv(h)                                       # [T, (Hq + 2Hkv) D]
         qk_size = self.q_size + self.kv_size                     # slices: Tensor.split costs more

@@ -1,0 +1,141 @@
+/* radixgate's CPU kernels for the decode step's small ops (built by kernels/native.py).
+ *
+ * A decode step of a small model is mostly per-op overhead: torch's rms_norm of one
+ * 576-float row costs ~11 us through ~8 dispatched ops, the lone row's attention ~27 us a
+ * layer. These do the same arithmetic in one call each. Every reduction runs in a fixed
+ * order per row (16 lanes, then the lanes summed in order, then the tail), so a row's
+ * result never depends on how many rows a call has or on the thread count.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define LANES 16
+
+static inline __attribute__((always_inline)) float dot(const float *a, const float *b, long n) {
+    float acc[LANES] = {0};
+    long i = 0;
+    for (; i + LANES <= n; i += LANES)
+        for (int j = 0; j < LANES; j++) acc[j] += a[i + j] * b[i + j];
+    for (int w = LANES / 2; w >= 1; w /= 2)        /* a fixed tree: 4 vector steps */
+        for (int j = 0; j < w; j++) acc[j] += acc[j + w];
+    float s = acc[0];
+    for (; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
+/* e^x for x <= 0 (a score minus its row's peak), branch-free so the loop vectorizes:
+ * x = n ln2 + r, |r| <= ln2/2, e^r by its degree-6 Taylor polynomial (relative error
+ * under 3e-7), 2^n put in the exponent bits; below -87 it is 2^-126 times e^(x+87)... 0. */
+static inline float exp_nonpositive(float x) {
+    x = x < -87.0f ? -87.0f : x;
+    float n = floorf(x * 1.44269504088896341f + 0.5f);
+    float r = x - n * 0.693359375f + n * 2.12194440e-4f;
+    float p = 1.0f + r * (1.0f + r * (0.5f + r * (1.6666667e-1f + r * (4.1666668e-2f
+              + r * (8.3333338e-3f + r * 1.3888889e-3f)))));
+    int32_t bits = ((int32_t)n + 127) << 23;
+    float scale;
+    memcpy(&scale, &bits, sizeof scale);
+    return p * scale;
+}
+
+static inline float bf16_to_f32(uint16_t b) {
+    union { uint32_t u; float f; } v;
+    v.u = (uint32_t)b << 16;
+    return v.f;
+}
+
+/* x [rows, n] float32, in place: x += delta (delta_kind 0: none, 1: bfloat16, 2: float32);
+ * then, when out is not NULL, out = x * 1/sqrt(mean(x^2) + eps) * w (HF's LlamaRMSNorm). */
+void rg_add_rms_norm(float *x, const void *delta, int delta_kind, const float *w, float *out,
+                     long rows, long n, float eps) {
+    for (long r = 0; r < rows; r++) {
+        float *xr = x + r * n;
+        if (delta_kind == 1) {
+            const uint16_t *d = (const uint16_t *)delta + r * n;
+            for (long i = 0; i < n; i++) xr[i] += bf16_to_f32(d[i]);
+        } else if (delta_kind == 2) {
+            const float *d = (const float *)delta + r * n;
+            for (long i = 0; i < n; i++) xr[i] += d[i];
+        }
+        if (out == NULL) continue;
+        float inv = 1.0f / sqrtf(dot(xr, xr, n) / (float)n + eps);
+        float *o = out + r * n;
+        for (long i = 0; i < n; i++) o[i] = (xr[i] * inv) * w[i];
+    }
+}
+
+/* One kv head's query group of one row (inlined with d a constant where it is 64 or 128). */
+static inline __attribute__((always_inline)) void attend_group(
+        const float *qg, const float *k_cache, const float *v_cache, const int32_t *table,
+        long len, long group, long hkv, long g, const long d, long bs, float scale,
+        float *scores, float *og) {
+    float peak[64], total[64];
+    for (long h = 0; h < group; h++) peak[h] = -INFINITY, total[h] = 0.f;
+    for (long b = 0, p = 0; p < len; b++) {          /* scores, their maxima */
+        const float *kp = k_cache + ((long)table[b] * bs * hkv + g) * d;
+        for (long end = p + bs < len ? p + bs : len; p < end; p++, kp += hkv * d)
+            for (long h = 0; h < group; h++) {
+                float s = dot(qg + h * d, kp, d) * scale;
+                scores[h * len + p] = s;
+                if (s > peak[h]) peak[h] = s;
+            }
+    }
+    for (long h = 0; h < group; h++)                 /* weights, their sums in order */
+        for (long p = 0; p < len; p++) {
+            float w = exp_nonpositive(scores[h * len + p] - peak[h]);
+            scores[h * len + p] = w;
+            total[h] += w;
+        }
+    for (long i = 0; i < group * d; i++) og[i] = 0.f;
+    for (long b = 0, p = 0; p < len; b++) {          /* each V row read once a group */
+        const float *vp = v_cache + ((long)table[b] * bs * hkv + g) * d;
+        for (long end = p + bs < len ? p + bs : len; p < end; p++, vp += hkv * d)
+            for (long h = 0; h < group; h++) {
+                float w = scores[h * len + p];
+                float *acc = og + h * d;
+                for (long i = 0; i < d; i++) acc[i] += w * vp[i];
+            }
+    }
+    for (long h = 0; h < group; h++) {
+        float inv = 1.0f / total[h];
+        for (long i = 0; i < d; i++) og[h * d + i] *= inv;
+    }
+}
+
+/* One query per row over its paged float32 K/V. q, out [rows, hq, d]; caches [blocks, bs,
+ * hkv, d]; tables int32 [rows, table_stride] (block ids); lens int32 [rows] (positions
+ * 0..len-1 are read). Query head h reads kv head h / (hq / hkv). Returns 0; -1 when a
+ * table names a block outside [0, num_blocks) (nothing is read past the caches); -2 out of
+ * memory; -3 heads that do not group (hq % hkv) or groups over 64. */
+int rg_decode_attention(const float *q, const float *k_cache, const float *v_cache,
+                        const int32_t *tables, long table_stride, const int32_t *lens,
+                        long rows, long hq, long hkv, long d, long bs, long num_blocks,
+                        float scale, float *out) {
+    long group = hq / hkv, max_len = 0;
+    if (hkv <= 0 || hq % hkv != 0 || group > 64) return -3;
+    for (long r = 0; r < rows; r++) {
+        if (lens[r] > max_len) max_len = lens[r];
+        for (long b = 0; b * bs < lens[r]; b++) {
+            int32_t block = tables[r * table_stride + b];
+            if (block < 0 || block >= num_blocks) return -1;
+        }
+    }
+    float *scores = malloc(sizeof(float) * (size_t)(group * (max_len > 0 ? max_len : 1)));
+    if (scores == NULL) return -2;
+    for (long r = 0; r < rows; r++)
+        for (long g = 0; g < hkv; g++) {
+            const float *qg = q + (r * hq + g * group) * d;
+            float *og = out + (r * hq + g * group) * d;
+            const int32_t *table = tables + r * table_stride;
+            if (d == 64)
+                attend_group(qg, k_cache, v_cache, table, lens[r], group, hkv, g, 64, bs, scale, scores, og);
+            else if (d == 128)
+                attend_group(qg, k_cache, v_cache, table, lens[r], group, hkv, g, 128, bs, scale, scores, og);
+            else
+                attend_group(qg, k_cache, v_cache, table, lens[r], group, hkv, g, d, bs, scale, scores, og);
+        }
+    free(scores);
+    return 0;
+}

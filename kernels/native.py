@@ -1,0 +1,142 @@
+"""radixgate's own CPU kernels (``native.c``) for the decode step's small ops, built with the
+machine's C compiler on first use and called through ctypes.
+
+A decode step of a small model is mostly per-op overhead, not arithmetic: torch's fp32
+``rms_norm`` of one row dispatches ~8 ops (~11 us), the residual add before it another, and
+the lone decode row's attention (gather, SDPA) ~27 us a layer. One C call does each.
+
+- **Build**: ``cc -O3 -march=native -fno-math-errno -shared -fPIC`` (about 0.2 s), once per source, compiler
+  and CPU, into ``$RADIXGATE_CACHE_DIR/native`` (default ``~/.cache/radixgate/native``),
+  written to a temporary name and renamed, so processes starting together never load half a
+  file. No compiler, a failed build or ``RADIXGATE_NATIVE=0``: ``library()`` is None, one
+  log line says why, and every caller runs its torch ops instead.
+- **Contract**: the wrappers take CPU float32 tensors that are contiguous (the callers check
+  ``usable``); reductions run in a fixed order per row, so a row's result never depends on
+  the other rows of the call. ``decode_attention`` checks every block id it reads against
+  the cache's size and raises instead of reading outside it.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+SOURCE = Path(__file__).with_name("native.c")
+ENABLE_ENV = "RADIXGATE_NATIVE"
+CACHE_ENV = "RADIXGATE_CACHE_DIR"
+FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-shared", "-fPIC")
+DELTA_KINDS = {None: 0, torch.bfloat16: 1, torch.float32: 2}
+_P, _L, _I, _F = ctypes.c_void_p, ctypes.c_long, ctypes.c_int, ctypes.c_float
+
+
+def cache_dir() -> Path:
+    root = os.environ.get(CACHE_ENV) or os.path.join(os.path.expanduser("~"), ".cache", "radixgate")
+    return Path(root) / "native"
+
+
+@functools.cache
+def library() -> ctypes.CDLL | None:
+    """The built kernels, or None (disabled, no compiler, build failed: logged once)."""
+    if os.environ.get(ENABLE_ENV, "1") == "0":
+        log.info("native CPU kernels off (%s=0): torch ops", ENABLE_ENV)
+        return None
+    try:
+        lib = ctypes.CDLL(str(_built()))
+    except (OSError, subprocess.CalledProcessError, RuntimeError) as e:
+        log.warning("native CPU kernels unavailable (%s): torch ops instead", _reason(e))
+        return None
+    lib.rg_add_rms_norm.restype = None
+    lib.rg_add_rms_norm.argtypes = [_P, _P, _I, _P, _P, _L, _L, _F]
+    lib.rg_decode_attention.restype = _I
+    lib.rg_decode_attention.argtypes = [_P, _P, _P, _P, _L, _P, _L, _L, _L, _L, _L, _L, _F, _P]
+    return lib
+
+
+def _reason(e: Exception) -> str:
+    if isinstance(e, subprocess.CalledProcessError):
+        return (e.stderr or b"").decode(errors="replace").strip().splitlines()[-1:] or str(e)
+    return str(e)
+
+
+def _built() -> Path:
+    compiler = shutil.which(os.environ.get("CC", "cc"))
+    if compiler is None:
+        raise RuntimeError("no C compiler (cc) on PATH")
+    source = SOURCE.read_bytes()
+    key = hashlib.sha256(b"\0".join([source, compiler.encode(), " ".join(FLAGS).encode(),
+                                     platform.machine().encode(), _cpu_flags()])).hexdigest()[:16]
+    target = cache_dir() / f"kernels-{key}.so"
+    if target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
+        built = Path(scratch) / target.name
+        subprocess.run([compiler, *FLAGS, "-o", str(built), str(SOURCE), "-lm"], check=True,
+                       capture_output=True, timeout=120)
+        os.replace(built, target)
+    log.info("built native CPU kernels: %s", target)
+    return target
+
+
+def _cpu_flags() -> bytes:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return line.encode()
+    except OSError:
+        pass
+    return platform.processor().encode()
+
+
+def usable(*tensors: torch.Tensor) -> bool:
+    """The kernels are built and every tensor is a contiguous CPU float32 one."""
+    return library() is not None and all(
+        t.device.type == "cpu" and t.dtype == torch.float32 and t.is_contiguous() for t in tensors)
+
+
+def add_rms_norm(x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor | None,
+                 eps: float, out: torch.Tensor | None = None) -> torch.Tensor | None:
+    """x [T, H] float32, in place: ``x += delta`` (bf16 or float32, same shape, or None);
+    then, with ``weight``, returns HF's RMSNorm of the new x (into ``out`` if given)."""
+    rows, n = x.shape
+    if delta is not None:
+        if delta.shape != x.shape or not delta.is_contiguous() or delta.dtype not in DELTA_KINDS:
+            raise ValueError(f"delta must be a contiguous bf16/float32 {tuple(x.shape)} tensor")
+    if weight is not None and out is None:
+        out = torch.empty_like(x)
+    library().rg_add_rms_norm(
+        x.data_ptr(), 0 if delta is None else delta.data_ptr(),
+        DELTA_KINDS[None if delta is None else delta.dtype],
+        0 if weight is None else weight.data_ptr(), 0 if weight is None else out.data_ptr(),
+        rows, n, eps)
+    return None if weight is None else out
+
+
+def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                     tables: torch.Tensor, lens: torch.Tensor, scale: float) -> torch.Tensor:
+    """One query per row: q [n, Hq, D] over float32 caches [blocks, bs, Hkv, D], row i
+    reading positions ``0 .. lens[i]-1`` through ``tables[i]`` (int32 block ids) -> [n, Hq, D]."""
+    rows, heads, dim = q.shape
+    num_blocks, block_size, kv_heads, _ = k_cache.shape
+    if tables.dtype != torch.int32 or lens.dtype != torch.int32 or not tables.is_contiguous():
+        raise ValueError("tables and lens must be contiguous int32")
+    out = torch.empty_like(q)
+    status = library().rg_decode_attention(
+        q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), tables.data_ptr(), tables.shape[1],
+        lens.data_ptr(), rows, heads, kv_heads, dim, block_size, num_blocks, scale,
+        out.data_ptr())
+    if status != 0:
+        raise ValueError({-1: "a block table names a block outside the cache",
+                          -2: "out of memory", -3: f"{heads} query heads do not group over "
+                          f"{kv_heads} kv heads (at most 64 a group)"}.get(status, str(status)))
+    return out
