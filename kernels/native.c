@@ -139,3 +139,29 @@ int rg_decode_attention(const float *q, const float *k_cache, const float *v_cac
     free(scores);
     return 0;
 }
+
+/* The indices of the k largest values of each row of x [rows, n] (k <= 64), in no order:
+ * one pass a row keeping the k best seen, the first of equal values kept. */
+int rg_topk_indices(const float *x, long rows, long n, long k, int64_t *out) {
+    if (k <= 0 || k > 64 || k > n) return -3;
+    for (long r = 0; r < rows; r++) {
+        const float *xr = x + r * n;
+        float best[64];
+        int64_t *ids = out + r * k;
+        long low = 0;
+        for (long j = 0; j < k; j++) {
+            best[j] = xr[j], ids[j] = j;
+            if (best[j] < best[low]) low = j;
+        }
+        float floor_value = best[low];
+        for (long i = k; i < n; i++) {
+            if (!(xr[i] > floor_value)) continue;     /* NaN never enters */
+            best[low] = xr[i], ids[low] = i;
+            low = 0;
+            for (long j = 1; j < k; j++)
+                if (best[j] < best[low]) low = j;
+            floor_value = best[low];
+        }
+    }
+    return 0;
+}

@@ -57,6 +57,8 @@ def library() -> ctypes.CDLL | None:
         return None
     lib.rg_add_rms_norm.restype = None
     lib.rg_add_rms_norm.argtypes = [_P, _P, _I, _P, _P, _L, _L, _F]
+    lib.rg_topk_indices.restype = _I
+    lib.rg_topk_indices.argtypes = [_P, _L, _L, _L, _P]
     lib.rg_decode_attention.restype = _I
     lib.rg_decode_attention.argtypes = [_P, _P, _P, _P, _L, _P, _L, _L, _L, _L, _L, _L, _F, _P]
     return lib
@@ -139,4 +141,17 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         raise ValueError({-1: "a block table names a block outside the cache",
                           -2: "out of memory", -3: f"{heads} query heads do not group over "
                           f"{kv_heads} kv heads (at most 64 a group)"}.get(status, str(status)))
+    return out
+
+
+TOPK_MAX = 64
+
+
+def topk_indices(x: torch.Tensor, k: int) -> torch.Tensor:
+    """int64 [rows, k]: the indices of each row's ``k`` largest values of x [rows, n]
+    (contiguous float32, ``k <= TOPK_MAX``), in no order; of equal values the first."""
+    rows, n = x.shape
+    out = torch.empty((rows, k), dtype=torch.int64)
+    if library().rg_topk_indices(x.data_ptr(), rows, n, k, out.data_ptr()) != 0:
+        raise ValueError(f"top-k needs 0 < k <= min({TOPK_MAX}, {n}), got {k}")
     return out

@@ -179,3 +179,37 @@ def test_the_default_models_decode_steps_through_the_kernels_match_its_torch_ops
     model.fused_norms = True
     assert fused_tokens == torch_tokens
     assert (fused_logits - torch_logits).abs().max() < tolerance
+
+
+@needs_native
+def test_topk_indices_are_the_k_largest_and_the_first_of_equal_values():
+    torch.manual_seed(2)
+    x = torch.randn(3, 49152) * 4
+    got = native.topk_indices(x, 32)
+    want = x.topk(32, dim=1).indices
+    assert [set(r.tolist()) for r in got] == [set(r.tolist()) for r in want]
+    ties = torch.zeros(1, 100)
+    ties[0, 50] = float("nan")
+    assert sorted(native.topk_indices(ties, 5)[0].tolist()) == [0, 1, 2, 3, 4]
+    with pytest.raises(ValueError):
+        native.topk_indices(x, 65)
+
+
+@needs_native
+def test_the_rescored_head_takes_its_top_rows_from_the_native_kernel(monkeypatch):
+    from radixgate.runtime.model import head as head_module
+    from radixgate.runtime.model.head import RescoredHead
+    torch.manual_seed(3)
+    weight = torch.randn(4096, 64)
+    head = RescoredHead.from_weight(weight, lambda ids: weight[ids])
+    calls = []
+    real = native.topk_indices
+    monkeypatch.setattr(native, "topk_indices", lambda *a: calls.append(1) or real(*a))
+    h = torch.randn(2, 64)
+    got = head(h)
+    assert calls == [1]
+    monkeypatch.setattr(head_module, "NATIVE_TOPK_MAX_ROWS", 0)
+    assert torch.equal(got, head(h))
+    exact = h @ weight.t()
+    top = exact.topk(head.k, dim=1).indices
+    assert torch.allclose(got.gather(1, top), exact.gather(1, top), atol=1e-5)
