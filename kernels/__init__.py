@@ -52,6 +52,12 @@ def _use_triton(tensor: torch.Tensor, backend: str | None, k_scale=None) -> bool
     return choice == "triton"
 
 
+def uses_triton(tensor: torch.Tensor) -> bool:
+    """The float-cache kernels for ``tensor`` run in Triton (a CUDA tensor, or the
+    environment's backend says so)."""
+    return _use_triton(tensor, None)
+
+
 def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
              slot_mapping: torch.Tensor, *, k_scale: torch.Tensor | None = None,
              v_scale: torch.Tensor | None = None, backend: str | None = None,

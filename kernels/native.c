@@ -165,3 +165,34 @@ int rg_topk_indices(const float *x, long rows, long n, long k, int64_t *out) {
     }
     return 0;
 }
+
+/* Rope and the K/V store of one layer in one pass. qkv [t, (hq + 2 hkv) d] float32 (q, k, v
+ * heads side by side); cos, sin [t, d] (sin's first half negated: x*cos + swap(x)*sin with
+ * swap exchanging the halves is HF's rotate_half rope). Writes q rotated into q_out
+ * [t, hq, d], k rotated and v into cache slot slots[i] ([num_slots, hkv, d] caches; -1:
+ * skipped). Returns 0, or -1 (nothing written) when a slot lies outside [-1, num_slots). */
+int rg_rope_store(const float *qkv, long t, long hq, long hkv, long d, const float *cos,
+                  const float *sin, const int64_t *slots, float *k_cache, float *v_cache,
+                  long num_slots, float *q_out) {
+    long half = d / 2, width = (hq + 2 * hkv) * d;
+    for (long i = 0; i < t; i++)
+        if (slots[i] < -1 || slots[i] >= num_slots) return -1;
+    for (long i = 0; i < t; i++) {
+        const float *row = qkv + i * width, *c = cos + i * d, *s = sin + i * d;
+        for (long h = 0; h < hq + hkv; h++) {
+            const float *x = row + h * d;
+            float *y;
+            if (h < hq) y = q_out + (i * hq + h) * d;
+            else if (slots[i] >= 0) y = k_cache + (slots[i] * hkv + (h - hq)) * d;
+            else continue;
+            for (long j = 0; j < half; j++) y[j] = x[j] * c[j] + x[j + half] * s[j];
+            for (long j = half; j < d; j++) y[j] = x[j] * c[j] + x[j - half] * s[j];
+        }
+        if (slots[i] >= 0) {
+            const float *v = row + (hq + hkv) * d;
+            float *y = v_cache + slots[i] * hkv * d;
+            for (long j = 0; j < hkv * d; j++) y[j] = v[j];
+        }
+    }
+    return 0;
+}

@@ -57,6 +57,8 @@ def library() -> ctypes.CDLL | None:
         return None
     lib.rg_add_rms_norm.restype = None
     lib.rg_add_rms_norm.argtypes = [_P, _P, _I, _P, _P, _L, _L, _F]
+    lib.rg_rope_store.restype = _I
+    lib.rg_rope_store.argtypes = [_P, _L, _L, _L, _L, _P, _P, _P, _P, _P, _L, _P]
     lib.rg_topk_indices.restype = _I
     lib.rg_topk_indices.argtypes = [_P, _L, _L, _L, _P]
     lib.rg_decode_attention.restype = _I
@@ -155,3 +157,21 @@ def topk_indices(x: torch.Tensor, k: int) -> torch.Tensor:
     if library().rg_topk_indices(x.data_ptr(), rows, n, k, out.data_ptr()) != 0:
         raise ValueError(f"top-k needs 0 < k <= min({TOPK_MAX}, {n}), got {k}")
     return out
+
+
+def rope_store(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, slots: torch.Tensor,
+               k_cache: torch.Tensor, v_cache: torch.Tensor, heads: int) -> torch.Tensor:
+    """One layer's rope and K/V store in one pass: qkv [T, (Hq + 2 Hkv) D] float32; cos,
+    sin [T, 1, D] (``rope.rope_cos_sin``); k rotated and v go to cache slots ``slots``
+    (int64 [T], -1 skipped) of float32 caches [blocks, bs, Hkv, D]; returns q rotated
+    [T, Hq, D]. The same arithmetic as ``apply_rope`` then ``store_kv``."""
+    num_blocks, block_size, kv_heads, dim = k_cache.shape
+    tokens = qkv.shape[0]
+    if slots.dtype != torch.int64 or not slots.is_contiguous() or slots.shape != (tokens,):
+        raise ValueError("slots must be a contiguous int64 [T] tensor")
+    q = torch.empty((tokens, heads, dim), dtype=torch.float32)
+    if library().rg_rope_store(qkv.data_ptr(), tokens, heads, kv_heads, dim, cos.data_ptr(),
+                               sin.data_ptr(), slots.data_ptr(), k_cache.data_ptr(),
+                               v_cache.data_ptr(), num_blocks * block_size, q.data_ptr()) != 0:
+        raise ValueError(f"a slot is beyond the cache ({num_blocks} x {block_size} slots)")
+    return q

@@ -144,7 +144,7 @@ def _env() -> dict:
 def test_the_default_models_decode_steps_through_the_kernels_match_its_torch_ops(
         monkeypatch, weights_dtype, tolerance):
     """At real size (SmolLM2-135M, float32 KV): a prompt and 24 decode steps on scattered
-    blocks, fused norms and native attention on vs off: the same greedy tokens; logits within
+    blocks, the native kernels (norms, rope and store, attention) on vs off: the same greedy tokens; logits within
     the parity tests' tolerance with float32 weights. With the default int4 weights the
     matmuls take bf16 activations, and a last-bit difference of a norm flips some of their
     roundings (2^-8 each): those logits move up to ~0.9 (measured), as between any two
@@ -158,9 +158,12 @@ def test_the_default_models_decode_steps_through_the_kernels_match_its_torch_ops
     prompt = loaded.tokenizer.encode("The capital of France is Paris, and the capital of Italy is")
     table = [7, 2, 9, 4, 11, 0]
 
+    from radixgate.runtime.model import model as model_module
+
     def run(on: bool):
         model.fused_norms = on
         monkeypatch.setattr(ref, "NATIVE_DECODE", on)
+        monkeypatch.setattr(model_module, "NATIVE_ROPE_STORE", on)
         kv = KVCache(cfg.num_layers, 12, 16, cfg.num_kv_heads, cfg.head_dim)
         logits = [model.forward(build_forward_batch([prompt], [0], [table], 16), kv)]
         tokens = [int(logits[-1][-1].argmax())]
@@ -213,3 +216,26 @@ def test_the_rescored_head_takes_its_top_rows_from_the_native_kernel(monkeypatch
     exact = h @ weight.t()
     top = exact.topk(head.k, dim=1).indices
     assert torch.allclose(got.gather(1, top), exact.gather(1, top), atol=1e-5)
+
+
+@needs_native
+def test_rope_store_is_apply_rope_then_store_kv_and_checks_its_slots():
+    from radixgate.kernels import store_kv
+    from radixgate.runtime.model.rope import apply_rope, rope_cos_sin
+    torch.manual_seed(4)
+    hq, hkv, d, t = 9, 3, 64, 5
+    qkv = torch.randn(t, (hq + 2 * hkv) * d)
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, d, 2).float() / d))
+    cos, sin = rope_cos_sin(torch.tensor([0, 3, 17, 200, 201]), inv_freq, torch.float32)
+    slots = torch.tensor([5, -1, 40, 41, 63])
+    k_ref, v_ref = torch.full((4, 16, hkv, d), 7.0), torch.full((4, 16, hkv, d), 7.0)
+    k_got, v_got = k_ref.clone(), v_ref.clone()
+    qk = apply_rope(qkv[:, :(hq + hkv) * d].view(t, hq + hkv, d), cos, sin)
+    store_kv(qk[:, hq:], qkv[:, (hq + hkv) * d:].view(t, hkv, d), k_ref, v_ref, slots)
+    q = native.rope_store(qkv, cos, sin, slots, k_got, v_got, hq)
+    torch.testing.assert_close(q, qk[:, :hq], rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(k_got, k_ref, rtol=1e-6, atol=1e-6)   # slot -1: untouched
+    assert torch.equal(v_got, v_ref)
+    with pytest.raises(ValueError, match="beyond the cache"):
+        native.rope_store(qkv, cos, sin, torch.tensor([0, 1, 2, 3, 64]), k_got, v_got, hq)
+    assert torch.equal(v_got, v_ref)                                  # nothing written

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from radixgate.kernels import attention_plan, native, paged_attention, store_kv
+from radixgate.kernels import attention_plan, native, paged_attention, store_kv, uses_triton
 from radixgate.runtime.model.batch import ForwardBatch, build_forward_batch
 from radixgate.runtime.model.model_config import ModelConfig
 from radixgate.runtime.model.kv_cache import KVCache
@@ -21,6 +21,9 @@ from radixgate.runtime.model.rope import apply_rope, rope_cos_sin, rope_inv_freq
 from radixgate.runtime.model.weights import build_embedding_and_head, build_linear, dense
 
 __all__ = ["LlamaModel", "ForwardBatch", "build_forward_batch", "rms_norm"]
+
+
+NATIVE_ROPE_STORE = True     # rope + K/V store through kernels.native (float caches)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -142,6 +145,21 @@ class LlamaModel:
         k_cache, v_cache, scales = kv.k[i], kv.v[i], kv.layer_scales(i)
         tokens = h.shape[0]
         qkv = layer.qkv(h)                                       # [T, (Hq + 2Hkv) D]
+        if NATIVE_ROPE_STORE and not scales and native.usable(qkv, cos, sin, k_cache) \
+                and not uses_triton(k_cache):
+            q = native.rope_store(qkv, cos, sin, batch.slot_mapping, k_cache, v_cache,
+                                  cfg.num_heads)                 # one pass: rope, K/V stored
+        else:
+            q = self._rope_and_store(qkv, cos, sin, batch, k_cache, v_cache, scales)
+        out = paged_attention(q, k_cache, v_cache, batch.block_tables, batch.cu_q_lens,
+                              batch.seq_lens, self.scale, plan=plan, **scales)  # [T, Hq, D]
+        return layer.o_proj.native(out.reshape(tokens, self.q_size))  # [T, H]
+
+    def _rope_and_store(self, qkv, cos, sin, batch: ForwardBatch, k_cache, v_cache,
+                        scales: dict) -> torch.Tensor:
+        """q rotated [T, Hq, D]; k rotated and v stored in the layer's caches (torch ops)."""
+        cfg = self.config
+        tokens = qkv.shape[0]
         qk_size = self.q_size + self.kv_size                     # slices: Tensor.split costs more
         heads = cfg.num_heads + cfg.num_kv_heads                 # q and k rotated in one pass
         qk = apply_rope(qkv[:, :qk_size].view(tokens, heads, cfg.head_dim), cos, sin)  # [T, Hq + Hkv, D]
@@ -149,9 +167,7 @@ class LlamaModel:
         v = qkv[:, qk_size:].view(tokens, cfg.num_kv_heads, cfg.head_dim)         # [T, Hkv, D]
         store_kv(k, v, k_cache, v_cache, batch.slot_mapping, slot_bounds=batch.slot_bounds,
                  **scales)
-        out = paged_attention(q, k_cache, v_cache, batch.block_tables, batch.cu_q_lens,
-                              batch.seq_lens, self.scale, plan=plan, **scales)  # [T, Hq, D]
-        return layer.o_proj.native(out.reshape(tokens, self.q_size))  # [T, H]
+        return q
 
     def _mlp(self, layer: DecoderLayer, h: torch.Tensor) -> torch.Tensor:
         """In the matmuls' own dtype (bf16 for quantized weights): down takes bf16 anyway."""
