@@ -46,10 +46,20 @@ static inline float bf16_to_f32(uint16_t b) {
     return v.f;
 }
 
+/* float32 -> bfloat16, round to nearest even (torch's rounding; NaN stays NaN). */
+static inline uint16_t f32_to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
 /* x [rows, n] float32, in place: x += delta (delta_kind 0: none, 1: bfloat16, 2: float32);
- * then, when out is not NULL, out = x * 1/sqrt(mean(x^2) + eps) * w (HF's LlamaRMSNorm). */
-void rg_add_rms_norm(float *x, const void *delta, int delta_kind, const float *w, float *out,
-                     long rows, long n, float eps) {
+ * then, when out is not NULL, out = x * 1/sqrt(mean(x^2) + eps) * w (HF's LlamaRMSNorm),
+ * float32, or rounded to bfloat16 when out_bf16 (what torch's .to(bfloat16) gives). */
+void rg_add_rms_norm(float *x, const void *delta, int delta_kind, const float *w, void *out,
+                     int out_bf16, long rows, long n, float eps) {
     for (long r = 0; r < rows; r++) {
         float *xr = x + r * n;
         if (delta_kind == 1) {
@@ -61,8 +71,13 @@ void rg_add_rms_norm(float *x, const void *delta, int delta_kind, const float *w
         }
         if (out == NULL) continue;
         float inv = 1.0f / sqrtf(dot(xr, xr, n) / (float)n + eps);
-        float *o = out + r * n;
-        for (long i = 0; i < n; i++) o[i] = (xr[i] * inv) * w[i];
+        if (out_bf16) {
+            uint16_t *o = (uint16_t *)out + r * n;
+            for (long i = 0; i < n; i++) o[i] = f32_to_bf16((xr[i] * inv) * w[i]);
+        } else {
+            float *o = (float *)out + r * n;
+            for (long i = 0; i < n; i++) o[i] = (xr[i] * inv) * w[i];
+        }
     }
 }
 
@@ -171,12 +186,20 @@ int rg_topk_indices(const float *x, long rows, long n, long k, int64_t *out) {
  * swap exchanging the halves is HF's rotate_half rope). Writes q rotated into q_out
  * [t, hq, d], k rotated and v into cache slot slots[i] ([num_slots, hkv, d] caches; -1:
  * skipped). Returns 0, or -1 (nothing written) when a slot lies outside [-1, num_slots). */
-int rg_rope_store(const float *qkv, long t, long hq, long hkv, long d, const float *cos,
-                  const float *sin, const int64_t *slots, float *k_cache, float *v_cache,
-                  long num_slots, float *q_out) {
+int rg_rope_store(const void *qkv_in, int qkv_bf16, long t, long hq, long hkv, long d,
+                  const float *cos, const float *sin, const int64_t *slots, float *k_cache,
+                  float *v_cache, long num_slots, float *q_out) {
     long half = d / 2, width = (hq + 2 * hkv) * d;
     for (long i = 0; i < t; i++)
         if (slots[i] < -1 || slots[i] >= num_slots) return -1;
+    float *widened = NULL;
+    if (qkv_bf16) {                      /* bf16 products read as float32: exact */
+        widened = malloc(sizeof(float) * (size_t)(t * width));
+        if (widened == NULL) return -2;
+        const uint16_t *b = (const uint16_t *)qkv_in;
+        for (long j = 0; j < t * width; j++) widened[j] = bf16_to_f32(b[j]);
+    }
+    const float *qkv = qkv_bf16 ? widened : (const float *)qkv_in;
     for (long i = 0; i < t; i++) {
         const float *row = qkv + i * width, *c = cos + i * d, *s = sin + i * d;
         for (long h = 0; h < hq + hkv; h++) {
@@ -194,5 +217,20 @@ int rg_rope_store(const float *qkv, long t, long hq, long hkv, long d, const flo
             for (long j = 0; j < hkv * d; j++) y[j] = v[j];
         }
     }
+    free(widened);
     return 0;
+}
+
+/* The gated MLP's activation in bfloat16 as torch computes it: out = bf16(bf16(silu(g)) * u)
+ * for gate_up [t, 2i] (gate, then up, per row) -> out [t, i]. */
+void rg_silu_mul_bf16(const uint16_t *gate_up, long t, long inner, uint16_t *out) {
+    for (long r = 0; r < t; r++) {
+        const uint16_t *g = gate_up + r * 2 * inner, *u = g + inner;
+        uint16_t *o = out + r * inner;
+        for (long j = 0; j < inner; j++) {
+            float x = bf16_to_f32(g[j]);
+            float silu = bf16_to_f32(f32_to_bf16(x / (1.0f + expf(-x))));
+            o[j] = f32_to_bf16(silu * bf16_to_f32(u[j]));
+        }
+    }
 }

@@ -56,9 +56,11 @@ def library() -> ctypes.CDLL | None:
         log.warning("native CPU kernels unavailable (%s): torch ops instead", _reason(e))
         return None
     lib.rg_add_rms_norm.restype = None
-    lib.rg_add_rms_norm.argtypes = [_P, _P, _I, _P, _P, _L, _L, _F]
+    lib.rg_add_rms_norm.argtypes = [_P, _P, _I, _P, _P, _I, _L, _L, _F]
+    lib.rg_silu_mul_bf16.restype = None
+    lib.rg_silu_mul_bf16.argtypes = [_P, _L, _L, _P]
     lib.rg_rope_store.restype = _I
-    lib.rg_rope_store.argtypes = [_P, _L, _L, _L, _L, _P, _P, _P, _P, _P, _L, _P]
+    lib.rg_rope_store.argtypes = [_P, _I, _L, _L, _L, _L, _P, _P, _P, _P, _P, _L, _P]
     lib.rg_topk_indices.restype = _I
     lib.rg_topk_indices.argtypes = [_P, _L, _L, _L, _P]
     lib.rg_decode_attention.restype = _I
@@ -109,21 +111,34 @@ def usable(*tensors: torch.Tensor) -> bool:
 
 
 def add_rms_norm(x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor | None,
-                 eps: float, out: torch.Tensor | None = None) -> torch.Tensor | None:
+                 eps: float, out_dtype: torch.dtype = torch.float32) -> torch.Tensor | None:
     """x [T, H] float32, in place: ``x += delta`` (bf16 or float32, same shape, or None);
-    then, with ``weight``, returns HF's RMSNorm of the new x (into ``out`` if given)."""
+    then, with ``weight``, returns HF's RMSNorm of the new x in ``out_dtype`` (float32, or
+    bfloat16 rounded as torch's ``.to`` rounds: what a bf16 matmul takes)."""
     rows, n = x.shape
     if delta is not None:
         if delta.shape != x.shape or not delta.is_contiguous() or delta.dtype not in DELTA_KINDS:
             raise ValueError(f"delta must be a contiguous bf16/float32 {tuple(x.shape)} tensor")
-    if weight is not None and out is None:
-        out = torch.empty_like(x)
+    if out_dtype not in (torch.float32, torch.bfloat16):
+        raise ValueError(f"out_dtype must be float32 or bfloat16, got {out_dtype}")
+    out = None if weight is None else torch.empty(x.shape, dtype=out_dtype)
     library().rg_add_rms_norm(
         x.data_ptr(), 0 if delta is None else delta.data_ptr(),
         DELTA_KINDS[None if delta is None else delta.dtype],
-        0 if weight is None else weight.data_ptr(), 0 if weight is None else out.data_ptr(),
-        rows, n, eps)
-    return None if weight is None else out
+        0 if weight is None else weight.data_ptr(), 0 if out is None else out.data_ptr(),
+        int(out_dtype == torch.bfloat16), rows, n, eps)
+    return out
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """bf16 [T, 2I] (gate, then up) -> bf16 [T, I]: ``F.silu(gate) * up`` with torch's
+    bf16 roundings (after the silu and after the product)."""
+    tokens, width = gate_up.shape
+    if gate_up.dtype != torch.bfloat16 or not gate_up.is_contiguous() or width % 2:
+        raise ValueError("gate_up must be a contiguous bf16 [T, 2I] tensor")
+    out = torch.empty((tokens, width // 2), dtype=torch.bfloat16)
+    library().rg_silu_mul_bf16(gate_up.data_ptr(), tokens, width // 2, out.data_ptr())
+    return out
 
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -161,7 +176,8 @@ def topk_indices(x: torch.Tensor, k: int) -> torch.Tensor:
 
 def rope_store(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, slots: torch.Tensor,
                k_cache: torch.Tensor, v_cache: torch.Tensor, heads: int) -> torch.Tensor:
-    """One layer's rope and K/V store in one pass: qkv [T, (Hq + 2 Hkv) D] float32; cos,
+    """One layer's rope and K/V store in one pass: qkv [T, (Hq + 2 Hkv) D] float32 or bf16
+    (read exactly as float32); cos,
     sin [T, 1, D] (``rope.rope_cos_sin``); k rotated and v go to cache slots ``slots``
     (int64 [T], -1 skipped) of float32 caches [blocks, bs, Hkv, D]; returns q rotated
     [T, Hq, D]. The same arithmetic as ``apply_rope`` then ``store_kv``."""
@@ -170,7 +186,10 @@ def rope_store(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, slots: t
     if slots.dtype != torch.int64 or not slots.is_contiguous() or slots.shape != (tokens,):
         raise ValueError("slots must be a contiguous int64 [T] tensor")
     q = torch.empty((tokens, heads, dim), dtype=torch.float32)
-    if library().rg_rope_store(qkv.data_ptr(), tokens, heads, kv_heads, dim, cos.data_ptr(),
+    if qkv.dtype not in (torch.float32, torch.bfloat16) or not qkv.is_contiguous():
+        raise ValueError("qkv must be a contiguous float32 or bf16 tensor")
+    if library().rg_rope_store(qkv.data_ptr(), int(qkv.dtype == torch.bfloat16), tokens,
+                               heads, kv_heads, dim, cos.data_ptr(),
                                sin.data_ptr(), slots.data_ptr(), k_cache.data_ptr(),
                                v_cache.data_ptr(), num_blocks * block_size, q.data_ptr()) != 0:
         raise ValueError(f"a slot is beyond the cache ({num_blocks} x {block_size} slots)")

@@ -239,3 +239,25 @@ def test_rope_store_is_apply_rope_then_store_kv_and_checks_its_slots():
     with pytest.raises(ValueError, match="beyond the cache"):
         native.rope_store(qkv, cos, sin, torch.tensor([0, 1, 2, 3, 64]), k_got, v_got, hq)
     assert torch.equal(v_got, v_ref)                                  # nothing written
+
+
+@needs_native
+def test_a_bf16_norm_is_the_float32_norm_rounded_as_torch_rounds():
+    torch.manual_seed(5)
+    x, w = torch.randn(7, 576) * 5, torch.randn(576)
+    as_float = native.add_rms_norm(x.clone(), None, w, 1e-5)
+    as_bf16 = native.add_rms_norm(x.clone(), None, w, 1e-5, torch.bfloat16)
+    assert as_bf16.dtype == torch.bfloat16
+    assert torch.equal(as_bf16, as_float.to(torch.bfloat16))
+
+
+@needs_native
+def test_silu_mul_has_torchs_bf16_roundings():
+    torch.manual_seed(6)
+    gate_up = (torch.randn(9, 2 * 1536) * 4).to(torch.bfloat16)
+    gate, up = gate_up[:, :1536], gate_up[:, 1536:]
+    expected = F.silu(gate) * up
+    got = native.silu_mul(gate_up)
+    differing = (got != expected).float().mean().item()
+    assert differing < 1e-3                 # an exp 1 ulp apart may round the other way
+    torch.testing.assert_close(got.float(), expected.float(), rtol=1e-2, atol=1e-2)

@@ -139,6 +139,11 @@ class DenseLinear:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return self.native(x).to(x.dtype)
 
+    @property
+    def input_dtype(self) -> torch.dtype:
+        """The dtype ``native`` casts x to (an x already in it is not copied)."""
+        return self.dtype
+
     def native(self, x: torch.Tensor) -> torch.Tensor:
         """The product in the weight's dtype (no cast back to ``x``'s)."""
         xw = x.to(self.dtype)
@@ -164,6 +169,8 @@ class Int8Linear:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return self.native(x).to(x.dtype)
+
+    input_dtype = torch.bfloat16          # what ``native`` casts x to
 
     def native(self, x: torch.Tensor) -> torch.Tensor:
         """The product in bfloat16, the op's own dtype (float32 with a float32 bias)."""
@@ -203,6 +210,8 @@ class Int4Linear:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return self.native(x).to(x.dtype)
+
+    input_dtype = torch.bfloat16          # what ``native`` casts x to
 
     def native(self, x: torch.Tensor) -> torch.Tensor:
         """The product in bfloat16, the op's own dtype (float32 with a float32 bias)."""

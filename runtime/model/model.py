@@ -73,6 +73,10 @@ class LlamaModel:
         # residual add + norm in one native call where the norms are float32 on the CPU
         self.fused_norms = native.usable(*(w for layer in self.layers
                                            for w in (layer.attn_norm, layer.mlp_norm)))
+        # the fused norms write what the layers' qkv and gate_up cast their input to
+        inputs = {m.input_dtype for layer in self.layers for m in (layer.qkv, layer.gate_up)}
+        self.norm_out_dtype = inputs.pop() if len(inputs) == 1 and inputs <= {
+            torch.float32, torch.bfloat16} else torch.float32
 
     def _vector(self, source) -> torch.Tensor:
         return dense(source).to(device=self.device, dtype=self.dtype).contiguous()
@@ -127,15 +131,16 @@ class LlamaModel:
     def _layers_fused(self, x: torch.Tensor, eps: float, layer_args) -> torch.Tensor:
         """The same layers with each residual add and the norm after it in one native call
         (``kernels.native.add_rms_norm``, x updated in place: it is this forward's own
-        embedding output); the last add has no norm after it (the final norm runs on the
-        logits rows only)."""
-        layers = self.layers
-        h = native.add_rms_norm(x, None, layers[0].attn_norm, eps)
+        embedding output), the norm written in the dtype the next matmul casts it to (the
+        same bits as that cast); the last add has no norm after it (the final norm runs on
+        the logits rows only)."""
+        layers, out = self.layers, self.norm_out_dtype
+        h = native.add_rms_norm(x, None, layers[0].attn_norm, eps, out)
         for i, layer in enumerate(layers):
             h = native.add_rms_norm(x, self._attention(layer, h, i, *layer_args),
-                                    layer.mlp_norm, eps)
+                                    layer.mlp_norm, eps, out)
             after = layers[i + 1].attn_norm if i + 1 < len(layers) else None
-            h = native.add_rms_norm(x, self._mlp(layer, h), after, eps)
+            h = native.add_rms_norm(x, self._mlp(layer, h), after, eps, out)
         return x
 
     def _attention(self, layer: DecoderLayer, h, i: int, cos, sin, batch: ForwardBatch, plan,
@@ -144,8 +149,9 @@ class LlamaModel:
         cfg = self.config
         k_cache, v_cache, scales = kv.k[i], kv.v[i], kv.layer_scales(i)
         tokens = h.shape[0]
-        qkv = layer.qkv(h)                                       # [T, (Hq + 2Hkv) D]
-        if NATIVE_ROPE_STORE and not scales and native.usable(qkv, cos, sin, k_cache) \
+        qkv = layer.qkv.native(h)          # [T, (Hq + 2Hkv) D]: bf16 products, or float32
+        if NATIVE_ROPE_STORE and not scales and native.usable(cos, sin, k_cache) \
+                and qkv.dtype in (torch.float32, torch.bfloat16) and qkv.is_contiguous() \
                 and not uses_triton(k_cache):
             q = native.rope_store(qkv, cos, sin, batch.slot_mapping, k_cache, v_cache,
                                   cfg.num_heads)                 # one pass: rope, K/V stored
@@ -160,6 +166,7 @@ class LlamaModel:
         """q rotated [T, Hq, D]; k rotated and v stored in the layer's caches (torch ops)."""
         cfg = self.config
         tokens = qkv.shape[0]
+        qkv = qkv.to(self.dtype)                  # bf16 products widen exactly
         qk_size = self.q_size + self.kv_size                     # slices: Tensor.split costs more
         heads = cfg.num_heads + cfg.num_kv_heads                 # q and k rotated in one pass
         qk = apply_rope(qkv[:, :qk_size].view(tokens, heads, cfg.head_dim), cos, sin)  # [T, Hq + Hkv, D]
@@ -172,6 +179,8 @@ class LlamaModel:
     def _mlp(self, layer: DecoderLayer, h: torch.Tensor) -> torch.Tensor:
         """In the matmuls' own dtype (bf16 for quantized weights): down takes bf16 anyway."""
         gate_up = layer.gate_up.native(h)                        # [T, 2I]
+        if gate_up.dtype == torch.bfloat16 and gate_up.is_contiguous() and native.usable():
+            return layer.down.native(native.silu_mul(gate_up))  # torch's bf16 roundings
         half = gate_up.shape[-1] // 2
         gate, up = gate_up[:, :half], gate_up[:, half:]          # [T, I] each
         return layer.down.native(F.silu(gate) * up)              # [T, H]
