@@ -73,6 +73,12 @@ class Tokenizer:
         content cannot forge chat-template structure."""
         return _encode(self._plain_backend, text)
 
+    def warm_up(self) -> None:
+        """Builds the lazily made parts now (the plain-text backend: ~130 ms of native code
+        that holds the GIL), so no request pays for them."""
+        self.encode_plain("warm up")
+        getattr(self, "max_plain_token_bytes", None)
+
     @cached_property
     def _plain_backend(self) -> HFTokenizer:
         """A copy, so the shared backend's flag never flips under another reader."""
