@@ -122,7 +122,8 @@ static inline __attribute__((always_inline)) void attend_group(
 /* One query per row over its paged float32 K/V. q, out [rows, hq, d]; caches [blocks, bs,
  * hkv, d]; tables int32 [rows, table_stride] (block ids); lens int32 [rows] (positions
  * 0..len-1 are read). Query head h reads kv head h / (hq / hkv). Returns 0; -1 when a
- * table names a block outside [0, num_blocks) (nothing is read past the caches); -2 out of
+ * table names a block outside [0, num_blocks) or a length exceeds its table (nothing is
+ * read past the caches or the tables); -2 out of
  * memory; -3 heads that do not group (hq % hkv) or groups over 64. */
 int rg_decode_attention(const float *q, const float *k_cache, const float *v_cache,
                         const int32_t *tables, long table_stride, const int32_t *lens,
@@ -132,6 +133,7 @@ int rg_decode_attention(const float *q, const float *k_cache, const float *v_cac
     if (hkv <= 0 || hq % hkv != 0 || group > 64) return -3;
     for (long r = 0; r < rows; r++) {
         if (lens[r] > max_len) max_len = lens[r];
+        if (lens[r] < 0 || lens[r] > table_stride * bs) return -1;
         for (long b = 0; b * bs < lens[r]; b++) {
             int32_t block = tables[r * table_stride + b];
             if (block < 0 || block >= num_blocks) return -1;

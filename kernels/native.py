@@ -90,6 +90,9 @@ def _built() -> Path:
         subprocess.run([compiler, *FLAGS, "-o", str(built), str(SOURCE), "-lm"], check=True,
                        capture_output=True, timeout=120)
         os.replace(built, target)
+    for old in target.parent.glob("kernels-*.so"):       # earlier sources' builds
+        if old != target:
+            old.unlink(missing_ok=True)      # a process still running one keeps its mapping
     log.info("built native CPU kernels: %s", target)
     return target
 
@@ -116,6 +119,8 @@ def add_rms_norm(x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tens
     then, with ``weight``, returns HF's RMSNorm of the new x in ``out_dtype`` (float32, or
     bfloat16 rounded as torch's ``.to`` rounds: what a bf16 matmul takes)."""
     rows, n = x.shape
+    if weight is not None and weight.shape != (n,):
+        raise ValueError(f"weight must be [{n}], got {tuple(weight.shape)}")
     if delta is not None:
         if delta.shape != x.shape or not delta.is_contiguous() or delta.dtype not in DELTA_KINDS:
             raise ValueError(f"delta must be a contiguous bf16/float32 {tuple(x.shape)} tensor")
@@ -147,15 +152,17 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     reading positions ``0 .. lens[i]-1`` through ``tables[i]`` (int32 block ids) -> [n, Hq, D]."""
     rows, heads, dim = q.shape
     num_blocks, block_size, kv_heads, _ = k_cache.shape
-    if tables.dtype != torch.int32 or lens.dtype != torch.int32 or not tables.is_contiguous():
-        raise ValueError("tables and lens must be contiguous int32")
+    if tables.dtype != torch.int32 or lens.dtype != torch.int32 or not tables.is_contiguous() \
+            or tables.shape[0] != rows or lens.shape != (rows,) or not lens.is_contiguous():
+        raise ValueError("tables [n, width] and lens [n] must be contiguous int32")
     out = torch.empty_like(q)
     status = library().rg_decode_attention(
         q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), tables.data_ptr(), tables.shape[1],
         lens.data_ptr(), rows, heads, kv_heads, dim, block_size, num_blocks, scale,
         out.data_ptr())
     if status != 0:
-        raise ValueError({-1: "a block table names a block outside the cache",
+        raise ValueError({-1: "a block table names a block outside the cache (or a length "
+                              "exceeds its table)",
                           -2: "out of memory", -3: f"{heads} query heads do not group over "
                           f"{kv_heads} kv heads (at most 64 a group)"}.get(status, str(status)))
     return out
@@ -185,6 +192,10 @@ def rope_store(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, slots: t
     tokens = qkv.shape[0]
     if slots.dtype != torch.int64 or not slots.is_contiguous() or slots.shape != (tokens,):
         raise ValueError("slots must be a contiguous int64 [T] tensor")
+    if cos.shape != (tokens, 1, dim) or sin.shape != cos.shape:
+        raise ValueError(f"cos and sin must be [{tokens}, 1, {dim}]")
+    if qkv.shape != (tokens, (heads + 2 * kv_heads) * dim):
+        raise ValueError(f"qkv must be [{tokens}, {(heads + 2 * kv_heads) * dim}]")
     q = torch.empty((tokens, heads, dim), dtype=torch.float32)
     if qkv.dtype not in (torch.float32, torch.bfloat16) or not qkv.is_contiguous():
         raise ValueError("qkv must be a contiguous float32 or bf16 tensor")

@@ -93,11 +93,14 @@ def test_decode_attention_matches_sdpa_on_scattered_blocks_and_reads_no_other_sl
 
 
 @needs_native
-def test_decode_attention_refuses_a_block_outside_the_cache():
+def test_decode_attention_refuses_a_block_outside_the_cache_or_a_length_past_its_table():
     q, k, v, tables, lens = _scattered_case(1, [20])
-    tables[0, 1] = 40
+    bad = tables.clone()
+    bad[0, 1] = 40
     with pytest.raises(ValueError, match="outside the cache"):
-        native.decode_attention(q, k, v, tables, lens, 0.125)
+        native.decode_attention(q, k, v, bad, lens, 0.125)
+    with pytest.raises(ValueError, match="exceeds its table"):
+        native.decode_attention(q, k, v, tables, torch.tensor([33], dtype=torch.int32), 0.125)
 
 
 @needs_native
@@ -173,11 +176,20 @@ def test_the_default_models_decode_steps_through_the_kernels_match_its_torch_ops
             tokens.append(int(logits[-1][-1].argmax()))
         return tokens, torch.cat([row[-1:] for row in logits])
 
-    calls = []
-    real = native.decode_attention
-    monkeypatch.setattr(native, "decode_attention", lambda *a: calls.append(1) or real(*a))
+    calls = {"attention": 0, "rope": 0, "norm": 0}
+
+    def counted(name, real):
+        def call(*args):
+            calls[name] += 1
+            return real(*args)
+        return call
+    monkeypatch.setattr(native, "decode_attention", counted("attention", native.decode_attention))
+    monkeypatch.setattr(native, "rope_store", counted("rope", native.rope_store))
+    monkeypatch.setattr(native, "add_rms_norm", counted("norm", native.add_rms_norm))
     fused_tokens, fused_logits = run(True)
-    assert len(calls) == 24 * cfg.num_layers
+    forwards = 25
+    assert calls == {"attention": 24 * cfg.num_layers, "rope": forwards * cfg.num_layers,
+                     "norm": forwards * (2 * cfg.num_layers + 2)}
     torch_tokens, torch_logits = run(False)
     model.fused_norms = True
     assert fused_tokens == torch_tokens
@@ -261,3 +273,15 @@ def test_silu_mul_has_torchs_bf16_roundings():
     differing = (got != expected).float().mean().item()
     assert differing < 1e-3                 # an exp 1 ulp apart may round the other way
     torch.testing.assert_close(got.float(), expected.float(), rtol=1e-2, atol=1e-2)
+
+
+def test_a_new_build_goes_to_the_cache_folder_and_replaces_older_ones(tmp_path, monkeypatch):
+    if shutil.which("cc") is None:
+        pytest.skip("no C compiler here")
+    monkeypatch.setenv(native.CACHE_ENV, str(tmp_path))
+    stale = tmp_path / "native" / "kernels-0000000000000000.so"
+    stale.parent.mkdir(parents=True)
+    stale.write_bytes(b"an older build")
+    built = native._built()
+    assert built.parent == tmp_path / "native" and built.exists() and not stale.exists()
+    assert native._built() == built                       # found again, not rebuilt

@@ -117,6 +117,8 @@ class LlamaModel:
         else:
             x = self._layers(x, eps, layer_args)
         x = x[batch.logits_indices]                                      # [n, H]
+        if self.fused_norms and native.usable(x, self.norm):
+            return self.logits_proj(native.add_rms_norm(x, None, self.norm, eps)).float()
         return self.logits_proj(rms_norm(x, self.norm, eps)).float()   # [n, V]
 
     __call__ = forward
@@ -152,7 +154,7 @@ class LlamaModel:
         k_cache, v_cache, scales = kv.k[i], kv.v[i], kv.layer_scales(i)
         tokens = h.shape[0]
         qkv = layer.qkv.native(h)          # [T, (Hq + 2Hkv) D]: bf16 products, or float32
-        if NATIVE_ROPE_STORE and not scales and native.usable(cos, sin, k_cache) \
+        if NATIVE_ROPE_STORE and scales["k_scale"] is None and native.usable(cos, sin, k_cache) \
                 and qkv.dtype in (torch.float32, torch.bfloat16) and qkv.is_contiguous() \
                 and not uses_triton(k_cache):
             q = native.rope_store(qkv, cos, sin, batch.slot_mapping, k_cache, v_cache,
