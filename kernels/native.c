@@ -236,3 +236,16 @@ void rg_silu_mul_bf16(const uint16_t *gate_up, long t, long inner, uint16_t *out
         }
     }
 }
+
+/* Each row's greedy pick of x [rows, n]: the first index of its largest value, NaN read as
+ * -inf (all -inf or NaN: index 0), as torch's max over nan_to_num(x, nan=-inf) picks. */
+void rg_argmax_rows(const float *x, long rows, long n, int64_t *out) {
+    for (long r = 0; r < rows; r++) {
+        const float *xr = x + r * n;
+        long best = 0;
+        float top = isnan(xr[0]) ? -INFINITY : xr[0];
+        for (long i = 1; i < n; i++)
+            if (xr[i] > top) top = xr[i], best = i;     /* NaN compares false */
+        out[r] = best;
+    }
+}

@@ -61,6 +61,8 @@ def library() -> ctypes.CDLL | None:
     lib.rg_silu_mul_bf16.argtypes = [_P, _L, _L, _P]
     lib.rg_rope_store.restype = _I
     lib.rg_rope_store.argtypes = [_P, _I, _L, _L, _L, _L, _P, _P, _P, _P, _P, _L, _P]
+    lib.rg_argmax_rows.restype = None
+    lib.rg_argmax_rows.argtypes = [_P, _L, _L, _P]
     lib.rg_topk_indices.restype = _I
     lib.rg_topk_indices.argtypes = [_P, _L, _L, _L, _P]
     lib.rg_decode_attention.restype = _I
@@ -205,3 +207,13 @@ def rope_store(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, slots: t
                                v_cache.data_ptr(), num_blocks * block_size, q.data_ptr()) != 0:
         raise ValueError(f"a slot is beyond the cache ({num_blocks} x {block_size} slots)")
     return q
+
+
+def argmax_rows(x: torch.Tensor) -> list[int]:
+    """Each row's greedy pick of x [rows, n] (contiguous float32): the first index of its
+    largest value, NaN read as -inf (none finite: 0), what ``max`` over
+    ``nan_to_num(x, nan=-inf)`` picks."""
+    rows, n = x.shape
+    out = torch.empty(rows, dtype=torch.int64)
+    library().rg_argmax_rows(x.data_ptr(), rows, n, out.data_ptr())
+    return out.tolist()

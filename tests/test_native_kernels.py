@@ -285,3 +285,29 @@ def test_a_new_build_goes_to_the_cache_folder_and_replaces_older_ones(tmp_path, 
     built = native._built()
     assert built.parent == tmp_path / "native" and built.exists() and not stale.exists()
     assert native._built() == built                       # found again, not rebuilt
+
+
+@needs_native
+def test_plain_greedy_rows_pick_what_the_processed_path_picks(monkeypatch):
+    """NaN as -inf, +inf wins, ties go to the first index, an all-NaN row picks 0; a row
+    with a logit bias (or any processor) still goes through the processors."""
+    from radixgate.runtime.engine import sampling
+    from radixgate.runtime.engine.api import SamplingParams
+    torch.manual_seed(7)
+    logits = torch.randn(6, 4096)
+    logits[0, 10] = float("nan")
+    logits[1, 7] = float("inf")
+    logits[2, 5] = logits[2, 900] = 99.0
+    logits[3] = float("nan")
+    logits[4, :] = float("-inf")
+    greedy = [SamplingParams(temperature=0.0)] * 6
+    calls, real = [], native.argmax_rows
+    monkeypatch.setattr(native, "argmax_rows", lambda x: calls.append(1) or real(x))
+    fast = sampling.sample_tokens(logits, greedy, [None] * 6)
+    assert calls == [1]
+    monkeypatch.setattr(native, "usable", lambda *t: False)
+    assert fast == sampling.sample_tokens(logits, greedy, [None] * 6)
+    assert fast[1] == 7 and fast[2] == 5 and fast[3] == 0 and fast[4] == 0
+    monkeypatch.undo()
+    biased = [SamplingParams(temperature=0.0, logit_bias=((3, 100.0),))] + greedy[1:]
+    assert sampling.sample_tokens(logits, biased, [None] * 6)[0] == 3

@@ -56,6 +56,8 @@ from dataclasses import dataclass
 
 import torch
 
+from radixgate.kernels import native
+
 from .api import SamplingParams, TokenLogprob
 from .stop import stop_problem
 
@@ -109,6 +111,14 @@ def _token_problem(params: SamplingParams, vocab_size: int) -> str | None:
     if any(not -MAX_LOGIT_BIAS <= b <= MAX_LOGIT_BIAS for _, b in params.logit_bias):
         return "logit_bias values must lie in [-100, 100]"
     return None
+
+
+def _plain_greedy(params: SamplingParams, history: TokenCounts | None) -> bool:
+    """A greedy row that no logit processor changes (no logit_bias, no min_tokens still to
+    reach, no penalty): its pick is the argmax of the raw logits, NaN read as -inf."""
+    if not is_greedy(params) or params.logit_bias or has_penalty(params):
+        return False
+    return not params.min_tokens or (history.num_output if history else 0) >= params.min_tokens
 
 
 def is_greedy(params: SamplingParams) -> bool:
@@ -197,6 +207,9 @@ def sample_tokens(logits: torch.Tensor, params: list[SamplingParams],
     ``TokenCounts`` (None: nothing generated yet, no prompt seen); ``eos_ids``: the ids
     ``min_tokens`` holds back; ``masks``: the constrained rows' grammar masks. Returns n
     token ids (the step's one host sync)."""
+    if masks is None and all(_plain_greedy(p, h) for p, h in zip(params, histories or [None] * len(params))) \
+            and native.usable(logits):
+        return native.argmax_rows(logits)          # nothing to process: one pass, no copy
     x = processed_logits(logits, params, histories, eos_ids, masks)  # [n, V]
     top, picked = x.max(dim=-1, keepdim=True)                  # [n, 1]: greedy picks
     rows = [i for i, p in enumerate(params) if not is_greedy(p)]
