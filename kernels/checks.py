@@ -70,6 +70,25 @@ def check_attention_inputs(q, k_cache, v_cache, block_tables, cu_q_lens, seq_len
                            k_scale=None, v_scale=None) -> None:
     """q: [T, Hq, D] float (any float dtype: K/V are read as q's dtype); block_tables int32
     [B, M]; cu_q_lens int32 [B+1]; seq_lens int32 [B]."""
+    check_query_and_caches(q, k_cache, v_cache, k_scale, v_scale)
+    if block_tables.device != q.device:
+        _fail(f"block_tables on {block_tables.device} but q is on {q.device}")
+    check_index_inputs(block_tables, cu_q_lens, seq_lens)
+
+
+def check_index_inputs(block_tables, cu_q_lens, seq_lens) -> None:
+    """block_tables int32 [B, M]; cu_q_lens int32 [B+1]; seq_lens int32 [B], one device."""
+    if block_tables.dim() != 2:
+        _fail(f"block_tables must be [batch, max_blocks], got shape {tuple(block_tables.shape)}")
+    batch = block_tables.shape[0]
+    device = block_tables.device
+    _check_index(block_tables, "block_tables", torch.int32, None, device)
+    _check_index(cu_q_lens, "cu_q_lens", torch.int32, (batch + 1,), device)
+    _check_index(seq_lens, "seq_lens", torch.int32, (batch,), device)
+
+
+def check_query_and_caches(q, k_cache, v_cache, k_scale=None, v_scale=None) -> None:
+    """q: [T, Hq, D] float on the caches' device, Hq a multiple of their Hkv."""
     check_cache_pair(k_cache, v_cache, k_scale, v_scale)
     _, _, num_kv_heads, head_dim = k_cache.shape
     if q.dim() != 3 or q.shape[2] != head_dim:
@@ -82,12 +101,6 @@ def check_attention_inputs(q, k_cache, v_cache, block_tables, cu_q_lens, seq_len
         _fail("q must be contiguous in head_dim (stride(-1) == 1)")
     if q.shape[1] % num_kv_heads != 0:
         _fail(f"num query heads {q.shape[1]} is not a multiple of num kv heads {num_kv_heads}")
-    if block_tables.dim() != 2:
-        _fail(f"block_tables must be [batch, max_blocks], got shape {tuple(block_tables.shape)}")
-    batch = block_tables.shape[0]
-    _check_index(block_tables, "block_tables", torch.int32, None, q.device)
-    _check_index(cu_q_lens, "cu_q_lens", torch.int32, (batch + 1,), q.device)
-    _check_index(seq_lens, "seq_lens", torch.int32, (batch,), q.device)
 
 
 def check_copy_inputs(k_cache, v_cache, pairs, num_slots, k_scale=None, v_scale=None) -> None:

@@ -25,6 +25,8 @@ from radixgate.kernels import native
 from radixgate.kernels.checks import (
     SCALE_DTYPE,
     check_attention_inputs,
+    check_index_inputs,
+    check_query_and_caches,
     check_copy_inputs,
     check_store_inputs,
 )
@@ -153,7 +155,11 @@ def reference_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: t
     work, so a model computes it once per forward instead of once per layer. K/V are read in
     q's dtype (``k_scale`` / ``v_scale``: the scales of an 8-bit cache).
     """
-    check_attention_inputs(q, k_cache, v_cache, block_tables, cu_q_lens, seq_lens, k_scale, v_scale)
+    if plan is not None and plan.made_from(block_tables, cu_q_lens, seq_lens):
+        check_query_and_caches(q, k_cache, v_cache, k_scale, v_scale)   # tables: checked once
+    else:
+        check_attention_inputs(q, k_cache, v_cache, block_tables, cu_q_lens, seq_lens,
+                               k_scale, v_scale)
     if plan is None:
         plan = plan_attention(block_tables, cu_q_lens, seq_lens, k_cache.shape[1], q.shape[0])
     elif plan.num_tokens != q.shape[0] or plan.block_size != k_cache.shape[1]:
@@ -195,6 +201,12 @@ class AttentionPlan:
     decode_tables: torch.Tensor | None = None   # int32 [n, nb] the decode rows' block ids
     decode_lens: torch.Tensor | None = None     # int32 [n] and their lengths (native kernel)
     workspace: dict = field(default_factory=dict, compare=False, repr=False)
+    sources: tuple = field(default=(), compare=False, repr=False)   # the checked tables
+
+    def made_from(self, block_tables, cu_q_lens, seq_lens) -> bool:
+        """Planned (and index-checked) from these very tensors: every layer passes the same."""
+        s = self.sources
+        return len(s) == 3 and s[0] is block_tables and s[1] is cu_q_lens and s[2] is seq_lens
 
     def gather_buffer(self, name: str, source: torch.Tensor, rows: int) -> torch.Tensor:
         """A reused output for gathering ``rows`` rows of ``source`` ([rows, *source.shape[1:]]
@@ -211,7 +223,8 @@ class AttentionPlan:
 
 def plan_attention(block_tables: torch.Tensor, cu_q_lens: torch.Tensor, seq_lens: torch.Tensor,
                    block_size: int, num_tokens: int) -> AttentionPlan:
-    """Validate lengths and precompute the gather indices and masks of one step."""
+    """Validate the tables and lengths and precompute the gather indices and masks of one step."""
+    check_index_inputs(block_tables, cu_q_lens, seq_lens)
     q_lens, lens = _validated_lengths(num_tokens, block_size, block_tables, cu_q_lens, seq_lens)
     decode = [b for b, n in enumerate(q_lens) if n == 1]
     blocks = mask = slots = None
@@ -236,12 +249,14 @@ def plan_attention(block_tables: torch.Tensor, cu_q_lens: torch.Tensor, seq_lens
         native_read = dict(decode_tables=tables[:, :num_blocks].contiguous(),
                            decode_lens=lengths.to(torch.int32).contiguous())
     if len(decode) == len(q_lens):
-        return AttentionPlan(num_tokens, block_size, None, blocks, mask, (), slots, **native_read)
+        return AttentionPlan(num_tokens, block_size, None, blocks, mask, (), slots, **native_read,
+                             sources=(block_tables, cu_q_lens, seq_lens))
     starts = cu_q_lens.tolist()
     rows = cu_q_lens[torch.tensor(decode, dtype=torch.int64, device=cu_q_lens.device)].to(torch.int64)
     extends = tuple((starts[b], n, lens[b], _extend_blocks(block_tables[b], -(-lens[b] // block_size)))
                     for b, n in enumerate(q_lens) if n > 1)
-    return AttentionPlan(num_tokens, block_size, rows, blocks, mask, extends, slots, **native_read)
+    return AttentionPlan(num_tokens, block_size, rows, blocks, mask, extends, slots, **native_read,
+                         sources=(block_tables, cu_q_lens, seq_lens))
 
 
 def _extend_blocks(table: torch.Tensor, num_blocks: int) -> slice | torch.Tensor:

@@ -111,7 +111,9 @@ class LlamaModel:
         eps = self.config.rms_norm_eps
         plan = attention_plan(batch.block_tables, batch.cu_q_lens, batch.seq_lens, kv.block_size,
                               batch.num_tokens, quantized=kv.quantized)  # shared by every layer
-        layer_args = (cos, sin, batch, plan, kv)
+        rope_native = NATIVE_ROPE_STORE and not kv.quantized and not uses_triton(kv.k[0]) \
+            and native.usable(cos, sin, kv.k[0])          # decided once: every layer alike
+        layer_args = (cos, sin, batch, plan, kv, rope_native)
         if self.fused_norms and native.usable(x):
             x = self._layers_fused(x, eps, layer_args)
         else:
@@ -148,15 +150,14 @@ class LlamaModel:
         return x
 
     def _attention(self, layer: DecoderLayer, h, i: int, cos, sin, batch: ForwardBatch, plan,
-                   kv: KVCache) -> torch.Tensor:
-        """Layer ``i``'s attention block: qkv, rope, K/V stored, paged attention, o_proj."""
+                   kv: KVCache, rope_native: bool) -> torch.Tensor:
+        """Layer ``i``'s attention block: qkv, rope, K/V stored, paged attention, o_proj
+        (``rope_native``: this forward's rope and store go through ``native.rope_store``)."""
         cfg = self.config
         k_cache, v_cache, scales = kv.k[i], kv.v[i], kv.layer_scales(i)
         tokens = h.shape[0]
         qkv = layer.qkv.native(h)          # [T, (Hq + 2Hkv) D]: bf16 products, or float32
-        if NATIVE_ROPE_STORE and scales["k_scale"] is None and native.usable(cos, sin, k_cache) \
-                and qkv.dtype in (torch.float32, torch.bfloat16) and qkv.is_contiguous() \
-                and not uses_triton(k_cache):
+        if rope_native and qkv.dtype in (torch.float32, torch.bfloat16) and qkv.is_contiguous():
             q = native.rope_store(qkv, cos, sin, batch.slot_mapping, k_cache, v_cache,
                                   cfg.num_heads)                 # one pass: rope, K/V stored
         else:
