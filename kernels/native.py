@@ -2,8 +2,10 @@
 machine's C compiler on first use and called through ctypes.
 
 A decode step of a small model is mostly per-op overhead, not arithmetic: torch's fp32
-``rms_norm`` of one row dispatches ~8 ops (~11 us), the residual add before it another, and
-the lone decode row's attention (gather, SDPA) ~27 us a layer. One C call does each.
+``rms_norm`` of one row dispatches ~8 ops (~11 us), the residual add before it another,
+rope and the K/V store ~26 us a layer, the lone decode row's attention (gather, SDPA) ~25 us.
+One C call does each: ``add_rms_norm``, ``rope_store``, ``decode_attention``, ``silu_mul``,
+``topk_indices`` (the rescored head's candidates) and ``argmax_rows`` (greedy picks).
 
 - **Build**: ``cc -O3 -march=native -fno-math-errno -shared -fPIC`` (about 0.2 s), once per source, compiler
   and CPU, into ``$RADIXGATE_CACHE_DIR/native`` (default ``~/.cache/radixgate/native``),

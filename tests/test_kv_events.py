@@ -285,9 +285,9 @@ def test_blocks_removed_during_a_gap_older_than_the_replay_buffer_leave_the_inde
 
 
 def test_a_restarted_publisher_is_resynced_and_its_earlier_blocks_leave_the_index(follow):
-    from benchmarks.launch import free_port
-    endpoints = dict(endpoint=f"tcp://127.0.0.1:{free_port()}",
-                     replay=f"tcp://127.0.0.1:{free_port()}")
+    from benchmarks.launch import free_ports
+    live, replayed = free_ports(2)
+    endpoints = dict(endpoint=f"tcp://127.0.0.1:{live}", replay=f"tcp://127.0.0.1:{replayed}")
     first = Replica(**endpoints)
     sub = follow(first, check_s=60.0)                # found by the stream, not the idle check
     first.cache(A)

@@ -9,7 +9,7 @@ import time
 import pytest
 import zmq
 
-from benchmarks.launch import free_port
+from benchmarks.launch import free_ports
 from radixgate.cluster.kv_decode import decode_batch
 from radixgate.cluster.prefix_index import PrefixIndex
 from radixgate.gateway.auth import namespace_for
@@ -18,26 +18,29 @@ from radixgate.runtime.engine.kv_events import hash_seed
 from tests.support.server import ADMIN_KEY, ServerProcess, ServerSpec
 from tests.test_cluster_ray import call, complete
 
-PORT, REPLAY_PORT = free_port(), free_port()
-SPEC = ServerSpec(tenants=("acme",),
-                  extra_args=("--kv-events-endpoint", f"tcp://127.0.0.1:{PORT}"),
-                  server_settings=(("kv_events_replay_endpoint",
-                                    f'"tcp://127.0.0.1:{REPLAY_PORT}"'),))
+PORTS: dict[str, int] = {}                     # the running server's endpoints
 PROMPT = list(range(2000, 2000 + 70))          # 4 full blocks of 16 and a partial one
 
 
 @pytest.fixture(scope="module")
 def server():
-    srv = ServerProcess(SPEC).start()
+    """Its ports are picked as it starts (picked at collection, another test's server
+    took one of them minutes later)."""
+    PORTS["live"], PORTS["replay"] = free_ports(2)
+    spec = ServerSpec(tenants=("acme",),
+                      extra_args=("--kv-events-endpoint", f"tcp://127.0.0.1:{PORTS['live']}"),
+                      server_settings=(("kv_events_replay_endpoint",
+                                        f'"tcp://127.0.0.1:{PORTS["replay"]}"'),))
+    srv = ServerProcess(spec).start()
     yield srv
     srv.stop()
 
 
 @pytest.fixture
-def subscriber():
+def subscriber(server):
     socket = zmq.Context.instance().socket(zmq.SUB)
     socket.setsockopt(zmq.SUBSCRIBE, b"")
-    socket.connect(f"tcp://127.0.0.1:{PORT}")
+    socket.connect(f"tcp://127.0.0.1:{PORTS['live']}")
     time.sleep(0.5)                              # a SUB joins a few ms after connect
     yield socket
     socket.close(linger=0)
@@ -90,7 +93,7 @@ def test_a_late_subscriber_gets_what_it_missed_from_the_replay_endpoint(server):
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline and index.match(ids, ["s"])["s"] < 4:
         index = PrefixIndex()
-        for payload in replay(f"tcp://127.0.0.1:{REPLAY_PORT}", start=0):
+        for payload in replay(f"tcp://127.0.0.1:{PORTS['replay']}", start=0):
             index.apply("s", decode_batch(payload)[1])
     assert index.match(ids, ["s"]) == {"s": 4}
 
