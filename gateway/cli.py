@@ -233,16 +233,18 @@ def plan_command(args: argparse.Namespace) -> int:
 def serve(config: GatewayConfig) -> int:
     config.check_host_allowed()
     _check_disk_tier(config)            # refusals first: before the web stack imports
+    _setup_logging(config.server.log_level)
+    apply_threads(config)
+    from radixgate.gateway.state import early_engine_factory
+    factory = early_engine_factory(config)   # the model loads while the web stack imports
     from aiohttp import web
 
     from radixgate.gateway.app import create_app
     from radixgate.gateway.http_util import STATE
-    _setup_logging(config.server.log_level)
-    apply_threads(config)
     logging.getLogger("radixgate.gateway").info(
         "serving %s on http://%s:%d (%s)", config.model.name, config.server.host,
         config.server.port, "tiny random weights" if config.model.tiny else config.model.path)
-    app = create_app(config)
+    app = create_app(config, engine_factory=factory)
     app.on_startup.append(_stop_if_load_fails)
     app.on_startup.append(_drain_on_signals)
     web.run_app(app, host=config.server.host, port=config.server.port,

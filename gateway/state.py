@@ -11,6 +11,7 @@ import gc
 import logging
 import threading
 import time
+from concurrent.futures import Future
 from typing import TYPE_CHECKING, Callable
 
 from radixgate.gateway.auth import ADMIN_TENANT, KeyRing, RateLimiter
@@ -46,6 +47,29 @@ def default_engine_factory(config: GatewayConfig) -> EngineClient:
                         max_model_len=config.model.max_model_len,
                         weights_dtype=config.model.weights_dtype)
     return Engine(loaded, engine_config(config)).start()
+
+
+def early_engine_factory(config: GatewayConfig) -> EngineFactory:
+    """Starts ``default_engine_factory(config)`` now, on a thread of its own, and returns a
+    factory that hands over its engine (or raises its error): ``serve`` calls it before
+    importing the web stack and building the app, which then overlap the load (start to
+    healthy: the load starts ~0.35 s sooner). An engine nobody collects (the server
+    failed to start) is shut down with the process."""
+    result: Future = Future()
+
+    def load() -> None:
+        try:
+            result.set_result(default_engine_factory(config))
+        except BaseException as e:  # noqa: BLE001 - handed to whoever collects the engine
+            result.set_exception(e)
+
+    threading.Thread(target=load, name="radixgate-early-load", daemon=True).start()
+
+    def collect(collected_config: GatewayConfig) -> EngineClient:
+        if collected_config is not config:
+            raise ValueError("the early engine was loaded for another config")
+        return result.result()
+    return collect
 
 
 def engine_config(config: GatewayConfig):

@@ -202,3 +202,18 @@ def test_kv_dtype_flag_and_cache_key_reach_the_cache_config(tmp_path, kv_dtype):
     path.write_text(f'[cache]\nkv_dtype = "{kv_dtype}"\n')
     assert config_from_args(build_parser().parse_args(["serve", "--config", str(path)])
                             ).cache.kv_dtype == kv_dtype
+
+
+def test_serve_exits_with_status_1_and_the_reason_when_the_model_fails_to_load(tmp_path):
+    """The model loads on a thread started before the web stack (early_engine_factory):
+    its failure still reaches the server, which exits 1 with one line saying why."""
+    import subprocess
+    import sys
+
+    from benchmarks.launch import free_port
+    missing = tmp_path / "missing.gguf"
+    done = subprocess.run([sys.executable, "-m", "radixgate.gateway.cli", "serve", "--model",
+                           str(missing), "--port", str(free_port())],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert f"exiting: FileNotFoundError: model path {missing}" in done.stderr
