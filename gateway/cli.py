@@ -236,7 +236,8 @@ def serve(config: GatewayConfig) -> int:
     _setup_logging(config.server.log_level)
     apply_threads(config)
     from radixgate.gateway.state import early_engine_factory
-    factory = early_engine_factory(config)   # the model loads while the web stack imports
+    # the model loads while the web stack imports (replicas start on the app's worker thread)
+    factory = None if config.cluster.enabled else early_engine_factory(config)
     from aiohttp import web
 
     from radixgate.gateway.app import create_app

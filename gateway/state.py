@@ -54,7 +54,8 @@ def early_engine_factory(config: GatewayConfig) -> EngineFactory:
     factory that hands over its engine (or raises its error): ``serve`` calls it before
     importing the web stack and building the app, which then overlap the load (start to
     healthy: the load starts ~0.35 s sooner). An engine nobody collects (the server
-    failed to start) is shut down with the process."""
+    failed to start) is shut down with the process. Not for replicas: Ray Serve starts them
+    from the app's worker thread (started here, every cluster test's server died)."""
     result: Future = Future()
 
     def load() -> None:
