@@ -95,11 +95,7 @@ def _warm_up(tokenizer) -> None:
     native code that holds the GIL, which would stall every request in flight when the
     first request needed it (a thread beside the model's build gained nothing: both hold
     the GIL)."""
-    warm_up = getattr(tokenizer, "warm_up", None)
-    if warm_up is not None:
-        warm_up()
-    else:
-        tokenizer.encode_plain("warm up")
+    tokenizer.warm_up()
 
 
 def _freeze_startup_objects() -> None:
