@@ -71,9 +71,14 @@ def check_attention_inputs(q, k_cache, v_cache, block_tables, cu_q_lens, seq_len
     """q: [T, Hq, D] float (any float dtype: K/V are read as q's dtype); block_tables int32
     [B, M]; cu_q_lens int32 [B+1]; seq_lens int32 [B]."""
     check_query_and_caches(q, k_cache, v_cache, k_scale, v_scale)
+    check_tables_device(q, block_tables)
+    check_index_inputs(block_tables, cu_q_lens, seq_lens)
+
+
+def check_tables_device(q, block_tables) -> None:
+    """The tables (and, by ``check_index_inputs``, the lengths) on q's device."""
     if block_tables.device != q.device:
         _fail(f"block_tables on {block_tables.device} but q is on {q.device}")
-    check_index_inputs(block_tables, cu_q_lens, seq_lens)
 
 
 def check_index_inputs(block_tables, cu_q_lens, seq_lens) -> None:

@@ -27,6 +27,7 @@ from radixgate.kernels.checks import (
     check_attention_inputs,
     check_index_inputs,
     check_query_and_caches,
+    check_tables_device,
     check_copy_inputs,
     check_store_inputs,
 )
@@ -157,6 +158,7 @@ def reference_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: t
     """
     if plan is not None and plan.made_from(block_tables, cu_q_lens, seq_lens):
         check_query_and_caches(q, k_cache, v_cache, k_scale, v_scale)   # tables: checked once
+        check_tables_device(q, block_tables)
     else:
         check_attention_inputs(q, k_cache, v_cache, block_tables, cu_q_lens, seq_lens,
                                k_scale, v_scale)
