@@ -34,6 +34,29 @@ def test_int4_codes_reproduce_their_dequantized_weight_in_both_paths():
         assert _relative_error(linear(x), x @ w.t()) < 2e-2
 
 
+@needs_int4
+@pytest.mark.parametrize("flags, wide", [({"avx512f", "avx512_vnni"}, torch.float32),
+                                         ({"avx512f", "avx512_bf16"}, torch.bfloat16),
+                                         ({"avx512f", "amx_bf16"}, torch.bfloat16)])
+def test_rows_above_the_int4_op_multiply_in_float32_on_a_cpu_without_bf16_hardware(
+        monkeypatch, flags, wide):
+    """Ice Lake has no bf16 GEMM: oneDNN emulates it at a quarter of float32's speed, so the
+    dequantized layer multiplies in float32 there (the same bf16-rounded activations)."""
+    from radixgate.runtime.model import linear as linear_module
+    monkeypatch.setattr(linear_module, "cpu_flags", lambda: frozenset(flags))
+    assert linear_module.wide_gemm_dtype() == wide
+    codes, scale, zero = quantize_int4_groups(_weight())
+    linear = Int4Linear(codes, scale, zero)
+    x = torch.randn(INT4_OP_MAX_ROWS + 1, 96)
+    assert linear.native(x).dtype == wide
+    sz = linear.scales_and_zeros.float()                         # [K/32, N, 2], bf16 values
+    exact = (codes.float().view(128, 3, 32) - 8) * sz[..., 0].t()[..., None] + sz[..., 1].t()[..., None]
+    assert torch.equal(linear.dequantized_t(torch.float32), exact.view(128, 96).t())
+    if wide == torch.float32:                                    # bf16-rounded x, exact W
+        assert torch.allclose(linear(x), x.bfloat16().float() @ exact.view(128, 96).t(),
+                              rtol=1e-5, atol=1e-5)
+
+
 def test_int8_rows_reproduce_their_dequantized_weight_in_both_paths():
     codes, scale = quantize_int8_rows(_weight())
     w = codes.float() * scale[:, None]

@@ -75,6 +75,15 @@ def has_bf16_gemm() -> bool:
     return bool({"avx512_bf16", "amx_bf16"} & cpu_flags())
 
 
+def wide_gemm_dtype() -> torch.dtype:
+    """The dtype of the GEMM that quantized layers run above their op's row limit (their
+    codes dequantized): bfloat16 where the CPU multiplies bf16 in hardware, else float32.
+    Without AVX512-BF16 / AMX (Ice Lake, Skylake, Zen 3) oneDNN's bf16 GEMM converts every
+    operand to float32 in software: 2048 x 576 x 3072 took 133 ms against 36 ms in float32
+    (Ice Lake, 2 threads), so a 2k-token prefill spent ~8 s in bf16 GEMMs against ~2 s."""
+    return torch.bfloat16 if has_bf16_gemm() else torch.float32
+
+
 def has_int4_op() -> bool:
     return hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu") and \
         torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
@@ -166,6 +175,7 @@ class Int8Linear:
         self.codes, self.bias = codes.contiguous(), bias
         self.scale = scale.to(torch.bfloat16)             # [N] the op takes x's dtype
         self.shape, self.dtype = tuple(codes.shape), torch.int8
+        self.wide_dtype = wide_gemm_dtype()                # above INT8_OP_MAX_ROWS
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return self.native(x).to(x.dtype)
@@ -173,12 +183,14 @@ class Int8Linear:
     input_dtype = torch.bfloat16          # what ``native`` casts x to
 
     def native(self, x: torch.Tensor) -> torch.Tensor:
-        """The product in bfloat16, the op's own dtype (float32 with a float32 bias)."""
+        """The product in bfloat16, the op's own dtype (float32 above the op's row limit on
+        a CPU without bf16 GEMMs, or with a float32 bias)."""
         xb = x.to(torch.bfloat16).contiguous()             # [M, K]
         if x.shape[0] <= INT8_OP_MAX_ROWS:
             out = torch.ops.aten._weight_int8pack_mm(xb, self.codes, self.scale)
         else:
-            out = F.linear(xb, self.codes.to(torch.bfloat16)) * self.scale
+            wide = self.wide_dtype
+            out = F.linear(xb.to(wide), self.codes.to(wide)) * self.scale.to(wide)
         return out if self.bias is None else out + self.bias
 
     @property
@@ -207,6 +219,7 @@ class Int4Linear:
             codes.to(torch.int32).contiguous(), 8)                     # uint8 [N, K/2]
         self.scales_and_zeros = torch.stack([scale, zero], -1).transpose(0, 1) \
             .contiguous().to(torch.bfloat16)                           # [K/32, N, 2]
+        self.wide_dtype = wide_gemm_dtype()                            # above INT4_OP_MAX_ROWS
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return self.native(x).to(x.dtype)
@@ -214,17 +227,20 @@ class Int4Linear:
     input_dtype = torch.bfloat16          # what ``native`` casts x to
 
     def native(self, x: torch.Tensor) -> torch.Tensor:
-        """The product in bfloat16, the op's own dtype (float32 with a float32 bias)."""
+        """The product in bfloat16, the op's own dtype (float32 above the op's row limit on
+        a CPU without bf16 GEMMs, or with a float32 bias). The activations are rounded to
+        bf16 on both paths (what the int4 op takes)."""
         xb = x.to(torch.bfloat16).contiguous()                          # [M, K]
         if x.shape[0] <= INT4_OP_MAX_ROWS or self.shape[0] % _INT4_TILE:
             out = torch.ops.aten._weight_int4pack_mm_for_cpu(xb, self.packed, GROUP,
                                                              self.scales_and_zeros)
         else:
-            out = xb @ self.dequantized_t()                              # [M, N]
+            wide = self.wide_dtype
+            out = xb.to(wide) @ self.dequantized_t(wide)                 # [M, N]
         return out if self.bias is None else out + self.bias
 
-    def dequantized_t(self) -> torch.Tensor:
-        """W^T [K, N] in bf16 from the packed codes. The CPU pack stores tile t (rows 64t..64t+63)
+    def dequantized_t(self, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+        """W^T [K, N] in ``dtype`` (bf16 or float32) from the packed codes. The CPU pack stores tile t (rows 64t..64t+63)
         as [K, 32] bytes: low nibble row 64t + j, high nibble row 64t + 32 + j (test-checked).
         Three passes over the layer: each nibble half into one bf16 code buffer, then one
         ``addcmul`` written straight into W^T's layout (a cat and a transposing copy made it
@@ -232,13 +248,13 @@ class Int4Linear:
         n, k = self.shape
         tiles_n, half = n // _INT4_TILE, _INT4_TILE // 2
         tiles = self.packed.view(tiles_n, k, half)                      # [N/64, K, 32]
-        codes = torch.empty(tiles_n, k, _INT4_TILE, dtype=torch.bfloat16, device=tiles.device)
+        codes = torch.empty(tiles_n, k, _INT4_TILE, dtype=dtype, device=tiles.device)
         codes[..., :half].copy_(tiles & 15)
         codes[..., half:].copy_(tiles >> 4)                              # [N/64, K, 64]
         sz = self.scales_and_zeros.view(k // GROUP, tiles_n, 1, _INT4_TILE, 2) \
-            .transpose(0, 1)                                            # [N/64, K/32, 1, 64, 2]
+            .transpose(0, 1).to(dtype)                                  # [N/64, K/32, 1, 64, 2]
         scale, zero = sz[..., 0].contiguous(), (sz[..., 1] - 8 * sz[..., 0]).contiguous()
-        w_t = torch.empty(k, n, dtype=torch.bfloat16, device=tiles.device)  # [K, N]
+        w_t = torch.empty(k, n, dtype=dtype, device=tiles.device)       # [K, N]
         into = w_t.view(k // GROUP, GROUP, tiles_n, _INT4_TILE).permute(2, 0, 1, 3)
         torch.addcmul(zero, codes.view(tiles_n, k // GROUP, GROUP, _INT4_TILE), scale, out=into)
         return w_t
