@@ -121,14 +121,16 @@ static inline __attribute__((always_inline)) void attend_group(
 
 /* One query per row over its paged float32 K/V. q, out [rows, hq, d]; caches [blocks, bs,
  * hkv, d]; tables int32 [rows, table_stride] (block ids); lens int32 [rows] (positions
- * 0..len-1 are read). Query head h reads kv head h / (hq / hkv). Returns 0; -1 when a
- * table names a block outside [0, num_blocks) or a length exceeds its table (nothing is
- * read past the caches or the tables); -2 out of
- * memory; -3 heads that do not group (hq % hkv) or groups over 64. */
+ * 0..len-1 are read). Query head h reads kv head h / (hq / hkv). The (row, kv head) items
+ * are split among ``threads`` workers of the process's OpenMP pool (torch's: this library
+ * is loaded beside it); each item runs whole on one worker in the same order, so the result
+ * never depends on the thread count. Returns 0; -1 when a table names a block outside
+ * [0, num_blocks) or a length exceeds its table (nothing is read past the caches or the
+ * tables); -2 out of memory; -3 heads that do not group (hq % hkv) or groups over 64. */
 int rg_decode_attention(const float *q, const float *k_cache, const float *v_cache,
                         const int32_t *tables, long table_stride, const int32_t *lens,
                         long rows, long hq, long hkv, long d, long bs, long num_blocks,
-                        float scale, float *out) {
+                        float scale, int threads, float *out) {
     long group = hq / hkv, max_len = 0;
     if (hkv <= 0 || hq % hkv != 0 || group > 64) return -3;
     for (long r = 0; r < rows; r++) {
@@ -139,10 +141,21 @@ int rg_decode_attention(const float *q, const float *k_cache, const float *v_cac
             if (block < 0 || block >= num_blocks) return -1;
         }
     }
-    float *scores = malloc(sizeof(float) * (size_t)(group * (max_len > 0 ? max_len : 1)));
-    if (scores == NULL) return -2;
-    for (long r = 0; r < rows; r++)
-        for (long g = 0; g < hkv; g++) {
+    long items = rows * hkv;
+    int failed = 0;
+    if (threads < 1) threads = 1;
+    if (threads > items) threads = (int)items;
+    #pragma omp parallel num_threads(threads) if(threads > 1)
+    {
+        float *scores = malloc(sizeof(float) * (size_t)(group * (max_len > 0 ? max_len : 1)));
+        if (scores == NULL) {
+            #pragma omp atomic write
+            failed = 1;
+        }
+        #pragma omp for schedule(static)
+        for (long item = 0; item < items; item++) {
+            if (scores == NULL) continue;
+            long r = item / hkv, g = item % hkv;
             const float *qg = q + (r * hq + g * group) * d;
             float *og = out + (r * hq + g * group) * d;
             const int32_t *table = tables + r * table_stride;
@@ -153,8 +166,9 @@ int rg_decode_attention(const float *q, const float *k_cache, const float *v_cac
             else
                 attend_group(qg, k_cache, v_cache, table, lens[r], group, hkv, g, d, bs, scale, scores, og);
         }
-    free(scores);
-    return 0;
+        free(scores);
+    }
+    return failed ? -2 : 0;
 }
 
 /* The indices of the k largest values of each row of x [rows, n] (k <= 64), in no order:

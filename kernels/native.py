@@ -7,7 +7,7 @@ rope and the K/V store ~26 us a layer, the lone decode row's attention (gather, 
 One C call does each: ``add_rms_norm``, ``rope_store``, ``decode_attention``, ``silu_mul``,
 ``topk_indices`` (the rescored head's candidates) and ``argmax_rows`` (greedy picks).
 
-- **Build**: ``cc -O3 -march=native -fno-math-errno -shared -fPIC`` (about 0.2 s), once per source, compiler
+- **Build**: ``cc -O3 -march=native -fno-math-errno -fopenmp -shared -fPIC`` (about 0.2 s), once per source, compiler
   and CPU, into ``$RADIXGATE_CACHE_DIR/native`` (default ``~/.cache/radixgate/native``),
   written to a temporary name and renamed, so processes starting together never load half a
   file. No compiler, a failed build or ``RADIXGATE_NATIVE=0``: ``library()`` is None, one
@@ -36,7 +36,7 @@ log = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("native.c")
 ENABLE_ENV = "RADIXGATE_NATIVE"
 CACHE_ENV = "RADIXGATE_CACHE_DIR"
-FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-shared", "-fPIC")
+FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-fopenmp", "-shared", "-fPIC")
 DELTA_KINDS = {None: 0, torch.bfloat16: 1, torch.float32: 2}
 _P, _L, _I, _F = ctypes.c_void_p, ctypes.c_long, ctypes.c_int, ctypes.c_float
 
@@ -68,7 +68,7 @@ def library() -> ctypes.CDLL | None:
     lib.rg_topk_indices.restype = _I
     lib.rg_topk_indices.argtypes = [_P, _L, _L, _L, _P]
     lib.rg_decode_attention.restype = _I
-    lib.rg_decode_attention.argtypes = [_P, _P, _P, _P, _L, _P, _L, _L, _L, _L, _L, _L, _F, _P]
+    lib.rg_decode_attention.argtypes = [_P, _P, _P, _P, _L, _P, _L, _L, _L, _L, _L, _L, _F, _I, _P]
     return lib
 
 
@@ -156,9 +156,12 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
 
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                     tables: torch.Tensor, lens: torch.Tensor, scale: float) -> torch.Tensor:
+                     tables: torch.Tensor, lens: torch.Tensor, scale: float,
+                     threads: int | None = None) -> torch.Tensor:
     """One query per row: q [n, Hq, D] over float32 caches [blocks, bs, Hkv, D], row i
-    reading positions ``0 .. lens[i]-1`` through ``tables[i]`` (int32 block ids) -> [n, Hq, D]."""
+    reading positions ``0 .. lens[i]-1`` through ``tables[i]`` (int32 block ids) -> [n, Hq, D].
+    ``threads`` (default torch's count) workers of torch's OpenMP pool share the (row, kv
+    head) items; the result is the same for any count."""
     rows, heads, dim = q.shape
     num_blocks, block_size, kv_heads, _ = k_cache.shape
     if tables.dtype != torch.int32 or lens.dtype != torch.int32 or not tables.is_contiguous() \
@@ -168,7 +171,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     status = library().rg_decode_attention(
         q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), tables.data_ptr(), tables.shape[1],
         lens.data_ptr(), rows, heads, kv_heads, dim, block_size, num_blocks, scale,
-        out.data_ptr())
+        torch.get_num_threads() if threads is None else threads, out.data_ptr())
     if status != 0:
         raise ValueError({-1: "a block table names a block outside the cache (or a length "
                               "exceeds its table)",

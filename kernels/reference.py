@@ -39,6 +39,11 @@ NATIVE_DECODE = True                  # decode rows through kernels.native where
 # 16 rows of 88 129 vs 175 us, of 300 384 vs 353)
 NATIVE_DECODE_MAX_POSITIONS = {1: 448}
 NATIVE_DECODE_MAX_POSITIONS_MANY = 2048
+# with two or more threads the kernel splits rows x kv heads among torch's OpenMP workers
+# (Ice Lake, 2 threads, decode step of the default model: one row of 150 15.5 vs 20.4 ms
+# torch, of 600 25.9 vs 27.6; 16 rows of 88 88.6 vs 88.7, of 300 111.8 vs 111.7)
+NATIVE_DECODE_MAX_POSITIONS_THREADED = {1: 1024}
+NATIVE_DECODE_MAX_POSITIONS_MANY_THREADED = 8192
 SCALE_MIN, SCALE_MAX = 2.0 ** -24, 65504.0               # float16's smallest and largest
 
 
@@ -334,15 +339,18 @@ def _decode_attention(q, caches, plan: AttentionPlan, scale: float) -> torch.Ten
 
 
 def _native_decode_fits(q: torch.Tensor, k_cache: torch.Tensor, k_scale, plan: AttentionPlan) -> bool:
-    """The decode rows go through the native kernel (``kernels.native``, one thread): a
-    float32 cache and q, and at most ``NATIVE_DECODE_MAX_POSITIONS`` positions read in all
-    (past that torch's two-thread SDPA is the faster)."""
+    """The decode rows go through the native kernel (``kernels.native``): a float32 cache
+    and q, and at most ``NATIVE_DECODE_MAX_POSITIONS`` positions read in all on one thread
+    (``..._THREADED`` on several; past that torch's SDPA is the faster)."""
     if not NATIVE_DECODE or k_scale is not None or plan.decode_tables is None:
         return False
     if q.dtype != torch.float32 or not native.usable(k_cache):
         return False
     rows, blocks = plan.decode_tables.shape
-    limit = NATIVE_DECODE_MAX_POSITIONS.get(rows, NATIVE_DECODE_MAX_POSITIONS_MANY)
+    if torch.get_num_threads() > 1:
+        limit = NATIVE_DECODE_MAX_POSITIONS_THREADED.get(rows, NATIVE_DECODE_MAX_POSITIONS_MANY_THREADED)
+    else:
+        limit = NATIVE_DECODE_MAX_POSITIONS.get(rows, NATIVE_DECODE_MAX_POSITIONS_MANY)
     return rows * blocks * plan.block_size <= limit
 
 

@@ -3,9 +3,11 @@ paged decode attention) against their torch references, row independence, the bo
 check, the fallback without them, and the default model's forward through them."""
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -90,6 +92,29 @@ def test_decode_attention_matches_sdpa_on_scattered_blocks_and_reads_no_other_sl
     got = native.decode_attention(q, k, v, tables, lens, 0.125)
     assert not got.isnan().any()                        # a read past a row's slots is NaN
     torch.testing.assert_close(got, _sdpa(q, k, v, tables, lens, 0.125), rtol=1e-5, atol=1e-5)
+
+
+@needs_native
+def test_decode_attention_is_the_same_at_any_thread_count_and_uses_torchs_openmp_pool():
+    """Rows x kv heads split among torch's OpenMP workers (the library links the libgomp torch
+    loaded, not a second pool): every thread count gives the same bits, and no thread is
+    added beside torch's."""
+    q, k, v, tables, lens = _scattered_case(5, [150, 3, 64, 97, 16])
+    one = native.decode_attention(q, k, v, tables, lens, 0.125, threads=1)
+    for threads in (2, 3, 8):
+        assert torch.equal(native.decode_attention(q, k, v, tables, lens, 0.125, threads=threads), one)
+    for row in range(5):                                 # alone: the same bits as in the call
+        alone = native.decode_attention(q[row:row + 1].contiguous(), k, v,
+                                        tables[row:row + 1].contiguous(), lens[row:row + 1],
+                                        0.125, threads=2)
+        assert torch.equal(alone[0], one[row])
+    maps = Path("/proc/self/maps").read_text()
+    libgomps = {line.split()[-1] for line in maps.splitlines() if "libgomp" in line}
+    assert len(libgomps) <= 1, libgomps
+    torch.randn(1 << 20).exp().sum()                     # torch's pool is up
+    before = len(os.listdir("/proc/self/task"))
+    native.decode_attention(q, k, v, tables, lens, 0.125, threads=torch.get_num_threads())
+    assert len(os.listdir("/proc/self/task")) == before
 
 
 @needs_native
