@@ -10,8 +10,27 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 #define LANES 16
+
+/* How many workers a parallel region of ``threads`` gets here (1 when built without
+ * OpenMP): the test that the kernels really share their work. */
+int rg_parallel_width(int threads) {
+    int width = 1;
+#ifdef _OPENMP
+    #pragma omp parallel num_threads(threads)
+    {
+        #pragma omp single
+        width = omp_get_num_threads();
+    }
+#else
+    (void)threads;
+#endif
+    return width;
+}
 
 static inline __attribute__((always_inline)) float dot(const float *a, const float *b, long n) {
     float acc[LANES] = {0};

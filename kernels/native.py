@@ -57,6 +57,8 @@ def library() -> ctypes.CDLL | None:
     except (OSError, subprocess.CalledProcessError, RuntimeError) as e:
         log.warning("native CPU kernels unavailable (%s): torch ops instead", _reason(e))
         return None
+    lib.rg_parallel_width.restype = _I
+    lib.rg_parallel_width.argtypes = [_I]
     lib.rg_add_rms_norm.restype = None
     lib.rg_add_rms_norm.argtypes = [_P, _P, _I, _P, _P, _I, _L, _L, _F]
     lib.rg_silu_mul_bf16.restype = None

@@ -111,6 +111,7 @@ def test_decode_attention_is_the_same_at_any_thread_count_and_uses_torchs_openmp
     maps = Path("/proc/self/maps").read_text()
     libgomps = {line.split()[-1] for line in maps.splitlines() if "libgomp" in line}
     assert len(libgomps) <= 1, libgomps
+    assert native.library().rg_parallel_width(2) == 2    # built with OpenMP: work is shared
     torch.randn(1 << 20).exp().sum()                     # torch's pool is up
     before = len(os.listdir("/proc/self/task"))
     native.decode_attention(q, k, v, tables, lens, 0.125, threads=torch.get_num_threads())
