@@ -1,7 +1,7 @@
 """Runtime speed and memory side by side with llama.cpp's ``llama-server``, in one run:
-``python -m benchmarks.peer_speed`` (about 10 min on 2 shared cores, most of it llama-server
-prefilling its 16 arriving users slot by slot; ``--quick``: one repetition with shorter
-decodes, about 3.5 min).
+``python -m benchmarks.peer_speed`` (10-12 min on 2 shared cores, most of it llama-server
+prefilling its 8 arriving users slot by slot: on an Ice Lake host 16 users took it 235 s a
+repetition and the run 22 min; ``--quick``: one repetition with shorter decodes, about 4 min).
 
 Both servers get the same GGUF (the default SmolLM2-135M Q4_1), the same 2 threads and the
 same KV capacity in tokens: llama-server ``-np 16 -cb -c C`` (its defaults otherwise: prompt
@@ -18,7 +18,7 @@ server process measuring, over ``/v1/completions`` (greedy, ``ignore_eos``, fixe
 - 16 concurrent streams: all their tokens / wall time;
 - cold prefill: time to first token of a fresh 2,048-token prompt;
 - cached prefix: time to first token of that prompt + 16 new tokens;
-- 16 users arriving together on a new 2,000-token system prompt: wall time until all end;
+- 8 users arriving together on a new 2,000-token system prompt: wall time until all end;
 - RSS after one short request (light load) and peak RSS (``VmHWM``) of the server process.
 
 The memory roofline: decode tok/s x weight bytes read per token / copy bandwidth, the last a
@@ -72,7 +72,7 @@ class Sizes:
     prefill_tokens: int = 2048     # the cold prompt
     suffix_tokens: int = 16        # new tokens after the cached prefix
     system_tokens: int = 2000      # the shared system prompt of the arriving users
-    users: int = 16
+    users: int = 8                 # 16 until 2026-12-03 (the run then took 22 min on Ice Lake)
     user_tokens: int = 24
     user_answer_tokens: int = 16
     context_tokens: int = 36864    # llama-server -c (2,304 a slot) = radixgate's KV capacity
