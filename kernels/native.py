@@ -4,7 +4,8 @@ machine's C compiler on first use and called through ctypes.
 A decode step of a small model is mostly per-op overhead, not arithmetic: torch's fp32
 ``rms_norm`` of one row dispatches ~8 ops (~11 us), the residual add before it another,
 rope and the K/V store ~26 us a layer, the lone decode row's attention (gather, SDPA) ~25 us.
-One C call does each: ``add_rms_norm``, ``rope_store``, ``decode_attention``, ``silu_mul``,
+One C call does each: ``add_rms_norm``, ``rope_store``, ``decode_attention``, ``extend_attention``
+(``native_extend.c``: a cache hit's few new tokens over its prefix), ``silu_mul``,
 ``topk_indices`` (the rescored head's candidates) and ``argmax_rows`` (greedy picks).
 
 - **Build**: ``cc -O3 -march=native -fno-math-errno -fopenmp -shared -fPIC`` (about 0.2 s), once per source, compiler
@@ -33,7 +34,7 @@ from pathlib import Path
 import torch
 
 log = logging.getLogger(__name__)
-SOURCE = Path(__file__).with_name("native.c")
+SOURCES = tuple(Path(__file__).with_name(n) for n in ("native.c", "native_extend.c"))
 ENABLE_ENV = "RADIXGATE_NATIVE"
 CACHE_ENV = "RADIXGATE_CACHE_DIR"
 FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-fopenmp", "-shared", "-fPIC")
@@ -71,6 +72,9 @@ def library() -> ctypes.CDLL | None:
     lib.rg_topk_indices.argtypes = [_P, _L, _L, _L, _P]
     lib.rg_decode_attention.restype = _I
     lib.rg_decode_attention.argtypes = [_P, _P, _P, _P, _L, _P, _L, _L, _L, _L, _L, _L, _F, _I, _P]
+    lib.rg_extend_attention.restype = _I
+    lib.rg_extend_attention.argtypes = [_P, _P, _P, _P, _L, _L, _L, _L, _L, _L, _L, _L, _F,
+                                        _I, _P]
     return lib
 
 
@@ -84,8 +88,8 @@ def _built() -> Path:
     compiler = shutil.which(os.environ.get("CC", "cc"))
     if compiler is None:
         raise RuntimeError("no C compiler (cc) on PATH")
-    source = SOURCE.read_bytes()
-    key = hashlib.sha256(b"\0".join([source, compiler.encode(), " ".join(FLAGS).encode(),
+    sources = [path.read_bytes() for path in SOURCES]
+    key = hashlib.sha256(b"\0".join([*sources, compiler.encode(), " ".join(FLAGS).encode(),
                                      platform.machine().encode(), _cpu_flags()])).hexdigest()[:16]
     target = cache_dir() / f"kernels-{key}.so"
     if target.exists():
@@ -93,7 +97,7 @@ def _built() -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
         built = Path(scratch) / target.name
-        subprocess.run([compiler, *FLAGS, "-o", str(built), str(SOURCE), "-lm"], check=True,
+        subprocess.run([compiler, *FLAGS, "-o", str(built), *map(str, SOURCES), "-lm"], check=True,
                        capture_output=True, timeout=120)
         os.replace(built, target)
     for old in target.parent.glob("kernels-*.so"):       # earlier sources' builds
@@ -179,6 +183,36 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                               "exceeds its table)",
                           -2: "out of memory", -3: f"{heads} query heads do not group over "
                           f"{kv_heads} kv heads (at most 64 a group)"}.get(status, str(status)))
+    return out
+
+
+EXTEND_MAX_QUERIES = 64      # native_extend.c's q_len limit
+
+
+def extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                     table: torch.Tensor, total: int, scale: float,
+                     threads: int | None = None) -> torch.Tensor:
+    """One sequence's q_len (<= 64) new queries q [q_len, Hq, D] float32 (query i at
+    position ``total - q_len + i``), causal over float32 caches [blocks, bs, Hkv, D] through
+    ``table`` (contiguous int32 block ids) -> [q_len, Hq, D] float32 (``native_extend.c``).
+    ``threads`` (default torch's count) workers of torch's OpenMP pool; each query vector's
+    sums run in one fixed order, the same for any thread count."""
+    q_len, heads, dim = q.shape
+    num_blocks, block_size, kv_heads, _ = k_cache.shape
+    if table.dtype != torch.int32 or table.dim() != 1 or not table.is_contiguous():
+        raise ValueError("table must be a contiguous int32 [blocks] tensor")
+    q = q.contiguous()
+    out = torch.empty_like(q)
+    status = library().rg_extend_attention(
+        q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), table.data_ptr(), table.numel(),
+        q_len, total, heads, kv_heads, dim, block_size, num_blocks, scale,
+        torch.get_num_threads() if threads is None else threads, out.data_ptr())
+    if status != 0:
+        raise ValueError({-1: "the block table names a block outside the cache (or is too "
+                              "short for the sequence)", -2: "out of memory",
+                          -3: f"shape not taken: {heads} heads over {kv_heads}, head dim {dim} "
+                              f"(a multiple of 16 up to 256), {q_len} queries (1..64) of "
+                              f"{total}"}.get(status, str(status)))
     return out
 
 

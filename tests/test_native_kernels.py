@@ -118,6 +118,65 @@ def test_decode_attention_is_the_same_at_any_thread_count_and_uses_torchs_openmp
     assert len(os.listdir("/proc/self/task")) == before
 
 
+def _extend_case(q_len: int, total: int, seed: int = 1):
+    """q_len new queries at the end of a total-long sequence on scattered blocks (NaN where no
+    table points), and what plain SDPA gives each: query i sees positions 0 .. total-q_len+i."""
+    _, k, v, tables, _ = _scattered_case(1, [total], seed=seed)
+    q = torch.randn(q_len, 9, 64, generator=torch.Generator().manual_seed(seed))
+    lens = torch.arange(total - q_len + 1, total + 1, dtype=torch.int32)
+    expected = _sdpa(q, k, v, tables.expand(q_len, -1).contiguous(), lens, 0.125)
+    return q, k, v, tables[0].contiguous(), expected
+
+
+@needs_native
+@pytest.mark.parametrize("q_len, total", [(2, 2 + 1), (5, 37), (16, 300), (16, 17), (64, 500)])
+def test_extend_attention_is_causal_sdpa_over_scattered_blocks(q_len, total):
+    q, k, v, table, expected = _extend_case(q_len, total)
+    got = native.extend_attention(q, k, v, table, total, 0.125)
+    assert not got.isnan().any()                        # a read past the sequence is NaN
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+@needs_native
+def test_an_extend_rows_bits_do_not_depend_on_threads_or_on_the_rows_beside_it():
+    q, k, v, table, _ = _extend_case(16, 300)
+    one = native.extend_attention(q, k, v, table, 300, 0.125, threads=1)
+    for threads in (2, 3, 7):
+        assert torch.equal(native.extend_attention(q, k, v, table, 300, 0.125, threads=threads), one)
+    last = native.extend_attention(q[-4:], k, v, table, 300, 0.125, threads=2)
+    assert torch.equal(last, one[-4:])                  # the same positions, fewer rows beside
+
+
+@needs_native
+def test_extend_attention_refuses_a_bad_table_or_shape():
+    q, k, v, table, _ = _extend_case(4, 40)
+    bad = table.clone()
+    bad[1] = 40
+    with pytest.raises(ValueError, match="outside the cache"):
+        native.extend_attention(q, k, v, bad, 40, 0.125)
+    with pytest.raises(ValueError, match="outside the cache"):     # too short for 60 positions
+        native.extend_attention(q, k, v, table, 60, 0.125)
+    with pytest.raises(ValueError, match="shape not taken"):
+        native.extend_attention(torch.randn(65, 9, 64), k, v, table, 70, 0.125)
+
+
+@needs_native
+def test_the_reference_path_takes_the_native_extend_for_a_short_extend(monkeypatch):
+    q, k, v, table, expected = _extend_case(8, 100)
+    cu = torch.tensor([0, 8], dtype=torch.int32)
+    tables, lens = table[None], torch.tensor([100], dtype=torch.int32)
+    calls = []
+    real = native.extend_attention
+    monkeypatch.setattr(native, "extend_attention", lambda *a: calls.append(1) or real(*a))
+    plan = plan_attention(tables, cu, lens, 16, 8)
+    got = reference_paged_attention(q, k, v, tables, cu, lens, 0.125, plan)
+    assert calls == [1]
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    monkeypatch.setattr(ref, "NATIVE_EXTEND", False)
+    reference_paged_attention(q, k, v, tables, cu, lens, 0.125, plan)
+    assert calls == [1]                                 # switched off: torch's SDPA
+
+
 @needs_native
 def test_decode_attention_refuses_a_block_outside_the_cache_or_a_length_past_its_table():
     q, k, v, tables, lens = _scattered_case(1, [20])
