@@ -60,34 +60,86 @@ static inline __m512 exp_lanes(__m512 x) {
 #define RG_AVX512 0
 #endif
 
-/* a [d] = a * alpha + sum over the block's visible keys of w[p] * V[p], keys in order
- * (inlined with d a constant where it is 64 or 128: the accumulators stay in registers). */
-static inline __attribute__((always_inline)) void weigh_values(
-        float *restrict a, const float *const *vrow, const float *w, long visible,
-        float alpha, const long d) {
-#if RG_AVX512
-    __m512 v[MAX_DIM / 16];
-    for (long c = 0; c < d / 16; c++)
-        v[c] = _mm512_mul_ps(_mm512_loadu_ps(a + 16 * c), _mm512_set1_ps(alpha));
-    for (long p = 0; p < visible; p++) {
-        __m512 wp = _mm512_set1_ps(w[p]);
-        for (long c = 0; c < d / 16; c++)
-            v[c] = _mm512_fmadd_ps(wp, _mm512_loadu_ps(vrow[p] + 16 * c), v[c]);
-    }
-    for (long c = 0; c < d / 16; c++) _mm512_storeu_ps(a + 16 * c, v[c]);
-#else
+#if !RG_AVX512
+/* a [d] = a * alpha + sum over the block's visible keys of w[p] * V[p], keys in order. */
+static void weigh(float *restrict a, const float *const *vrow, const float *w, long visible,
+                  float alpha, long d) {
     for (long i = 0; i < d; i++) a[i] *= alpha;
     for (long p = 0; p < visible; p++)
         for (long i = 0; i < d; i++) a[i] += w[p] * vrow[p][i];
+}
 #endif
+
+#if RG_AVX512
+/* Query vectors 0..V-1 (V <= 4, and C = d / 16 chunks, constants where inlined) over one key
+ * block: their scores from the transposed keys kt [d][16], the online softmax, and the
+ * weighted V rows. Each vector's sums run in the same order whatever V is (a vector's keys
+ * past its own visible ones weigh exactly 0), so grouping never changes a bit. */
+static inline __attribute__((always_inline)) void block_vectors(
+        const int V, const long C, const float *kt, const float *const *vrow,
+        const long *visible, const float *qs, long d, float *peak, float *sum, float *acc) {
+    __m512 s0[4], s1[4], s2[4], s3[4];
+    for (int v = 0; v < V; v++)
+        s0[v] = s1[v] = s2[v] = s3[v] = _mm512_setzero_ps();
+    for (long i = 0; i < 16 * C; i += 4) {           /* 16 scores a vector, 4 chains */
+        __m512 k0 = _mm512_loadu_ps(kt + i * KEYS), k1 = _mm512_loadu_ps(kt + (i + 1) * KEYS);
+        __m512 k2 = _mm512_loadu_ps(kt + (i + 2) * KEYS), k3 = _mm512_loadu_ps(kt + (i + 3) * KEYS);
+        for (int v = 0; v < V; v++) {
+            const float *qv = qs + v * d + i;
+            s0[v] = _mm512_fmadd_ps(_mm512_set1_ps(qv[0]), k0, s0[v]);
+            s1[v] = _mm512_fmadd_ps(_mm512_set1_ps(qv[1]), k1, s1[v]);
+            s2[v] = _mm512_fmadd_ps(_mm512_set1_ps(qv[2]), k2, s2[v]);
+            s3[v] = _mm512_fmadd_ps(_mm512_set1_ps(qv[3]), k3, s3[v]);
+        }
+    }
+    float w[4][KEYS], alpha[4];
+    long reach = 0;
+    for (int v = 0; v < V; v++) {
+        __m512 sv = _mm512_add_ps(_mm512_add_ps(s0[v], s1[v]), _mm512_add_ps(s2[v], s3[v]));
+        __mmask16 seen = (__mmask16)((1u << visible[v]) - 1u);
+        sv = _mm512_mask_blend_ps(seen, _mm512_set1_ps(-INFINITY), sv);
+        float block_max = _mm512_reduce_max_ps(sv), m = block_max > peak[v] ? block_max : peak[v];
+        __m512 e = _mm512_maskz_mov_ps(seen, exp_lanes(_mm512_sub_ps(sv, _mm512_set1_ps(m))));
+        _mm512_storeu_ps(w[v], e);
+        alpha[v] = exp_le0(peak[v] - m);
+        sum[v] = sum[v] * alpha[v] + _mm512_reduce_add_ps(e);
+        peak[v] = m;
+        reach = visible[v] > reach ? visible[v] : reach;
+    }
+    for (long c0 = 0; c0 < C; c0 += 4) {             /* up to 4 chunks x V vectors at once */
+        const long cn = C - c0 < 4 ? C - c0 : 4;
+        __m512 a[4][4];
+        for (int v = 0; v < V; v++)
+            for (long c = 0; c < cn; c++)
+                a[v][c] = _mm512_mul_ps(_mm512_loadu_ps(acc + v * d + 16 * (c0 + c)),
+                                        _mm512_set1_ps(alpha[v]));
+        for (long p = 0; p < reach; p++) {
+            __m512 vv[4];
+            for (long c = 0; c < cn; c++) vv[c] = _mm512_loadu_ps(vrow[p] + 16 * (c0 + c));
+            for (int v = 0; v < V; v++) {
+                __m512 wp = _mm512_set1_ps(w[v][p]);
+                for (long c = 0; c < cn; c++) a[v][c] = _mm512_fmadd_ps(wp, vv[c], a[v][c]);
+            }
+        }
+        for (int v = 0; v < V; v++)
+            for (long c = 0; c < cn; c++) _mm512_storeu_ps(acc + v * d + 16 * (c0 + c), a[v][c]);
+    }
 }
 
-static void weigh(float *a, const float *const *vrow, const float *w, long visible,
-                  float alpha, long d) {
-    if (d == 64) weigh_values(a, vrow, w, visible, alpha, 64);
-    else if (d == 128) weigh_values(a, vrow, w, visible, alpha, 128);
-    else weigh_values(a, vrow, w, visible, alpha, d);
+/* Vectors [j0, j0 + count) of an item over one key block, four at a time. */
+static void block_all(long count, const float *kt, const float *const *vrow, const long *visible,
+                      const float *qs, long d, float *peak, float *sum, float *acc) {
+    long j = 0;
+    for (; j + 4 <= count; j += 4) {
+        if (d == 64) block_vectors(4, 4, kt, vrow, visible + j, qs + j * d, d, peak + j, sum + j, acc + j * d);
+        else block_vectors(4, d / 16, kt, vrow, visible + j, qs + j * d, d, peak + j, sum + j, acc + j * d);
+    }
+    for (; j < count; j++) {
+        if (d == 64) block_vectors(1, 4, kt, vrow, visible + j, qs + j * d, d, peak + j, sum + j, acc + j * d);
+        else block_vectors(1, d / 16, kt, vrow, visible + j, qs + j * d, d, peak + j, sum + j, acc + j * d);
+    }
 }
+#endif
 
 /* One work item: kv head g, query rows [r0, r1): every query head of the group. */
 static void extend_item(const float *q, const float *k_cache, const float *v_cache,
@@ -118,33 +170,25 @@ static void extend_item(const float *q, const float *k_cache, const float *v_cac
                 for (long i = 0; i < d; i++) kt[i * KEYS + p] = 0.f;
             }
         }
+#if RG_AVX512
+        long visible[MAX_VECTORS], from = 0;
+        for (long j = 0; j < nv; j++) {                  /* keys of this block each sees */
+            long row = r0 + j / group, seen = first + row + 1 - start;
+            visible[j] = seen <= 0 ? 0 : (seen > n ? n : seen);
+            if (visible[j] == 0) from = j + 1;            /* rows in order: a prefix sees none */
+        }
+        block_all(nv - from, kt, vrow, visible + from, scaled + from * d, d, peak + from,
+                  sum + from, acc + from * d);
+    }
+#else
         for (long j = 0; j < nv; j++) {
-            long row = r0 + j / group, head = g * group + j % group;
+            long row = r0 + j / group;
             long visible = first + row + 1 - start;       /* keys of this block it sees */
             if (visible <= 0) continue;
             if (visible > n) visible = n;
             float *a = acc + j * d;
             float m = peak[j], total_w, alpha;
             float s[KEYS];
-#if RG_AVX512
-            const float *qs = scaled + j * d;             /* 16 scores, one FMA a dim: */
-            __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;   /* 4 chains */
-            for (long i = 0; i < d; i += 4) {
-                s0 = _mm512_fmadd_ps(_mm512_set1_ps(qs[i]), _mm512_loadu_ps(kt + i * KEYS), s0);
-                s1 = _mm512_fmadd_ps(_mm512_set1_ps(qs[i + 1]), _mm512_loadu_ps(kt + (i + 1) * KEYS), s1);
-                s2 = _mm512_fmadd_ps(_mm512_set1_ps(qs[i + 2]), _mm512_loadu_ps(kt + (i + 2) * KEYS), s2);
-                s3 = _mm512_fmadd_ps(_mm512_set1_ps(qs[i + 3]), _mm512_loadu_ps(kt + (i + 3) * KEYS), s3);
-            }
-            __m512 sv = _mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3));
-            __mmask16 seen = (__mmask16)((1u << visible) - 1u);
-            sv = _mm512_mask_blend_ps(seen, _mm512_set1_ps(-INFINITY), sv);
-            float block_max = _mm512_reduce_max_ps(sv);
-            m = block_max > m ? block_max : m;
-            __m512 w = exp_lanes(_mm512_sub_ps(sv, _mm512_set1_ps(m)));
-            w = _mm512_maskz_mov_ps(seen, w);
-            total_w = _mm512_reduce_add_ps(w);
-            _mm512_storeu_ps(s, w);
-#else
             for (long p = 0; p < KEYS; p++) s[p] = 0.f;
             for (long i = 0; i < d; i++) {               /* 16 scores, one FMA a dim */
                 float qi = scaled[j * d + i];
@@ -156,13 +200,13 @@ static void extend_item(const float *q, const float *k_cache, const float *v_cac
                 s[p] = p < visible ? exp_le0(s[p] - m) : 0.f;
                 total_w += s[p];
             }
-#endif
             alpha = exp_le0(peak[j] - m);
             sum[j] = sum[j] * alpha + total_w;
             peak[j] = m;
             weigh(a, vrow, s, visible, alpha, d);
         }
     }
+#endif
     for (long j = 0; j < nv; j++) {
         long row = r0 + j / group, head = g * group + j % group;
         float inv = 1.0f / sum[j];

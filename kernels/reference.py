@@ -45,9 +45,10 @@ NATIVE_DECODE_MAX_POSITIONS_MANY = 2048
 NATIVE_DECODE_MAX_POSITIONS_THREADED = {1: 1024}
 NATIVE_DECODE_MAX_POSITIONS_MANY_THREADED = 8192
 NATIVE_EXTEND = True                  # short extends over a cached prefix through kernels.native
-# up to this many new tokens (Ice Lake, 2 threads, against torch's masked SDPA: 4 over 2,064
-# keys 0.93 vs 2.06 ms a layer, 16 2.3 vs 3.7, 16 over 512 0.56 vs 0.88; 64 over 2,064 9.6 vs 8.2)
-NATIVE_EXTEND_MAX_QUERIES = 16
+# up to this many new tokens, the kernel's limit (Ice Lake, 2 threads, a layer against torch's
+# masked SDPA: 4 over 2,064 keys 0.49 vs 1.58 ms, 16 1.6 vs 3.3, 64 5.7 vs 7.3; 16 over 512
+# 0.34 vs 0.81)
+NATIVE_EXTEND_MAX_QUERIES = 64
 SCALE_MIN, SCALE_MAX = 2.0 ** -24, 65504.0               # float16's smallest and largest
 
 
