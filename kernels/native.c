@@ -258,11 +258,54 @@ int rg_rope_store(const void *qkv_in, int qkv_bf16, long t, long hq, long hkv, l
 
 /* The gated MLP's activation in bfloat16 as torch computes it: out = bf16(bf16(silu(g)) * u)
  * for gate_up [t, 2i] (gate, then up, per row) -> out [t, i]. */
+#if defined(__AVX512F__)
+#include <immintrin.h>
+/* torch's own vectorized e^x (SLEEF's expf16_u10 in libtorch_cpu, what its AVX-512 silu
+ * calls), handed over by kernels/native.py; NULL: the scalar loop below. */
+typedef __m512 (*exp16_fn)(__m512);
+static exp16_fn torch_exp16 = NULL;
+
+void rg_set_exp16(void *fn) { torch_exp16 = (exp16_fn)fn; }
+int rg_exp16_in_use(void) { return torch_exp16 != NULL; }
+
+static inline __m512 bf16_lanes(const uint16_t *p) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(
+        _mm256_loadu_si256((const __m256i *)p)), 16));
+}
+
+/* float32 lanes -> bfloat16, round to nearest even, NaN kept quiet (f32_to_bf16's rule). */
+static inline __m256i bf16_round(__m512 x) {
+    __m512i u = _mm512_castps_si512(x);
+    __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), lsb), 16);
+    __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+    __m512i quiet = _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
+    return _mm512_cvtepi32_epi16(_mm512_mask_blend_epi32(nan, rounded, quiet));
+}
+#else
+void rg_set_exp16(void *fn) { (void)fn; }
+int rg_exp16_in_use(void) { return 0; }
+#endif
+
+/* out [t, inner] = silu(gate) * up in bfloat16 from gate_up [t, 2 inner] (gate, then up),
+ * rounded as torch rounds: the silu (x / (1 + e^-x) in float32) to bf16, then the product. */
 void rg_silu_mul_bf16(const uint16_t *gate_up, long t, long inner, uint16_t *out) {
     for (long r = 0; r < t; r++) {
         const uint16_t *g = gate_up + r * 2 * inner, *u = g + inner;
         uint16_t *o = out + r * inner;
-        for (long j = 0; j < inner; j++) {
+        long j = 0;
+#if defined(__AVX512F__)
+        if (torch_exp16 != NULL)
+            for (; j + 16 <= inner; j += 16) {
+                __m512 x = bf16_lanes(g + j);
+                __m512 e = torch_exp16(_mm512_sub_ps(_mm512_setzero_ps(), x));
+                __m512 silu = _mm512_div_ps(x, _mm512_add_ps(_mm512_set1_ps(1.0f), e));
+                __m256i silu16 = bf16_round(silu);
+                __m512 back = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(silu16), 16));
+                _mm256_storeu_si256((__m256i *)(o + j), bf16_round(_mm512_mul_ps(back, bf16_lanes(u + j))));
+            }
+#endif
+        for (; j < inner; j++) {
             float x = bf16_to_f32(g[j]);
             float silu = bf16_to_f32(f32_to_bf16(x / (1.0f + expf(-x))));
             o[j] = f32_to_bf16(silu * bf16_to_f32(u[j]));

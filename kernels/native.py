@@ -64,6 +64,11 @@ def library() -> ctypes.CDLL | None:
     lib.rg_add_rms_norm.argtypes = [_P, _P, _I, _P, _P, _I, _L, _L, _F]
     lib.rg_silu_mul_bf16.restype = None
     lib.rg_silu_mul_bf16.argtypes = [_P, _L, _L, _P]
+    lib.rg_set_exp16.restype = None
+    lib.rg_set_exp16.argtypes = [_P]
+    lib.rg_exp16_in_use.restype = _I
+    lib.rg_exp16_in_use.argtypes = []
+    lib.rg_set_exp16(_torch_exp16())
     lib.rg_rope_store.restype = _I
     lib.rg_rope_store.argtypes = [_P, _I, _L, _L, _L, _L, _P, _P, _P, _P, _P, _L, _P]
     lib.rg_argmax_rows.restype = None
@@ -76,6 +81,20 @@ def library() -> ctypes.CDLL | None:
     lib.rg_extend_attention.argtypes = [_P, _P, _P, _P, _L, _L, _L, _L, _L, _L, _L, _L, _F,
                                         _I, _P]
     return lib
+
+
+def _torch_exp16() -> int | None:
+    """The address of torch's own 16-lane e^x (SLEEF's ``Sleef_expf16_u10``, exported by
+    libtorch_cpu and used by its AVX-512 float kernels, silu's included), so that
+    ``silu_mul`` rounds as torch does; None where torch's CPU kernels are not AVX-512 or the
+    symbol is missing (the kernel then runs its scalar loop)."""
+    if torch.backends.cpu.get_cpu_capability() not in ("AVX512", "AVX512_BF16", "AMX"):
+        return None
+    try:
+        core = ctypes.CDLL(str(Path(torch.__file__).parent / "lib" / "libtorch_cpu.so"))
+        return ctypes.cast(core.Sleef_expf16_u10, ctypes.c_void_p).value
+    except (OSError, AttributeError):
+        return None
 
 
 def _reason(e: Exception) -> str:

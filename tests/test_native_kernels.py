@@ -360,6 +360,24 @@ def test_silu_mul_has_torchs_bf16_roundings():
     torch.testing.assert_close(got.float(), expected.float(), rtol=1e-2, atol=1e-2)
 
 
+@needs_native
+def test_silu_mul_is_torchs_bits_with_torchs_own_exp():
+    """Where torch's CPU kernels are AVX-512 the kernel calls torch's own 16-lane exp
+    (SLEEF's, from libtorch_cpu): every bit as torch's bf16 silu * up, specials included."""
+    if native._torch_exp16() is None:
+        pytest.skip("torch's AVX-512 exp is not available here")
+    assert native.library().rg_exp16_in_use() == 1      # the vectorized loop runs
+    torch.manual_seed(7)
+    for rows, inner in ((1, 1536), (5, 1536), (3, 100)):          # 100: a 4-lane tail
+        gate_up = (torch.randn(rows, 2 * inner) * 6).to(torch.bfloat16)
+        gate_up[0, :6] = torch.tensor([float("nan"), float("inf"), -float("inf"), 0.0, -0.0, 88.0])
+        gate, up = gate_up[:, :inner], gate_up[:, inner:]
+        expected, got = F.silu(gate) * up, native.silu_mul(gate_up)
+        assert torch.equal(got.view(torch.int16)[~expected.isnan()],
+                           expected.view(torch.int16)[~expected.isnan()])
+        assert torch.equal(got.isnan(), expected.isnan())
+
+
 def test_a_new_build_goes_to_the_cache_folder_and_replaces_older_ones(tmp_path, monkeypatch):
     if shutil.which("cc") is None:
         pytest.skip("no C compiler here")
