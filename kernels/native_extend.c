@@ -17,28 +17,17 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "native_math.h"
+
 #define KEYS 16          /* keys a step: one vector of scores */
 #define MAX_VECTORS 192  /* query vectors (rows x group) an item */
 #define MAX_DIM 256
-
-/* e^x, x <= 0 (0 for -inf), the same polynomial as native.c's exp_nonpositive. */
-static inline float exp_le0(float x) {
-    x = x < -87.0f ? -87.0f : x;
-    float n = floorf(x * 1.44269504088896341f + 0.5f);
-    float r = x - n * 0.693359375f + n * 2.12194440e-4f;
-    float p = 1.0f + r * (1.0f + r * (0.5f + r * (1.6666667e-1f + r * (4.1666668e-2f
-              + r * (8.3333338e-3f + r * 1.3888889e-3f)))));
-    int32_t bits = ((int32_t)n + 127) << 23;
-    float scale;
-    memcpy(&scale, &bits, sizeof scale);
-    return p * scale;
-}
 
 #if defined(__AVX512F__)
 #include <immintrin.h>
 #define RG_AVX512 1
 
-/* e^x in 16 lanes for x <= 0 (-inf gives 0): the polynomial of exp_le0, lane by lane. */
+/* e^x in 16 lanes for x <= 0 (-inf gives 0): the polynomial of exp_nonpositive, lane by lane. */
 static inline __m512 exp_lanes(__m512 x) {
     x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
     __m512 n = _mm512_roundscale_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f),
@@ -101,7 +90,7 @@ static inline __attribute__((always_inline)) void block_vectors(
         float block_max = _mm512_reduce_max_ps(sv), m = block_max > peak[v] ? block_max : peak[v];
         __m512 e = _mm512_maskz_mov_ps(seen, exp_lanes(_mm512_sub_ps(sv, _mm512_set1_ps(m))));
         _mm512_storeu_ps(w[v], e);
-        alpha[v] = exp_le0(peak[v] - m);
+        alpha[v] = exp_nonpositive(peak[v] - m);
         sum[v] = sum[v] * alpha[v] + _mm512_reduce_add_ps(e);
         peak[v] = m;
         reach = visible[v] > reach ? visible[v] : reach;
@@ -197,10 +186,10 @@ static void extend_item(const float *q, const float *k_cache, const float *v_cac
             for (long p = 0; p < visible; p++) m = s[p] > m ? s[p] : m;
             total_w = 0.f;
             for (long p = 0; p < KEYS; p++) {
-                s[p] = p < visible ? exp_le0(s[p] - m) : 0.f;
+                s[p] = p < visible ? exp_nonpositive(s[p] - m) : 0.f;
                 total_w += s[p];
             }
-            alpha = exp_le0(peak[j] - m);
+            alpha = exp_nonpositive(peak[j] - m);
             sum[j] = sum[j] * alpha + total_w;
             peak[j] = m;
             weigh(a, vrow, s, visible, alpha, d);
