@@ -231,8 +231,9 @@ def _env() -> dict:
 @pytest.mark.parametrize("weights_dtype, tolerance", [("float32", 2e-3), ("auto", 1.5)])
 def test_the_default_models_decode_steps_through_the_kernels_match_its_torch_ops(
         monkeypatch, weights_dtype, tolerance):
-    """At real size (SmolLM2-135M, float32 KV): a prompt and 24 decode steps on scattered
-    blocks, the native kernels (norms, rope and store, attention) on vs off: the same greedy tokens; logits within
+    """At real size (SmolLM2-135M, float32 KV): a prompt's prefix, 8 new tokens over it (the
+    extend kernel) and 24 decode steps on scattered blocks, the native kernels (norms, rope
+    and store, decode and extend attention) on vs off: the same greedy tokens; logits within
     the parity tests' tolerance with float32 weights. With the default int4 weights the
     matmuls take bf16 activations, and a last-bit difference of a norm flips some of their
     roundings (2^-8 each): those logits move up to ~0.9 (measured), as between any two
@@ -252,8 +253,11 @@ def test_the_default_models_decode_steps_through_the_kernels_match_its_torch_ops
         model.fused_norms = on
         monkeypatch.setattr(ref, "NATIVE_DECODE", on)
         monkeypatch.setattr(model_module, "NATIVE_ROPE_STORE", on)
+        monkeypatch.setattr(ref, "NATIVE_EXTEND", on)
         kv = KVCache(cfg.num_layers, 12, 16, cfg.num_kv_heads, cfg.head_dim)
-        logits = [model.forward(build_forward_batch([prompt], [0], [table], 16), kv)]
+        cut = len(prompt) - 8                   # a cached prefix, then 8 new tokens over it
+        logits = [model.forward(build_forward_batch([prompt[:cut]], [0], [table], 16), kv)[-1:]]
+        logits.append(model.forward(build_forward_batch([prompt[cut:]], [cut], [table], 16), kv))
         tokens = [int(logits[-1][-1].argmax())]
         for step in range(24):
             logits.append(model.forward(build_forward_batch([[tokens[-1]]], [len(prompt) + step],
@@ -261,7 +265,7 @@ def test_the_default_models_decode_steps_through_the_kernels_match_its_torch_ops
             tokens.append(int(logits[-1][-1].argmax()))
         return tokens, torch.cat([row[-1:] for row in logits])
 
-    calls = {"attention": 0, "rope": 0, "norm": 0}
+    calls = {"attention": 0, "extend": 0, "rope": 0, "norm": 0}
 
     def counted(name, real):
         def call(*args):
@@ -271,9 +275,11 @@ def test_the_default_models_decode_steps_through_the_kernels_match_its_torch_ops
     monkeypatch.setattr(native, "decode_attention", counted("attention", native.decode_attention))
     monkeypatch.setattr(native, "rope_store", counted("rope", native.rope_store))
     monkeypatch.setattr(native, "add_rms_norm", counted("norm", native.add_rms_norm))
+    monkeypatch.setattr(native, "extend_attention", counted("extend", native.extend_attention))
     fused_tokens, fused_logits = run(True)
-    forwards = 25
-    assert calls == {"attention": 24 * cfg.num_layers, "rope": forwards * cfg.num_layers,
+    forwards = 26
+    assert calls == {"attention": 24 * cfg.num_layers, "extend": cfg.num_layers,
+                     "rope": forwards * cfg.num_layers,
                      "norm": forwards * (2 * cfg.num_layers + 2)}
     torch_tokens, torch_logits = run(False)
     model.fused_norms = True
