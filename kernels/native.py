@@ -8,15 +8,20 @@ One C call does each: ``add_rms_norm``, ``rope_store``, ``decode_attention``, ``
 (``native_extend.c``: a cache hit's few new tokens over its prefix), ``silu_mul``,
 ``topk_indices`` (the rescored head's candidates) and ``argmax_rows`` (greedy picks).
 
-- **Build**: ``cc -O3 -march=native -fno-math-errno -fopenmp -shared -fPIC`` (about 0.2 s), once per source, compiler
+- **Build**: ``cc -O3 -march=native -fno-math-errno -fopenmp -shared -fPIC`` (about 0.5 s), once per source, compiler
   and CPU, into ``$RADIXGATE_CACHE_DIR/native`` (default ``~/.cache/radixgate/native``),
   written to a temporary name and renamed, so processes starting together never load half a
   file. No compiler, a failed build or ``RADIXGATE_NATIVE=0``: ``library()`` is None, one
   log line says why, and every caller runs its torch ops instead.
+- **Threads**: ``decode_attention`` and ``extend_attention`` share their work among torch's
+  own OpenMP workers (built with ``-fopenmp``, the library resolves libgomp to the copy
+  torch loaded: one pool). Call them from the thread that runs the model's torch ops: a
+  long-lived other thread would get a pool of its own.
 - **Contract**: the wrappers take CPU float32 tensors that are contiguous (the callers check
   ``usable``); reductions run in a fixed order per row, so a row's result never depends on
-  the other rows of the call. ``decode_attention`` checks every block id it reads against
-  the cache's size and raises instead of reading outside it.
+  the other rows of the call nor on the thread count. ``decode_attention`` and
+  ``extend_attention`` check every block id they read against the cache's size and raise
+  instead of reading outside it.
 """
 from __future__ import annotations
 
