@@ -15,8 +15,9 @@ One C call does each: ``add_rms_norm``, ``rope_store``, ``decode_attention``, ``
   log line says why, and every caller runs its torch ops instead.
 - **Threads**: ``decode_attention`` and ``extend_attention`` share their work among torch's
   own OpenMP workers (built with ``-fopenmp``, the library resolves libgomp to the copy
-  torch loaded: one pool). Call them from the thread that runs the model's torch ops: a
-  long-lived other thread would get a pool of its own.
+  torch loaded: one pool; ``shares_torchs_openmp`` checks, and where a second runtime got
+  mapped they run on the calling thread). Call them from the thread that runs the model's
+  torch ops: a long-lived other thread would get a pool of its own.
 - **Contract**: the wrappers take CPU float32 tensors that are contiguous (the callers check
   ``usable``); reductions run in a fixed order per row, so a row's result never depends on
   the other rows of the call nor on the thread count. ``decode_attention`` and
@@ -87,6 +88,26 @@ def library() -> ctypes.CDLL | None:
     lib.rg_extend_attention.argtypes = [_P, _P, _P, _P, _L, _L, _L, _L, _L, _L, _L, _L, _F,
                                         _I, _P]
     return lib
+
+
+@functools.cache
+def shares_torchs_openmp() -> bool:
+    """The built library resolved its OpenMP runtime to the one torch loaded (one libgomp
+    mapped in this process). Where another runtime came along instead, the kernels run on
+    the calling thread only: a second pool would slow every torch op after it."""
+    try:
+        maps = Path("/proc/self/maps").read_text()
+    except OSError:
+        return False
+    runtimes = {line.split()[-1] for line in maps.splitlines()
+                if "libgomp" in line or "libiomp" in line}
+    if len(runtimes) > 1:
+        log.warning("native kernels: a second OpenMP runtime (%s): one thread", sorted(runtimes))
+    return len(runtimes) <= 1
+
+
+def _default_threads() -> int:
+    return torch.get_num_threads() if shares_torchs_openmp() else 1
 
 
 def _torch_exp16() -> int | None:
@@ -202,7 +223,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     status = library().rg_decode_attention(
         q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), tables.data_ptr(), tables.shape[1],
         lens.data_ptr(), rows, heads, kv_heads, dim, block_size, num_blocks, scale,
-        torch.get_num_threads() if threads is None else threads, out.data_ptr())
+        _default_threads() if threads is None else threads, out.data_ptr())
     if status != 0:
         raise ValueError({-1: "a block table names a block outside the cache (or a length "
                               "exceeds its table)",
@@ -231,7 +252,7 @@ def extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     status = library().rg_extend_attention(
         q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), table.data_ptr(), table.numel(),
         q_len, total, heads, kv_heads, dim, block_size, num_blocks, scale,
-        torch.get_num_threads() if threads is None else threads, out.data_ptr())
+        _default_threads() if threads is None else threads, out.data_ptr())
     if status != 0:
         raise ValueError({-1: "the block table names a block outside the cache (or is too "
                               "short for the sequence)", -2: "out of memory",

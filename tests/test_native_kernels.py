@@ -111,11 +111,30 @@ def test_decode_attention_is_the_same_at_any_thread_count_and_uses_torchs_openmp
     maps = Path("/proc/self/maps").read_text()
     libgomps = {line.split()[-1] for line in maps.splitlines() if "libgomp" in line}
     assert len(libgomps) <= 1, libgomps
+    assert native.shares_torchs_openmp() and native._default_threads() == torch.get_num_threads()
     assert native.library().rg_parallel_width(2) == 2    # built with OpenMP: work is shared
     torch.randn(1 << 20).exp().sum()                     # torch's pool is up
     before = len(os.listdir("/proc/self/task"))
     native.decode_attention(q, k, v, tables, lens, 0.125, threads=torch.get_num_threads())
     assert len(os.listdir("/proc/self/task")) == before
+
+
+@needs_native
+def test_with_a_second_openmp_runtime_the_kernels_stay_on_the_calling_thread(monkeypatch, tmp_path):
+    """A second OpenMP runtime mapped beside torch's (another libgomp or Intel's libiomp) would
+    give the kernels a pool of their own: they then run on one thread."""
+    maps = tmp_path / "maps"
+    maps.write_text("7f0-7f1 r-xp 0 0:0 1 /x/torch/lib/libgomp.so.1\n"
+                    "7f2-7f3 r-xp 0 0:0 1 /usr/lib/libiomp5.so\n")
+    native.shares_torchs_openmp.cache_clear()
+    real_path = native.Path
+    monkeypatch.setattr(native, "Path", lambda p: real_path(maps) if p == "/proc/self/maps" else real_path(p))
+    try:
+        assert not native.shares_torchs_openmp() and native._default_threads() == 1
+    finally:
+        native.shares_torchs_openmp.cache_clear()
+        monkeypatch.setattr(native, "Path", real_path)
+    assert native.shares_torchs_openmp()
 
 
 def _extend_case(q_len: int, total: int, seed: int = 1):
