@@ -71,6 +71,13 @@ def _scattered_case(rows: int, lengths: list[int], block_size: int = 16, kv_head
     return q, k, v, tables, torch.tensor(lengths, dtype=torch.int32)
 
 
+def _count_calls(monkeypatch, name: str) -> list:
+    """``native.<name>`` counted: a 1 appended to the returned list per call."""
+    calls, real = [], getattr(native, name)
+    monkeypatch.setattr(native, name, lambda *a: calls.append(1) or real(*a))
+    return calls
+
+
 def _sdpa(q, k, v, tables, lens, scale):
     """Plain torch: each row's positions gathered in order, GQA SDPA."""
     out = []
@@ -184,9 +191,7 @@ def test_the_reference_path_takes_the_native_extend_for_a_short_extend(monkeypat
     q, k, v, table, expected = _extend_case(8, 100)
     cu = torch.tensor([0, 8], dtype=torch.int32)
     tables, lens = table[None], torch.tensor([100], dtype=torch.int32)
-    calls = []
-    real = native.extend_attention
-    monkeypatch.setattr(native, "extend_attention", lambda *a: calls.append(1) or real(*a))
+    calls = _count_calls(monkeypatch, "extend_attention")
     plan = plan_attention(tables, cu, lens, 16, 8)
     got = reference_paged_attention(q, k, v, tables, cu, lens, 0.125, plan)
     assert calls == [1]
@@ -211,9 +216,7 @@ def test_decode_attention_refuses_a_block_outside_the_cache_or_a_length_past_its
 def test_the_reference_path_takes_the_native_kernel_where_it_fits(monkeypatch):
     q, k, v, tables, lens = _scattered_case(4, [5, 88, 16, 33], fill=0.0)  # torch masks padding
     cu = torch.arange(5, dtype=torch.int32)
-    calls = []
-    real = native.decode_attention
-    monkeypatch.setattr(native, "decode_attention", lambda *a: calls.append(1) or real(*a))
+    calls = _count_calls(monkeypatch, "decode_attention")
     plan = plan_attention(tables, cu, lens, 16, 4)
     got = reference_paged_attention(q, k, v, tables, cu, lens, 0.125, plan)
     assert calls == [1]
