@@ -106,7 +106,9 @@ def shares_torchs_openmp() -> bool:
     return len(runtimes) <= 1
 
 
-def _default_threads() -> int:
+def default_threads() -> int:
+    """The workers the kernels use when not told: torch's thread count, or 1 where a second
+    OpenMP runtime is mapped (``shares_torchs_openmp``)."""
     return torch.get_num_threads() if shares_torchs_openmp() else 1
 
 
@@ -212,8 +214,8 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                      threads: int | None = None) -> torch.Tensor:
     """One query per row: q [n, Hq, D] over float32 caches [blocks, bs, Hkv, D], row i
     reading positions ``0 .. lens[i]-1`` through ``tables[i]`` (int32 block ids) -> [n, Hq, D].
-    ``threads`` (default torch's count) workers of torch's OpenMP pool share the (row, kv
-    head) items; the result is the same for any count."""
+    ``threads`` (default ``default_threads()``) workers of torch's OpenMP pool share the
+    (row, kv head) items; the result is the same for any count."""
     rows, heads, dim = q.shape
     num_blocks, block_size, kv_heads, _ = k_cache.shape
     if tables.dtype != torch.int32 or lens.dtype != torch.int32 or not tables.is_contiguous() \
@@ -223,7 +225,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     status = library().rg_decode_attention(
         q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), tables.data_ptr(), tables.shape[1],
         lens.data_ptr(), rows, heads, kv_heads, dim, block_size, num_blocks, scale,
-        _default_threads() if threads is None else threads, out.data_ptr())
+        default_threads() if threads is None else threads, out.data_ptr())
     if status != 0:
         raise ValueError({-1: "a block table names a block outside the cache (or a length "
                               "exceeds its table)",
@@ -241,8 +243,8 @@ def extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     """One sequence's q_len (<= 64) new queries q [q_len, Hq, D] float32 (query i at
     position ``total - q_len + i``), causal over float32 caches [blocks, bs, Hkv, D] through
     ``table`` (contiguous int32 block ids) -> [q_len, Hq, D] float32 (``native_extend.c``).
-    ``threads`` (default torch's count) workers of torch's OpenMP pool; each query vector's
-    sums run in one fixed order, the same for any thread count."""
+    ``threads`` (default ``default_threads()``) workers of torch's OpenMP pool; each query
+    vector's sums run in one fixed order, the same for any thread count."""
     q_len, heads, dim = q.shape
     num_blocks, block_size, kv_heads, _ = k_cache.shape
     if table.dtype != torch.int32 or table.dim() != 1 or not table.is_contiguous():
@@ -252,7 +254,7 @@ def extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     status = library().rg_extend_attention(
         q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), table.data_ptr(), table.numel(),
         q_len, total, heads, kv_heads, dim, block_size, num_blocks, scale,
-        _default_threads() if threads is None else threads, out.data_ptr())
+        default_threads() if threads is None else threads, out.data_ptr())
     if status != 0:
         raise ValueError({-1: "the block table names a block outside the cache (or is too "
                               "short for the sequence)", -2: "out of memory",

@@ -48,7 +48,7 @@ NATIVE_EXTEND = True                  # short extends over a cached prefix throu
 # up to this many new tokens, the kernel's limit (Ice Lake, 2 threads, a layer against torch's
 # masked SDPA: 4 over 2,064 keys 0.49 vs 1.58 ms, 16 1.6 vs 3.3, 64 5.7 vs 7.3; 16 over 512
 # 0.34 vs 0.81)
-NATIVE_EXTEND_MAX_QUERIES = 64
+NATIVE_EXTEND_MAX_QUERIES = native.EXTEND_MAX_QUERIES
 SCALE_MIN, SCALE_MAX = 2.0 ** -24, 65504.0               # float16's smallest and largest
 
 
@@ -372,7 +372,7 @@ def _native_decode_fits(q: torch.Tensor, k_cache: torch.Tensor, k_scale, plan: A
     if q.dtype != torch.float32 or not native.usable(k_cache):
         return False
     rows, blocks = plan.decode_tables.shape
-    if torch.get_num_threads() > 1:
+    if native.default_threads() > 1:                     # the workers the kernel will get
         limit = NATIVE_DECODE_MAX_POSITIONS_THREADED.get(rows, NATIVE_DECODE_MAX_POSITIONS_MANY_THREADED)
     else:
         limit = NATIVE_DECODE_MAX_POSITIONS.get(rows, NATIVE_DECODE_MAX_POSITIONS_MANY)

@@ -118,7 +118,7 @@ def test_decode_attention_is_the_same_at_any_thread_count_and_uses_torchs_openmp
     maps = Path("/proc/self/maps").read_text()
     libgomps = {line.split()[-1] for line in maps.splitlines() if "libgomp" in line}
     assert len(libgomps) <= 1, libgomps
-    assert native.shares_torchs_openmp() and native._default_threads() == torch.get_num_threads()
+    assert native.shares_torchs_openmp() and native.default_threads() == torch.get_num_threads()
     assert native.library().rg_parallel_width(2) == 2    # built with OpenMP: work is shared
     torch.randn(1 << 20).exp().sum()                     # torch's pool is up
     before = len(os.listdir("/proc/self/task"))
@@ -137,7 +137,7 @@ def test_with_a_second_openmp_runtime_the_kernels_stay_on_the_calling_thread(mon
     real_path = native.Path
     monkeypatch.setattr(native, "Path", lambda p: real_path(maps) if p == "/proc/self/maps" else real_path(p))
     try:
-        assert not native.shares_torchs_openmp() and native._default_threads() == 1
+        assert not native.shares_torchs_openmp() and native.default_threads() == 1
     finally:
         native.shares_torchs_openmp.cache_clear()
         monkeypatch.setattr(native, "Path", real_path)
