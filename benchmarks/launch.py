@@ -195,11 +195,12 @@ class ServerProcess:
         return radixgate_command() + self.serve_args()
 
     def start(self, timeout_s: float = 240.0) -> "ServerProcess":
-        """Write the config, spawn the server, wait until /health answers 200."""
+        """Write the config, spawn the server, wait until /health answers 200 (on ``port``
+        where the caller picked it with the server's other ports, else a free one)."""
         if self.workdir is None:
             self.workdir = Path(tempfile.mkdtemp(prefix="radixgate-server-"))
         (self.workdir / "radixgate.toml").write_text(config_toml(self.spec))
-        self.port = free_port()
+        self.port = self.port or free_port()
         env = dict(os.environ)
         if self.spec.record_replies:   # benchmarks.replies is found from any folder
             env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT),

@@ -25,13 +25,14 @@ PROMPT = list(range(2000, 2000 + 70))          # 4 full blocks of 16 and a parti
 @pytest.fixture(scope="module")
 def server():
     """Its ports are picked as it starts (picked at collection, another test's server
-    took one of them minutes later)."""
-    PORTS["live"], PORTS["replay"] = free_ports(2)
+    took one of them minutes later), all three together: the HTTP port picked after the
+    event ports were released was once one of them, and /health met a ZMQ socket."""
+    PORTS["live"], PORTS["replay"], http = free_ports(3)
     spec = ServerSpec(tenants=("acme",),
                       extra_args=("--kv-events-endpoint", f"tcp://127.0.0.1:{PORTS['live']}"),
                       server_settings=(("kv_events_replay_endpoint",
                                         f'"tcp://127.0.0.1:{PORTS["replay"]}"'),))
-    srv = ServerProcess(spec).start()
+    srv = ServerProcess(spec, port=http).start()
     yield srv
     srv.stop()
 
