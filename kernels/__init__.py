@@ -84,7 +84,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     ``attention_plan``) is used by the reference path and ignored by Triton. K/V are read in
     q's dtype (dequantized with ``k_scale`` / ``v_scale`` for an 8-bit cache).
     """
-    if _use_triton(q, backend, k_scale):
+    if (plan is None or plan.ragged is None) and _use_triton(q, backend, k_scale):
         from radixgate.kernels.triton_attention import triton_paged_attention
         return triton_paged_attention(q, k_cache, v_cache, block_tables, cu_q_lens, seq_lens, scale)
     return reference_paged_attention(q, k_cache, v_cache, block_tables, cu_q_lens, seq_lens, scale,
@@ -93,13 +93,15 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
 
 def attention_plan(block_tables: torch.Tensor, cu_q_lens: torch.Tensor, seq_lens: torch.Tensor,
                    block_size: int, num_tokens: int, *, quantized: bool = False,
-                   backend: str | None = None) -> AttentionPlan | None:
+                   backend: str | None = None, deterministic: bool = False) -> AttentionPlan | None:
     """Once per forward: the reference path's index work for ``paged_attention`` (every layer
     shares the tables and lengths), or None where the Triton path will run (``quantized``:
-    the cache is 8-bit, so the reference runs)."""
-    if _use_triton(block_tables, backend, True if quantized else None):
+    the cache is 8-bit, so the reference runs). ``deterministic``: every sequence through
+    the native fixed-order kernel, whatever the backend (``reference.RaggedPlan``)."""
+    if not deterministic and _use_triton(block_tables, backend, True if quantized else None):
         return None
-    return plan_attention(block_tables, cu_q_lens, seq_lens, block_size, num_tokens)
+    return plan_attention(block_tables, cu_q_lens, seq_lens, block_size, num_tokens,
+                          deterministic)
 
 
 def copy_blocks(k_cache: torch.Tensor, v_cache: torch.Tensor, pairs: torch.Tensor,

@@ -87,6 +87,9 @@ def library() -> ctypes.CDLL | None:
     lib.rg_extend_attention.restype = _I
     lib.rg_extend_attention.argtypes = [_P, _P, _P, _P, _L, _L, _L, _L, _L, _L, _L, _L, _F,
                                         _I, _P]
+    lib.rg_ragged_attention.restype = _I
+    lib.rg_ragged_attention.argtypes = [_P, _P, _P, _P, _L, _P, _P, _L, _L, _L, _L, _L, _L, _F,
+                                        _L, _I, _P]
     return lib
 
 
@@ -261,6 +264,47 @@ def extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                           -3: f"shape not taken: {heads} heads over {kv_heads}, head dim {dim} "
                               f"(a multiple of 16 up to 256), {q_len} queries (1..64) of "
                               f"{total}"}.get(status, str(status)))
+    return out
+
+
+RAGGED_TILE_ROWS = 8         # query rows an item of ``ragged_attention`` (at most 64 / group)
+
+
+def ragged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                     tables: torch.Tensor, cu_q: torch.Tensor, totals: torch.Tensor,
+                     scale: float, threads: int | None = None,
+                     tile_rows: int = RAGGED_TILE_ROWS) -> torch.Tensor:
+    """Causal attention of every sequence of a step, any query count each (the
+    deterministic mode's only attention): sequence s owns rows ``cu_q[s]:cu_q[s+1]`` of q
+    [T, Hq, D] float32, its queries at the last positions of its ``totals[s]``, its keys in
+    float32 caches [blocks, bs, Hkv, D] through ``tables[s]`` (int32 [n, width]) -> [T, Hq, D].
+    Every query vector runs ``extend_attention``'s arithmetic whole on one worker, so its bits
+    depend only on its own query and keys: not on the rows beside it, its sequence's query
+    count, ``tile_rows`` or ``threads`` (default ``default_threads()``)."""
+    rows, heads, dim = q.shape
+    num_blocks, block_size, kv_heads, _ = k_cache.shape
+    seqs = totals.shape[0]
+    for name, t, shape in (("tables", tables, None), ("cu_q", cu_q, (seqs + 1,)),
+                           ("totals", totals, (seqs,))):
+        if t.dtype != torch.int32 or not t.is_contiguous() or (shape and t.shape != shape):
+            raise ValueError(f"{name} must be a contiguous int32 tensor"
+                             + (f" of shape {shape}" if shape else ""))
+    if tables.dim() != 2 or tables.shape[0] != seqs:
+        raise ValueError(f"tables must be [{seqs}, width]")
+    if seqs and (int(cu_q[0]) != 0 or int(cu_q[-1]) != rows):
+        raise ValueError(f"cu_q must run from 0 to {rows}")
+    q = q.contiguous()
+    out = torch.empty_like(q)
+    status = library().rg_ragged_attention(
+        q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), tables.data_ptr(), tables.shape[1],
+        cu_q.data_ptr(), totals.data_ptr(), seqs, heads, kv_heads, dim, block_size, num_blocks,
+        scale, tile_rows, default_threads() if threads is None else threads, out.data_ptr())
+    if status != 0:
+        raise ValueError({-1: "a block table names a block outside the cache (or is too short "
+                              "for its sequence)", -2: "out of memory",
+                          -3: f"shape not taken: {heads} heads over {kv_heads}, head dim {dim} "
+                              f"(a multiple of 16 up to 256), every sequence 1 <= queries <= "
+                              f"its length"}.get(status, str(status)))
     return out
 
 

@@ -248,3 +248,64 @@ int rg_extend_attention(const float *q, const float *k_cache, const float *v_cac
     }
     return failed ? -2 : 0;
 }
+
+/* Causal attention of every sequence of a step, whatever its query count: the deterministic
+ * mode's one attention (decode rows, cache-hit extends and whole prompts alike). Sequence s
+ * owns query rows [cu_q[s], cu_q[s + 1]) of q [rows, hq, d], its queries at positions
+ * totals[s] - q_len .. totals[s] - 1, its keys through tables[s] (int32, table_width a row).
+ * Items (sequence, kv head, tile of ``tile_rows`` rows) go to ``threads`` workers, dynamic:
+ * each runs extend_item, so a query's output is the same bits however the step was made up
+ * (rows beside it, its sequence's query count, the tile, the thread count). Returns 0; -1 a
+ * block id outside the cache or a table too short; -2 out of memory; -3 a shape not taken. */
+int rg_ragged_attention(const float *q, const float *k_cache, const float *v_cache,
+                        const int32_t *tables, long table_width, const int32_t *cu_q,
+                        const int32_t *totals, long seqs, long hq, long hkv, long d, long bs,
+                        long num_blocks, float scale, long tile_rows, int threads, float *out) {
+    if (hkv <= 0 || hq % hkv || d % 16 || d > MAX_DIM || bs < 1 || seqs < 0) return -3;
+    long group = hq / hkv, tile = MAX_VECTORS / group < tile_rows ? MAX_VECTORS / group : tile_rows;
+    if (tile < 1) return -3;
+    long items = 0;
+    for (long s = 0; s < seqs; s++) {
+        long q_len = cu_q[s + 1] - cu_q[s], total = totals[s], need = (total + bs - 1) / bs;
+        if (q_len < 1 || q_len > total) return -3;
+        if (need > table_width) return -1;
+        for (long b = 0; b < need; b++)
+            if (tables[s * table_width + b] < 0 || tables[s * table_width + b] >= num_blocks)
+                return -1;
+        items += hkv * ((q_len + tile - 1) / tile);
+    }
+    long *item_seq = malloc(sizeof(long) * (size_t)(2 * (items > 0 ? items : 1)));
+    if (item_seq == NULL) return -2;
+    long *item_rank = item_seq + (items > 0 ? items : 1);
+    for (long s = 0, i = 0; s < seqs; s++) {        /* an item's sequence; its rank in it */
+        long n = hkv * ((cu_q[s + 1] - cu_q[s] + tile - 1) / tile);
+        for (long j = 0; j < n; j++, i++) item_seq[i] = s, item_rank[i] = j;
+    }
+    int failed = 0;
+    if (threads < 1) threads = 1;
+    if (threads > items) threads = items > 0 ? (int)items : 1;
+    #pragma omp parallel num_threads(threads) if(threads > 1)
+    {
+        float *kt = malloc(sizeof(float) * (size_t)(d * KEYS));
+        float *acc = malloc(sizeof(float) * (size_t)(2 * tile * group * d));
+        if (kt == NULL || acc == NULL) {
+            #pragma omp atomic write
+            failed = 1;
+        }
+        #pragma omp for schedule(dynamic, 1)
+        for (long item = items - 1; item >= 0; item--) {     /* longest (last rows) first */
+            if (kt == NULL || acc == NULL) continue;
+            long s = item_seq[item], rank = item_rank[item], q_len = cu_q[s + 1] - cu_q[s];
+            long tiles = (q_len + tile - 1) / tile, g = rank / tiles, r0 = (rank % tiles) * tile;
+            long r1 = r0 + tile < q_len ? r0 + tile : q_len;
+            const long offset = (long)cu_q[s] * hq * d;
+            extend_item(q + offset, k_cache, v_cache, tables + s * table_width, totals[s], q_len,
+                        hq, hkv, d, bs, scale, g, r0, r1, out + offset, kt, acc,
+                        acc + tile * group * d);
+        }
+        free(kt);
+        free(acc);
+    }
+    free(item_seq);
+    return failed ? -2 : 0;
+}

@@ -58,10 +58,12 @@ def int_mm_available() -> bool:
 NATIVE_TOPK_MAX_ROWS = 4    # one pass in C: 1 row 23 vs 53 us warm (in a step 0.3 ms); 16 rows even
 
 
-def _top_indices(logits: torch.Tensor, k: int) -> torch.Tensor:
+def _top_indices(logits: torch.Tensor, k: int, invariant: bool = False) -> torch.Tensor:
     """The indices of each row's k largest logits, in no order (``kernels.native`` for a
-    few rows, else torch's topk)."""
-    if logits.shape[0] <= NATIVE_TOPK_MAX_ROWS and k <= native.TOPK_MAX and native.usable(logits):
+    few rows, or for all with ``invariant``: one rule for ties whatever the row count; else
+    torch's topk)."""
+    few = logits.shape[0] <= NATIVE_TOPK_MAX_ROWS or invariant
+    if few and k <= native.TOPK_MAX and native.usable(logits):
         return native.topk_indices(logits, k)
     return logits.topk(k, dim=1, sorted=False).indices
 
@@ -80,6 +82,21 @@ class RescoredHead:
         self.scale_bf16 = scale.to(torch.bfloat16)        # [V] the weight-only op's scale
         self.weight_only_rows = WEIGHT_ONLY_MAX_ROWS if weight_only_wins() else 0
         self.exact_rows, self.k = exact_rows, min(k, self.shape[0])
+
+    @property
+    def row_invariant(self) -> bool:
+        """Deterministic mode: a row's logits the same bits whatever rows it came with.
+        ``_int_mm`` sums integers (exact in any order); the top-k takes one tie rule and the
+        exact rows are products of one fixed shape each (``torch.bmm`` over n rows picks its
+        blocking by n); the weight-only op of the AMX hosts is not used."""
+        return self._row_invariant
+
+    @row_invariant.setter
+    def row_invariant(self, on: bool) -> None:
+        self._row_invariant = bool(on)
+        self.weight_only_rows = 0 if on else (WEIGHT_ONLY_MAX_ROWS if weight_only_wins() else 0)
+
+    _row_invariant = False
 
     @classmethod
     def from_weight(cls, weight: torch.Tensor,
@@ -106,9 +123,13 @@ class RescoredHead:
         if h.shape[0] == 0:
             return h.new_empty((0, self.shape[0]))
         logits = self.approximate(h)                                               # [n, V]
-        top = _top_indices(logits, self.k)                                         # [n, k]
+        top = _top_indices(logits, self.k, self._row_invariant)                    # [n, k]
         rows = self.exact_rows(top.reshape(-1)).view(*top.shape, -1)               # [n, k, H]
-        exact = torch.bmm(rows.to(h.device, torch.float32), h.unsqueeze(2)).squeeze(2)
+        rows = rows.to(h.device, torch.float32)
+        if self._row_invariant:
+            exact = torch.stack([torch.mv(rows[i], h[i]) for i in range(h.shape[0])])
+        else:
+            exact = torch.bmm(rows, h.unsqueeze(2)).squeeze(2)
         return logits.scatter_(1, top, exact)
 
     def approximate(self, h: torch.Tensor) -> torch.Tensor:

@@ -43,6 +43,17 @@ int4 wins single-stream decode (3.9 against 7.5 ms a token for the layers) and l
 Q4_0 / Q4_1 codes go into int4 exactly (float32 scale and zero; the op rounds them to bf16);
 a GGUF file's head becomes runtime/model/head.py's ``RescoredHead`` (int8 x int8 with each row's top
 logits recomputed exactly; 4-bit would be lossy), any other head bf16.
+
+Deterministic mode (``row_invariant = True`` on a layer, set by ``LlamaModel.set_deterministic``):
+a row's product must not depend on how many rows the call has. Measured with torch 2.13 on
+the CPU (a row alone against the same row among M others, 1 and 2 threads): torch's int4 op
+is row-invariant at every M (the same K loop for every row block), the dequantized GEMM above
+``INT4_OP_MAX_ROWS`` is not; the int8 op is up to 16 rows; oneDNN's packed float32 / bf16
+GEMM and ``F.linear`` pick their K blocking by M (576 x 1536 differs between 1 and 2 rows)
+but give a row the same bits at a fixed M wherever it sits in the call. So the mode runs:
+int4, the op at every row count (2,048 x 576 x 3,072, 2 threads, Ice Lake: 91 against the
+GEMM's 58 ms); int8, the op on chunks of ``INT8_OP_MAX_ROWS``; float weights, GEMMs of
+exactly ``INVARIANT_TILE`` rows, the last chunk padded with zeros.
 """
 from __future__ import annotations
 
@@ -58,6 +69,24 @@ INT4_OP_MAX_ROWS = 64         # above: dequantize the layer to bf16 and run one 
 INT8_OP_MAX_ROWS = 16
 _PACK_ROWS_HINT = 16          # the row count oneDNN tunes the packed layout for
 _INT4_TILE = 64               # the CPU int4 pack interleaves rows in tiles of 64
+INVARIANT_TILE = 16           # deterministic mode: float GEMMs always see this many rows
+
+
+def in_row_chunks(fn, x: torch.Tensor, rows: int, pad: bool = False) -> torch.Tensor:
+    """``fn`` over x [M, K] in chunks of ``rows`` rows, concatenated; ``pad``: the last
+    chunk filled up with zero rows, so that ``fn`` only ever sees exactly ``rows`` rows."""
+    if x.shape[0] <= rows and not (pad and x.shape[0] < rows):
+        return fn(x)
+    outs = []
+    for start in range(0, x.shape[0], rows):
+        chunk = x[start:start + rows]
+        if pad and chunk.shape[0] < rows:
+            filled = chunk.new_zeros((rows, *chunk.shape[1:]))
+            filled[:chunk.shape[0]] = chunk
+            outs.append(fn(filled)[:chunk.shape[0]])
+        else:
+            outs.append(fn(chunk))
+    return torch.cat(outs)
 
 
 @functools.cache
@@ -155,8 +184,15 @@ class DenseLinear:
         """The dtype ``native`` casts x to (an x already in it is not copied)."""
         return self.dtype
 
+    row_invariant = False     # deterministic mode: GEMMs of exactly INVARIANT_TILE rows
+
     def native(self, x: torch.Tensor) -> torch.Tensor:
         """The product in the weight's dtype (no cast back to ``x``'s)."""
+        if self.row_invariant:
+            return in_row_chunks(self._product, x, INVARIANT_TILE, pad=True)
+        return self._product(x)
+
+    def _product(self, x: torch.Tensor) -> torch.Tensor:
         xw = x.to(self.dtype)
         if self.packed is None:
             return F.linear(xw, self.weight, None if self.bias is None else self.bias.to(self.dtype))
@@ -183,12 +219,16 @@ class Int8Linear:
         return self.native(x).to(x.dtype)
 
     input_dtype = torch.bfloat16          # what ``native`` casts x to
+    row_invariant = False     # deterministic mode: the op on chunks of INT8_OP_MAX_ROWS
 
     def native(self, x: torch.Tensor) -> torch.Tensor:
         """The product in bfloat16, the op's own dtype (float32 above the op's row limit on
         a CPU without bf16 GEMMs, or with a float32 bias)."""
         xb = x.to(torch.bfloat16).contiguous()             # [M, K]
-        if x.shape[0] <= INT8_OP_MAX_ROWS:
+        if self.row_invariant:
+            out = in_row_chunks(lambda rows: torch.ops.aten._weight_int8pack_mm(
+                rows, self.codes, self.scale), xb, INT8_OP_MAX_ROWS)
+        elif x.shape[0] <= INT8_OP_MAX_ROWS:
             out = torch.ops.aten._weight_int8pack_mm(xb, self.codes, self.scale)
         else:
             wide = self.wide_dtype
@@ -227,13 +267,14 @@ class Int4Linear:
         return self.native(x).to(x.dtype)
 
     input_dtype = torch.bfloat16          # what ``native`` casts x to
+    row_invariant = False     # deterministic mode: the op at every row count
 
     def native(self, x: torch.Tensor) -> torch.Tensor:
         """The product in bfloat16, the op's own dtype (float32 above the op's row limit on
         a CPU without bf16 GEMMs, or with a float32 bias). The activations are rounded to
         bf16 on both paths (what the int4 op takes)."""
         xb = x.to(torch.bfloat16).contiguous()                          # [M, K]
-        if x.shape[0] <= INT4_OP_MAX_ROWS or self.shape[0] % _INT4_TILE:
+        if x.shape[0] <= INT4_OP_MAX_ROWS or self.shape[0] % _INT4_TILE or self.row_invariant:
             out = torch.ops.aten._weight_int4pack_mm_for_cpu(xb, self.packed, GROUP,
                                                              self.scales_and_zeros)
         else:

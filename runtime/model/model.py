@@ -79,6 +79,23 @@ class LlamaModel:
         inputs = {m.input_dtype for layer in self.layers for m in (layer.qkv, layer.gate_up)}
         self.norm_out_dtype = inputs.pop() if len(inputs) == 1 and inputs <= {
             torch.float32, torch.bfloat16} else torch.float32
+        self.deterministic = False
+
+    def set_deterministic(self, on: bool) -> None:
+        """Deterministic mode (docs/ARCHITECTURE.md section 5c): position t computes the same
+        bits however its step was made up. Every matmul row-invariant (runtime/model/
+        linear.py), every sequence's attention through the native fixed-order kernel
+        (``kernels.native.ragged_attention``, any KV dtype through a float32 scratch), rope
+        always in the native kernel, the norms native. Raises ValueError where that cannot
+        hold: no native kernels, activations not float32 on the CPU."""
+        if on and not (native.usable() and self.device.type == "cpu"
+                       and self.dtype == torch.float32 and self.fused_norms):
+            raise ValueError("deterministic mode needs the native CPU kernels (a C compiler, "
+                             "RADIXGATE_NATIVE not 0) and float32 activations on the CPU")
+        self.deterministic = bool(on)
+        for m in [self.logits_proj] + [m for layer in self.layers
+                                       for m in (layer.qkv, layer.o_proj, layer.gate_up, layer.down)]:
+            m.row_invariant = bool(on)
 
     def _vector(self, source) -> torch.Tensor:
         return dense(source).to(device=self.device, dtype=self.dtype).contiguous()
@@ -110,7 +127,8 @@ class LlamaModel:
         cos, sin = rope_cos_sin(batch.positions, self.inv_freq, self.dtype)  # [T, 1, D]
         eps = self.config.rms_norm_eps
         plan = attention_plan(batch.block_tables, batch.cu_q_lens, batch.seq_lens, kv.block_size,
-                              batch.num_tokens, quantized=kv.quantized)  # shared by every layer
+                              batch.num_tokens, quantized=kv.quantized,
+                              deterministic=self.deterministic)  # shared by every layer
         rope_native = NATIVE_ROPE_STORE and not kv.quantized and not uses_triton(kv.k[0]) \
             and native.usable(cos, sin, kv.k[0])          # decided once: every layer alike
         layer_args = (cos, sin, batch, plan, kv, rope_native)
@@ -160,6 +178,8 @@ class LlamaModel:
         if rope_native and qkv.dtype in (torch.float32, torch.bfloat16) and qkv.is_contiguous():
             q = native.rope_store(qkv, cos, sin, batch.slot_mapping, k_cache, v_cache,
                                   cfg.num_heads)                 # one pass: rope, K/V stored
+        elif self.deterministic:
+            q = self._rope_native_then_store(qkv, cos, sin, batch, k_cache, v_cache, scales)
         else:
             q = self._rope_and_store(qkv, cos, sin, batch, k_cache, v_cache, scales)
         out = paged_attention(q, k_cache, v_cache, batch.block_tables, batch.cu_q_lens,
@@ -179,6 +199,21 @@ class LlamaModel:
         v = qkv[:, qk_size:].view(tokens, cfg.num_kv_heads, cfg.head_dim)         # [T, Hkv, D]
         store_kv(k, v, k_cache, v_cache, batch.slot_mapping, slot_bounds=batch.slot_bounds,
                  **scales)
+        return q
+
+    def _rope_native_then_store(self, qkv, cos, sin, batch: ForwardBatch, k_cache, v_cache,
+                                scales: dict) -> torch.Tensor:
+        """Deterministic mode over a cache that is not float32: the native rope (the same
+        arithmetic as for a float32 cache) into float32 K/V, then ``store_kv`` rounds or
+        quantizes them (elementwise: the same bits for a token in any step)."""
+        cfg, tokens = self.config, qkv.shape[0]
+        k = torch.empty((tokens, 1, cfg.num_kv_heads, cfg.head_dim), dtype=torch.float32)
+        v = torch.empty_like(k)
+        slots = torch.arange(tokens, dtype=torch.int64)
+        q = native.rope_store(qkv.contiguous(), cos.contiguous(), sin.contiguous(), slots, k, v,
+                              cfg.num_heads)
+        store_kv(k[:, 0], v[:, 0], k_cache, v_cache, batch.slot_mapping,
+                 slot_bounds=batch.slot_bounds, **scales)
         return q
 
     def _mlp(self, layer: DecoderLayer, h: torch.Tensor) -> torch.Tensor:
