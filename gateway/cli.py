@@ -112,6 +112,11 @@ def _model_flags(p: argparse.ArgumentParser) -> None:
                         "expected continuations, probation, partial blocks first; default)")
     p.add_argument("--max-model-len", type=int)
     p.add_argument("--threads", type=int, metavar="N", help=THREADS_HELP)
+    p.add_argument("--deterministic", action=argparse.BooleanOptionalAction, default=None,
+                   help="deterministic mode ([model] deterministic): a position's logits are "
+                        "the same bits however it was scheduled (batched, chunked, cached, "
+                        "from the disk tier, 1 or 2 threads); costs prefill speed "
+                        "(benchmarks/RESULTS.md)")
     p.add_argument("--weights-dtype", choices=["auto", "float32", "bfloat16", "int8", "int4"],
                    help="form the matmul weights are kept and computed in ([model] weights_dtype; "
                         "auto: int4 for Q4 GGUFs where torch's int4 op exists, else bf16 with "
@@ -135,6 +140,7 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
     overrides = {"model": args.model, "tiny": args.tiny, "kv_cache_gb": args.kv_cache_gb,
                  "block_size": args.block_size, "max_model_len": args.max_model_len,
                  "policy": _policy_override(args), "threads": _threads_override(args.threads),
+                 "deterministic": getattr(args, "deterministic", None),
                  "weights_dtype": getattr(args, "weights_dtype", None),
                  "kv_dtype": getattr(args, "kv_dtype", None),
                  "kv_disk_dir": getattr(args, "kv_disk_dir", None),

@@ -56,6 +56,7 @@ class ModelSettings:
     max_model_len: int = 8192
     tiny: bool = False
     threads: int = 0                     # torch CPU threads; 0 = torch's default
+    deterministic: bool = False          # logits independent of scheduling (ARCHITECTURE 5c)
     weights_dtype: str = "auto"          # auto | float32 | bfloat16 | int8 | int4 (runtime/model/linear.py)
 
 
@@ -141,7 +142,7 @@ _FLAG_FIELDS = {
     "stream_send_buffer_bytes": ("server", "stream_send_buffer_bytes"),
     "model": ("model", "path"), "tiny": ("model", "tiny"),
     "max_model_len": ("model", "max_model_len"), "model_name": ("model", "name"),
-    "threads": ("model", "threads"),
+    "threads": ("model", "threads"), "deterministic": ("model", "deterministic"),
     "weights_dtype": ("model", "weights_dtype"),
     "kv_cache_gb": ("cache", "kv_cache_gb"), "block_size": ("cache", "block_size"),
     "policy": ("cache", "policy"), "kv_dtype": ("cache", "kv_dtype"),

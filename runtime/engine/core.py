@@ -53,6 +53,8 @@ class EngineCore:
     def __init__(self, loaded, config: EngineConfig):
         self.config = config
         self.model = loaded.model
+        if config.deterministic:
+            self.model.check_deterministic()
         self.tokenizer = loaded.tokenizer
         self.kv = _make_kv_cache(loaded, config)
         cache = config.cache
@@ -244,7 +246,8 @@ class EngineCore:
         batch = build_forward_batch(
             [c.seq.tokens[c.seq.num_computed:c.seq.num_computed + c.num_tokens] for c in chunks],
             [c.seq.num_computed for c in chunks], [c.seq.block_table for c in chunks],
-            self.pool.block_size, self.kv.device, logits_rows=rows)
+            self.pool.block_size, self.kv.device, logits_rows=rows,
+            deterministic=self.config.deterministic)
         sampled = [c.seq for c, s in zip(chunks, sampling) if s]
         pending = self.grammar_masks.start(sampled)  # computed while the forward runs
         forward_started = time.perf_counter()

@@ -62,7 +62,11 @@ class EngineConfig:
     where a subscriber that lost batches asks for them again (a ZMQ ROUTER; None: none).
     ``adapt_threads``: the engine thread runs its steps on one torch thread while other
     processes keep a core busy, on all of them otherwise (``cpu_threads.ThreadGovernor``);
-    another thread count sums in another order, so logits may differ in their last bits.
+    another thread count sums in another order, so logits may differ in their last bits,
+    unless ``deterministic``: every step in the model's deterministic mode
+    (``LlamaModel.forward``): a position's logits are the same bits however it was scheduled
+    (alone or batched, prefill chunk or decode, cached, from the disk tier or recomputed,
+    1 or 2 threads, any KV dtype); the engine refuses to start where that cannot hold.
     """
 
     cache: CacheConfig = field(default_factory=CacheConfig)
@@ -83,6 +87,7 @@ class EngineConfig:
     max_unsent_events: int | None = None
     top_prefixes: int = 10
     adapt_threads: bool = True
+    deterministic: bool = False
     jump_forward: bool = True
     kv_events_endpoint: str | None = None
     kv_events_allow_remote: bool = False

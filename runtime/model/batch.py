@@ -17,6 +17,7 @@ class ForwardBatch:
     seq_lens: torch.Tensor        # int32 [batch] total tokens incl. new ones
     logits_indices: torch.Tensor  # int64 [n] rows of the T tokens whose logits are wanted
     slot_bounds: tuple[int, int] | None = None   # lowest and highest slot (None: unknown)
+    deterministic: bool = False   # every row's bits independent of the step's make-up
 
     @property
     def num_tokens(self) -> int:
@@ -26,12 +27,14 @@ class ForwardBatch:
 def build_forward_batch(new_tokens: Sequence[Sequence[int]], num_cached: Sequence[int],
                         block_tables: Sequence[Sequence[int]], block_size: int,
                         device: str | torch.device = "cpu",
-                        logits_rows: Sequence[Sequence[int]] | None = None) -> ForwardBatch:
+                        logits_rows: Sequence[Sequence[int]] | None = None,
+                        deterministic: bool = False) -> ForwardBatch:
     """Build a batch from Python lists, copying each field to ``device`` once.
 
     Sequence ``b`` already has ``num_cached[b]`` tokens in the cache and appends
     ``new_tokens[b]`` at positions ``num_cached[b]...``; ``block_tables[b]`` must cover them.
     ``logits_rows[b]`` lists which of its new tokens want logits (default: the last one).
+    ``deterministic``: the model's deterministic mode for this step (``LlamaModel.forward``).
     """
     ids, positions, slots, cu, lens, wanted = [], [], [], [0], [], []
     for b, (tokens, start, table) in enumerate(zip(new_tokens, num_cached, block_tables)):
@@ -53,4 +56,4 @@ def build_forward_batch(new_tokens: Sequence[Sequence[int]], num_cached: Sequenc
                         tensor(slots, torch.int64), tensor(padded, torch.int32),
                         tensor(cu, torch.int32), tensor(lens, torch.int32),
                         tensor(wanted, torch.int64),
-                        (min(slots), max(slots)) if slots else None)
+                        (min(slots), max(slots)) if slots else None, deterministic)

@@ -83,20 +83,6 @@ class RescoredHead:
         self.weight_only_rows = WEIGHT_ONLY_MAX_ROWS if weight_only_wins() else 0
         self.exact_rows, self.k = exact_rows, min(k, self.shape[0])
 
-    @property
-    def row_invariant(self) -> bool:
-        """Deterministic mode: a row's logits the same bits whatever rows it came with.
-        ``_int_mm`` sums integers (exact in any order); the top-k takes one tie rule and the
-        exact rows are products of one fixed shape each (``torch.bmm`` over n rows picks its
-        blocking by n); the weight-only op of the AMX hosts is not used."""
-        return self._row_invariant
-
-    @row_invariant.setter
-    def row_invariant(self, on: bool) -> None:
-        self._row_invariant = bool(on)
-        self.weight_only_rows = 0 if on else (WEIGHT_ONLY_MAX_ROWS if weight_only_wins() else 0)
-
-    _row_invariant = False
 
     @classmethod
     def from_weight(cls, weight: torch.Tensor,
@@ -118,24 +104,28 @@ class RescoredHead:
         requantized = torch.round(codes.to(torch.float32).mul_(factor)).clamp_(-127, 127)
         return cls(requantized.to(torch.int8).view(codes.shape[0], -1), scale, exact_rows, k)
 
-    def __call__(self, h: torch.Tensor) -> torch.Tensor:
+    def __call__(self, h: torch.Tensor, invariant: bool = False) -> torch.Tensor:
+        """``invariant`` (deterministic mode): a row's logits the same bits whatever rows it
+        came with. ``_int_mm`` sums integers (exact in any order); the top-k then takes one
+        tie rule, the exact rows are products of one fixed shape each (``torch.bmm`` over n
+        rows picks its blocking by n), and the AMX hosts' weight-only op is not used."""
         h = h.to(torch.float32)
         if h.shape[0] == 0:
             return h.new_empty((0, self.shape[0]))
-        logits = self.approximate(h)                                               # [n, V]
-        top = _top_indices(logits, self.k, self._row_invariant)                    # [n, k]
+        logits = self.approximate(h, invariant)                                    # [n, V]
+        top = _top_indices(logits, self.k, invariant)                              # [n, k]
         rows = self.exact_rows(top.reshape(-1)).view(*top.shape, -1)               # [n, k, H]
         rows = rows.to(h.device, torch.float32)
-        if self._row_invariant:
+        if invariant:
             exact = torch.stack([torch.mv(rows[i], h[i]) for i in range(h.shape[0])])
         else:
             exact = torch.bmm(rows, h.unsqueeze(2)).squeeze(2)
         return logits.scatter_(1, top, exact)
 
-    def approximate(self, h: torch.Tensor) -> torch.Tensor:
+    def approximate(self, h: torch.Tensor, invariant: bool = False) -> torch.Tensor:
         """int8 codes times the activations (bf16 through the weight-only op for a row or
         two where that wins, else quantized per row to int8 for ``_int_mm``): float32 [n, V]."""
-        if h.shape[0] <= self.weight_only_rows:
+        if h.shape[0] <= self.weight_only_rows and not invariant:
             return torch.ops.aten._weight_int8pack_mm(
                 h.to(torch.bfloat16), self.codes, self.scale_bf16).to(torch.float32)
         xq, x_scale = quantize_int8_rows(h)                                       # [n, H], [n]

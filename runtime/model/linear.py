@@ -44,7 +44,7 @@ Q4_0 / Q4_1 codes go into int4 exactly (float32 scale and zero; the op rounds th
 a GGUF file's head becomes runtime/model/head.py's ``RescoredHead`` (int8 x int8 with each row's top
 logits recomputed exactly; 4-bit would be lossy), any other head bf16.
 
-Deterministic mode (``row_invariant = True`` on a layer, set by ``LlamaModel.set_deterministic``):
+Deterministic mode (``native(x, invariant=True)``, from a ``ForwardBatch`` with ``deterministic``):
 a row's product must not depend on how many rows the call has. Measured with torch 2.13 on
 the CPU (a row alone against the same row among M others, 1 and 2 threads): torch's int4 op
 is row-invariant at every M (the same K loop for every row block), the dequantized GEMM above
@@ -184,11 +184,10 @@ class DenseLinear:
         """The dtype ``native`` casts x to (an x already in it is not copied)."""
         return self.dtype
 
-    row_invariant = False     # deterministic mode: GEMMs of exactly INVARIANT_TILE rows
-
-    def native(self, x: torch.Tensor) -> torch.Tensor:
-        """The product in the weight's dtype (no cast back to ``x``'s)."""
-        if self.row_invariant:
+    def native(self, x: torch.Tensor, invariant: bool = False) -> torch.Tensor:
+        """The product in the weight's dtype (no cast back to ``x``'s); ``invariant``: GEMMs
+        of exactly ``INVARIANT_TILE`` rows (the module docstring's deterministic mode)."""
+        if invariant:
             return in_row_chunks(self._product, x, INVARIANT_TILE, pad=True)
         return self._product(x)
 
@@ -219,13 +218,13 @@ class Int8Linear:
         return self.native(x).to(x.dtype)
 
     input_dtype = torch.bfloat16          # what ``native`` casts x to
-    row_invariant = False     # deterministic mode: the op on chunks of INT8_OP_MAX_ROWS
 
-    def native(self, x: torch.Tensor) -> torch.Tensor:
+    def native(self, x: torch.Tensor, invariant: bool = False) -> torch.Tensor:
         """The product in bfloat16, the op's own dtype (float32 above the op's row limit on
-        a CPU without bf16 GEMMs, or with a float32 bias)."""
+        a CPU without bf16 GEMMs, or with a float32 bias); ``invariant``: the op on chunks of
+        ``INT8_OP_MAX_ROWS`` rows whatever the count."""
         xb = x.to(torch.bfloat16).contiguous()             # [M, K]
-        if self.row_invariant:
+        if invariant:
             out = in_row_chunks(lambda rows: torch.ops.aten._weight_int8pack_mm(
                 rows, self.codes, self.scale), xb, INT8_OP_MAX_ROWS)
         elif x.shape[0] <= INT8_OP_MAX_ROWS:
@@ -267,14 +266,13 @@ class Int4Linear:
         return self.native(x).to(x.dtype)
 
     input_dtype = torch.bfloat16          # what ``native`` casts x to
-    row_invariant = False     # deterministic mode: the op at every row count
 
-    def native(self, x: torch.Tensor) -> torch.Tensor:
+    def native(self, x: torch.Tensor, invariant: bool = False) -> torch.Tensor:
         """The product in bfloat16, the op's own dtype (float32 above the op's row limit on
         a CPU without bf16 GEMMs, or with a float32 bias). The activations are rounded to
-        bf16 on both paths (what the int4 op takes)."""
+        bf16 on both paths (what the int4 op takes). ``invariant``: the op at every row count."""
         xb = x.to(torch.bfloat16).contiguous()                          # [M, K]
-        if x.shape[0] <= INT4_OP_MAX_ROWS or self.shape[0] % _INT4_TILE or self.row_invariant:
+        if x.shape[0] <= INT4_OP_MAX_ROWS or self.shape[0] % _INT4_TILE or invariant:
             out = torch.ops.aten._weight_int4pack_mm_for_cpu(xb, self.packed, GROUP,
                                                              self.scales_and_zeros)
         else:

@@ -79,23 +79,14 @@ class LlamaModel:
         inputs = {m.input_dtype for layer in self.layers for m in (layer.qkv, layer.gate_up)}
         self.norm_out_dtype = inputs.pop() if len(inputs) == 1 and inputs <= {
             torch.float32, torch.bfloat16} else torch.float32
-        self.deterministic = False
 
-    def set_deterministic(self, on: bool) -> None:
-        """Deterministic mode (docs/ARCHITECTURE.md section 5c): position t computes the same
-        bits however its step was made up. Every matmul row-invariant (runtime/model/
-        linear.py), every sequence's attention through the native fixed-order kernel
-        (``kernels.native.ragged_attention``, any KV dtype through a float32 scratch), rope
-        always in the native kernel, the norms native. Raises ValueError where that cannot
-        hold: no native kernels, activations not float32 on the CPU."""
-        if on and not (native.usable() and self.device.type == "cpu"
-                       and self.dtype == torch.float32 and self.fused_norms):
+    def check_deterministic(self) -> None:
+        """Raise ValueError where deterministic steps cannot hold (``ForwardBatch.deterministic``,
+        docs/ARCHITECTURE.md section 5c): no native kernels, activations not float32 on the CPU."""
+        if not (native.usable() and self.device.type == "cpu" and self.dtype == torch.float32
+                and self.fused_norms):
             raise ValueError("deterministic mode needs the native CPU kernels (a C compiler, "
                              "RADIXGATE_NATIVE not 0) and float32 activations on the CPU")
-        self.deterministic = bool(on)
-        for m in [self.logits_proj] + [m for layer in self.layers
-                                       for m in (layer.qkv, layer.o_proj, layer.gate_up, layer.down)]:
-            m.row_invariant = bool(on)
 
     def _vector(self, source) -> torch.Tensor:
         return dense(source).to(device=self.device, dtype=self.dtype).contiguous()
@@ -122,13 +113,20 @@ class LlamaModel:
     def forward(self, batch: ForwardBatch, kv: KVCache) -> torch.Tensor:
         """Run the new tokens of every sequence; returns float32 logits
         ``[len(batch.logits_indices), vocab]``. Writes their K/V into ``kv`` at
-        ``batch.slot_mapping``."""
+        ``batch.slot_mapping``.
+
+        ``batch.deterministic``: position t computes the same bits however the step was made
+        up (rows beside it, chunk sizes, decode or prefill, thread count, KV dtype): every
+        matmul row-invariant (``native(x, invariant=True)``, runtime/model/linear.py), every
+        sequence's attention through ``kernels.native.ragged_attention`` (a cache that is not
+        float32 through a float32 scratch), rope always in the native kernel, the norms
+        native (``check_deterministic`` says where that cannot hold)."""
         x = self.embed(batch.input_ids)                                  # [T, H]
         cos, sin = rope_cos_sin(batch.positions, self.inv_freq, self.dtype)  # [T, 1, D]
         eps = self.config.rms_norm_eps
         plan = attention_plan(batch.block_tables, batch.cu_q_lens, batch.seq_lens, kv.block_size,
                               batch.num_tokens, quantized=kv.quantized,
-                              deterministic=self.deterministic)  # shared by every layer
+                              deterministic=batch.deterministic)  # shared by every layer
         rope_native = NATIVE_ROPE_STORE and not kv.quantized and not uses_triton(kv.k[0]) \
             and native.usable(cos, sin, kv.k[0])          # decided once: every layer alike
         layer_args = (cos, sin, batch, plan, kv, rope_native)
@@ -137,19 +135,25 @@ class LlamaModel:
         else:
             x = self._layers(x, eps, layer_args)
         x = x[batch.logits_indices]                                      # [n, H]
+        det = batch.deterministic
         if self.fused_norms and native.usable(x, self.norm):
-            return self.logits_proj(native.add_rms_norm(x, None, self.norm, eps)).float()
-        return self.logits_proj(rms_norm(x, self.norm, eps)).float()   # [n, V]
+            h = native.add_rms_norm(x, None, self.norm, eps)
+        else:
+            h = rms_norm(x, self.norm, eps)
+        if det:
+            return self.logits_proj.native(h, True).float()              # [n, V]
+        return self.logits_proj(h).float()
 
     __call__ = forward
 
     def _layers(self, x: torch.Tensor, eps: float, layer_args) -> torch.Tensor:
         """The decoder layers in torch ops; residual adds promote bf16 outputs to x's dtype."""
+        det = layer_args[2].deterministic
         for i, layer in enumerate(self.layers):
             h = rms_norm(x, layer.attn_norm, eps)
             x = x + self._attention(layer, h, i, *layer_args)
             h = rms_norm(x, layer.mlp_norm, eps)
-            x = x + self._mlp(layer, h)
+            x = x + self._mlp(layer, h, det)
         return x
 
     def _layers_fused(self, x: torch.Tensor, eps: float, layer_args) -> torch.Tensor:
@@ -159,12 +163,13 @@ class LlamaModel:
         same bits as that cast); the last add has no norm after it (the final norm runs on
         the logits rows only)."""
         layers, out = self.layers, self.norm_out_dtype
+        det = layer_args[2].deterministic
         h = native.add_rms_norm(x, None, layers[0].attn_norm, eps, out)
         for i, layer in enumerate(layers):
             h = native.add_rms_norm(x, self._attention(layer, h, i, *layer_args),
                                     layer.mlp_norm, eps, out)
             after = layers[i + 1].attn_norm if i + 1 < len(layers) else None
-            h = native.add_rms_norm(x, self._mlp(layer, h), after, eps, out)
+            h = native.add_rms_norm(x, self._mlp(layer, h, det), after, eps, out)
         return x
 
     def _attention(self, layer: DecoderLayer, h, i: int, cos, sin, batch: ForwardBatch, plan,
@@ -174,17 +179,17 @@ class LlamaModel:
         cfg = self.config
         k_cache, v_cache, scales = kv.k[i], kv.v[i], kv.layer_scales(i)
         tokens = h.shape[0]
-        qkv = layer.qkv.native(h)          # [T, (Hq + 2Hkv) D]: bf16 products, or float32
+        qkv = layer.qkv.native(h, batch.deterministic)   # [T, (Hq + 2Hkv) D]: bf16 products, or float32
         if rope_native and qkv.dtype in (torch.float32, torch.bfloat16) and qkv.is_contiguous():
             q = native.rope_store(qkv, cos, sin, batch.slot_mapping, k_cache, v_cache,
                                   cfg.num_heads)                 # one pass: rope, K/V stored
-        elif self.deterministic:
+        elif batch.deterministic:
             q = self._rope_native_then_store(qkv, cos, sin, batch, k_cache, v_cache, scales)
         else:
             q = self._rope_and_store(qkv, cos, sin, batch, k_cache, v_cache, scales)
         out = paged_attention(q, k_cache, v_cache, batch.block_tables, batch.cu_q_lens,
                               batch.seq_lens, self.scale, plan=plan, **scales)  # [T, Hq, D]
-        return layer.o_proj.native(out.reshape(tokens, self.q_size))  # [T, H]
+        return layer.o_proj.native(out.reshape(tokens, self.q_size), batch.deterministic)
 
     def _rope_and_store(self, qkv, cos, sin, batch: ForwardBatch, k_cache, v_cache,
                         scales: dict) -> torch.Tensor:
@@ -216,15 +221,17 @@ class LlamaModel:
                  slot_bounds=batch.slot_bounds, **scales)
         return q
 
-    def _mlp(self, layer: DecoderLayer, h: torch.Tensor) -> torch.Tensor:
-        """In the matmuls' own dtype (bf16 for quantized weights): down takes bf16 anyway."""
-        gate_up = layer.gate_up.native(h)                        # [T, 2I]
+    def _mlp(self, layer: DecoderLayer, h: torch.Tensor, det: bool = False) -> torch.Tensor:
+        """In the matmuls' own dtype (bf16 for quantized weights): down takes bf16 anyway.
+        (The native silu and torch's round alike, and torch's is row-invariant: ``det``
+        only reaches the matmuls.)"""
+        gate_up = layer.gate_up.native(h, det)                   # [T, 2I]
         if gate_up.shape[0] <= NATIVE_SILU_MAX_ROWS and gate_up.dtype == torch.bfloat16 \
                 and gate_up.is_contiguous() and native.usable():
-            return layer.down.native(native.silu_mul(gate_up))  # torch's bf16 roundings
+            return layer.down.native(native.silu_mul(gate_up), det)  # torch's bf16 roundings
         half = gate_up.shape[-1] // 2
         gate, up = gate_up[:, :half], gate_up[:, half:]          # [T, I] each
-        return layer.down.native(F.silu(gate) * up)              # [T, H]
+        return layer.down.native(F.silu(gate) * up, det)         # [T, H]
 
     def num_parameters(self) -> int:
         matmuls = [self.logits_proj] + [m for layer in self.layers
