@@ -8,8 +8,10 @@ same KV capacity in tokens: llama-server ``-np 16 -cb -c C`` (its defaults other
 cache on, ``--cache-reuse 0``, ``--cache-ram 8192`` MiB, f16 KV; with ``-np 16`` it reports
 ``kv_unified = false``, so each slot holds C / 16 = 2,304 tokens),
 radixgate ``serve`` with its defaults and ``--kv-cache-gb`` sized to hold the same C tokens.
-Two repetitions, interleaved (llama-server, radixgate, radixgate, llama-server), each a fresh
-server process measuring, over ``/v1/completions`` (greedy, ``ignore_eos``, fixed
+A third server is radixgate in its deterministic mode (``--deterministic``, a row of its
+own and its cost as deterministic / default; ``--no-deterministic`` skips it). Two
+repetitions, interleaved (llama-server, radixgate, deterministic, then the reverse), each a
+fresh server process measuring, over ``/v1/completions`` (greedy, ``ignore_eos``, fixed
 ``max_tokens``, the same token ids for both):
 
 - start to healthy (``GET /health`` answers 200);
@@ -61,6 +63,8 @@ OUT_DIR = Path(__file__).parent / "out"
 THREADS = 2
 PARALLEL = 16
 RADIXGATE, LLAMA = "radixgate", "llama_server"
+RADIXGATE_DET = "radixgate_deterministic"     # the same server with --deterministic
+SERVER_FLAGS = {RADIXGATE: (), RADIXGATE_DET: ("--deterministic",)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -341,9 +345,10 @@ async def radixgate_capacity_tokens(base_url: str) -> int | None:
     return total * stats["block_size"] if total and "block_size" in stats else None
 
 
-def run_radixgate(prompts: Prompts, sizes: Sizes, kv_cache_gb: float, tiny: bool) -> dict:
+def run_radixgate(prompts: Prompts, sizes: Sizes, kv_cache_gb: float, tiny: bool,
+                  flags: tuple[str, ...] = ()) -> dict:
     started = time.perf_counter()
-    server = ServerProcess(bench_spec(("--threads", str(THREADS)), tiny=tiny,
+    server = ServerProcess(bench_spec(("--threads", str(THREADS), *flags), tiny=tiny,
                                       kv_cache_gb=kv_cache_gb)).start()
     try:
         healthy = time.perf_counter() - started
@@ -420,15 +425,23 @@ def add_roofline(run: dict, bytes_per_token: int, bandwidth_gbs: float) -> None:
         run["single_stream_tok_s"] * bytes_per_token / (bandwidth_gbs * 1e9), 4)
 
 
+def _ratios(top: list, bottom: list) -> list:
+    return [round(a / b, 3) if b else None for a, b in zip(top, bottom)]
+
+
 def summarize(runs: dict[str, list[dict]]) -> dict:
-    """Per metric: each server's values by repetition and radixgate / llama-server ratios
-    (one per repetition, side by side); no ratios without the peer."""
+    """Per metric: each server's values by repetition and ratios, one per repetition, side by
+    side: ``ratio`` radixgate / llama-server, ``ratio_deterministic`` the deterministic mode's
+    / llama-server, ``deterministic_cost`` the deterministic mode's / the default mode's."""
     summary = {}
     for metric in METRICS:
         entry = {name: [run[metric] for run in server_runs] for name, server_runs in runs.items()}
         if LLAMA in runs:
-            entry["ratio"] = [round(r / p, 3) if p else None
-                              for r, p in zip(entry[RADIXGATE], entry[LLAMA])]
+            entry["ratio"] = _ratios(entry[RADIXGATE], entry[LLAMA])
+            if RADIXGATE_DET in runs:
+                entry["ratio_deterministic"] = _ratios(entry[RADIXGATE_DET], entry[LLAMA])
+        if RADIXGATE_DET in runs:
+            entry["deterministic_cost"] = _ratios(entry[RADIXGATE_DET], entry[RADIXGATE])
         summary[metric] = entry
     return summary
 
@@ -439,30 +452,32 @@ def _order(rep: int, names: list[str]) -> list[str]:
 
 
 def run_benchmark(mode: str = "default", llama_binary: Path | None = None,
-                  default_budget: bool = True, log=print) -> dict:
+                  default_budget: bool = True, log=print, deterministic_row: bool = True) -> dict:
     sizes, tiny = SIZES[mode], mode == "tiny"
     bandwidth = [copy_bandwidth_gbs(sizes.copy_mib)]
     facts = radixgate_model_facts(tiny)
     kv_cache_gb = kv_cache_gb_for(sizes.context_tokens, facts.kv_bytes_per_token)
     tokenizer = load_tokenizer()
-    names = [LLAMA, RADIXGATE] if llama_binary else [RADIXGATE]
+    names = ([LLAMA] if llama_binary else []) + [RADIXGATE] + \
+        ([RADIXGATE_DET] if deterministic_row else [])
     runs: dict[str, list[dict]] = {name: [] for name in names}
     for rep in range(sizes.repetitions):
         prompts = make_prompts(tokenizer, sizes, seed=rep)
         for name in _order(rep, names):
             log(f"repetition {rep + 1}/{sizes.repetitions}: {name}")
-            run = (run_radixgate(prompts, sizes, kv_cache_gb, tiny) if name == RADIXGATE
-                   else run_llama(llama_binary, prompts, sizes))
+            run = (run_llama(llama_binary, prompts, sizes) if name == LLAMA
+                   else run_radixgate(prompts, sizes, kv_cache_gb, tiny, SERVER_FLAGS[name]))
             runs[name].append({"repetition": rep + 1, **run})
     extra = radixgate_default_budget(make_prompts(tokenizer, sizes, 99), tiny) \
         if default_budget else None
     bandwidth.append(copy_bandwidth_gbs(sizes.copy_mib))
-    bytes_per_token = {RADIXGATE: facts.weight_bytes}
+    bytes_per_token = {RADIXGATE: facts.weight_bytes, RADIXGATE_DET: facts.weight_bytes}
     if llama_binary:
         bytes_per_token[LLAMA] = gguf_bytes_per_token(default_gguf_path())
     for name, server_runs in runs.items():
         for run in server_runs:
             add_roofline(run, bytes_per_token[name], max(bandwidth))
+    bytes_per_token = {name: bytes_per_token[name] for name in names}
     return {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "mode": mode,
         "machine": machine_info(),
@@ -483,13 +498,16 @@ def _cell(values: list) -> str:
 
 def markdown(report: dict) -> str:
     names = list(report["runs"])
-    head = "| metric | " + " | ".join(names) + (" | ratio radixgate / llama-server |"
-                                                 if LLAMA in names else "")
+    ratio_names = [key for key in ("ratio", "ratio_deterministic", "deterministic_cost")
+                   if key in next(iter(report["summary"].values()), {})]
+    titles = {"ratio": "radixgate / llama-server",
+              "ratio_deterministic": "deterministic / llama-server",
+              "deterministic_cost": "deterministic / default"}
+    head = "| metric | " + " | ".join(names + [titles[k] for k in ratio_names]) + " |"
     lines = [head, "|---" * (len(head.split("|")) - 2) + "|"]
     for metric, entry in report["summary"].items():
         cells = [_cell(entry[name]) for name in names]
-        if "ratio" in entry:
-            cells.append(_cell(entry["ratio"]) + "x")
+        cells += [_cell(entry[key]) + "x" for key in ratio_names]
         lines.append(f"| {metric} | " + " | ".join(cells) + " |")
     lines.append(f"\nmachine: {report['machine']}")
     lines.append(f"copy bandwidth {_cell(report['copy_bandwidth_gbs'])} GB/s; weight bytes "
@@ -508,6 +526,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--no-peer", action="store_true", help="radixgate only")
     parser.add_argument("--no-default-budget", action="store_true",
                         help="skip the run at radixgate's default KV budget")
+    parser.add_argument("--no-deterministic", action="store_true",
+                        help="skip the deterministic mode's row (radixgate --deterministic)")
     parser.add_argument("--out", type=Path, default=OUT_DIR)
     args = parser.parse_args(argv)
     mode = "tiny" if args.tiny else "quick" if args.quick else "default"
@@ -516,7 +536,8 @@ def main(argv: list[str] | None = None) -> None:
     if binary is None and not skip_peer:
         print(f"llama-server skipped: {LLAMA_SERVER_BUILD_NOTE}", file=sys.stderr)
     report = run_benchmark(mode, binary, not args.no_default_budget,
-                           log=lambda m: print(m, file=sys.stderr, flush=True))
+                           log=lambda m: print(m, file=sys.stderr, flush=True),
+                           deterministic_row=not args.no_deterministic)
     report["command"] = "python -m benchmarks.peer_speed " + " ".join(argv or sys.argv[1:])
     args.out.mkdir(parents=True, exist_ok=True)
     suffix = "" if mode == "default" else f"_{mode}"

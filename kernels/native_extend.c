@@ -123,10 +123,13 @@ static void block_all(long count, const float *kt, const float *const *vrow, con
         if (d == 64) block_vectors(4, 4, kt, vrow, visible + j, qs + j * d, d, peak + j, sum + j, acc + j * d);
         else block_vectors(4, d / 16, kt, vrow, visible + j, qs + j * d, d, peak + j, sum + j, acc + j * d);
     }
-    for (; j < count; j++) {
-        if (d == 64) block_vectors(1, 4, kt, vrow, visible + j, qs + j * d, d, peak + j, sum + j, acc + j * d);
-        else block_vectors(1, d / 16, kt, vrow, visible + j, qs + j * d, d, peak + j, sum + j, acc + j * d);
-    }
+    const long left = count - j;            /* 3 or 2 together (a decode row's group of 3) */
+    if (left == 3 && d == 64) block_vectors(3, 4, kt, vrow, visible + j, qs + j * d, d, peak + j, sum + j, acc + j * d);
+    else if (left == 3) block_vectors(3, d / 16, kt, vrow, visible + j, qs + j * d, d, peak + j, sum + j, acc + j * d);
+    else if (left == 2 && d == 64) block_vectors(2, 4, kt, vrow, visible + j, qs + j * d, d, peak + j, sum + j, acc + j * d);
+    else if (left == 2) block_vectors(2, d / 16, kt, vrow, visible + j, qs + j * d, d, peak + j, sum + j, acc + j * d);
+    else if (left == 1 && d == 64) block_vectors(1, 4, kt, vrow, visible + j, qs + j * d, d, peak + j, sum + j, acc + j * d);
+    else if (left == 1) block_vectors(1, d / 16, kt, vrow, visible + j, qs + j * d, d, peak + j, sum + j, acc + j * d);
 }
 #endif
 

@@ -7,8 +7,8 @@ import os
 
 import pytest
 
-from benchmarks.peer_speed import (LLAMA, METRICS, RADIXGATE, SIZES, gguf_bytes_per_token,
-                                   markdown, run_benchmark, summarize)
+from benchmarks.peer_speed import (LLAMA, METRICS, RADIXGATE, RADIXGATE_DET, SIZES,
+                                   gguf_bytes_per_token, markdown, run_benchmark, summarize)
 from benchmarks.traces import default_gguf_path
 
 TINY = SIZES["tiny"]
@@ -16,7 +16,8 @@ TINY = SIZES["tiny"]
 
 @pytest.fixture(scope="module")
 def report() -> dict:
-    return run_benchmark("tiny", llama_binary=None, default_budget=False, log=lambda _: None)
+    return run_benchmark("tiny", llama_binary=None, default_budget=False, log=lambda _: None,
+                         deterministic_row=False)
 
 
 def test_peer_skipped_with_a_note_and_no_ratios(report):
@@ -62,6 +63,17 @@ def test_ratios_pair_repetitions_side_by_side():
     summary = summarize(runs)
     assert summary["streams_tok_s"] == {LLAMA: [2.0, 4.0], RADIXGATE: [1.0, 6.0],
                                         "ratio": [0.5, 1.5]}
+
+
+def test_deterministic_row_has_its_ratios_to_the_peer_and_to_the_default_mode():
+    runs = {LLAMA: [dict.fromkeys(METRICS, 2.0)], RADIXGATE: [dict.fromkeys(METRICS, 1.0)],
+            RADIXGATE_DET: [dict.fromkeys(METRICS, 0.9)]}
+    entry = summarize(runs)["cold_prefill_ttft_s"]
+    assert entry["ratio_deterministic"] == [0.45] and entry["deterministic_cost"] == [0.9]
+    report = {"runs": runs, "summary": summarize(runs), "machine": "m",
+              "copy_bandwidth_gbs": [1.0], "bytes_per_token": {}, "peer": {},
+              "radixgate_default_budget": None}
+    assert "| deterministic / default |" in markdown(report).splitlines()[0]
 
 
 def test_gguf_bytes_per_token_counts_the_tied_embedding_as_read():

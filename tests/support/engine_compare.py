@@ -7,6 +7,8 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+import torch
+
 from radixgate.runtime.engine.api import Finished, Request, SamplingParams
 from radixgate.runtime.engine.engine import Engine
 
@@ -53,11 +55,19 @@ class Comparison:
 
 
 def compare_greedy(engine: Engine, got: Finished, reference_engine: Engine, ref: Finished,
-                   logit_tol: float) -> Comparison:
+                   logit_tol: float, exact: bool = False) -> Comparison:
     """Tokens must agree up to the first step whose reference top-2 gap is below NEAR_TIE;
-    logits must agree within logit_tol up to there (both engines record_logits=True)."""
+    logits must agree within logit_tol up to there (both engines record_logits=True).
+    ``exact`` (both engines deterministic, docs/ARCHITECTURE.md section 5c): no near-tie
+    rule, every step's logits the same bits and every token equal."""
     mine, theirs = engine.debug_trace(got.request_id), reference_engine.debug_trace(ref.request_id)
     assert mine is not None and theirs is not None, "engines need record_logits=True"
+    if exact:
+        assert got.output_token_ids == ref.output_token_ids
+        for step in range(len(ref.output_token_ids)):
+            assert torch.equal(mine.logits[step], theirs.logits[step]), \
+                f"step {step}: logits differ by {(mine.logits[step] - theirs.logits[step]).abs().max()}"
+        return Comparison(True, len(ref.output_token_ids), 0.0)
     worst = 0.0
     for step, (a, b) in enumerate(zip(got.output_token_ids, ref.output_token_ids)):
         diff = float((mine.logits[step] - theirs.logits[step]).abs().max())
