@@ -217,3 +217,31 @@ def test_serve_exits_with_status_1_and_the_reason_when_the_model_fails_to_load(t
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 1, done.stderr[-2000:]
     assert f"exiting: FileNotFoundError: model path {missing}" in done.stderr
+
+
+def test_deterministic_flag_and_model_key_reach_the_engine_and_its_replicas(tmp_path):
+    import dataclasses
+
+    from radixgate.gateway.state import engine_config
+    path = tmp_path / "radixgate.toml"
+    path.write_text("[model]\ndeterministic = true\n")
+    from_file = config_from_args(build_parser().parse_args(["serve", "--config", str(path)]))
+    assert from_file.model.deterministic and engine_config(from_file).deterministic
+    replica = dataclasses.replace(engine_config(from_file), kv_events_endpoint=None)
+    assert replica.deterministic          # what gateway/scaleout.py hands each replica
+    off = config_from_args(build_parser().parse_args(
+        ["serve", "--config", str(path), "--no-deterministic"]))
+    assert not off.model.deterministic and not engine_config(off).deterministic
+    assert config_from_args(build_parser().parse_args(["serve", "--deterministic"])) \
+        .model.deterministic
+    assert not config_from_args(build_parser().parse_args(["serve"])).model.deterministic
+
+
+def test_a_deterministic_engine_refuses_to_start_without_the_native_kernels(monkeypatch):
+    from radixgate.kernels import native
+    from radixgate.runtime.engine.engine import Engine
+    from radixgate.runtime.engine.engine_config import EngineConfig
+    from tests.support.engine import tiny_model
+    monkeypatch.setattr(native, "usable", lambda *tensors: False)
+    with pytest.raises(ValueError, match="deterministic mode needs the native CPU kernels"):
+        Engine(tiny_model(), EngineConfig(num_blocks=16, deterministic=True))
