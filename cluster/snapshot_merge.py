@@ -51,6 +51,7 @@ def merge_snapshots(snapshots: Mapping[str, EngineSnapshot], hit_rates: Mapping[
         tenant_prefixes=MappingProxyType(_tenant_prefixes(snaps)),
         kv_dtype=first.kv_dtype, kv_bytes_per_token=first.kv_bytes_per_token,
         hit_tokens=MappingProxyType(_summed(s.hit_tokens for s in snaps)),
+        spec=MappingProxyType(_summed(s.spec for s in snaps)),
         tier=merge_tiers([s.tier for s in snaps if s.tier is not None]),
         replicas=tuple(ReplicaCounts(name, s.blocks, round(hit_rates.get(name, 0.0), 6),
                                      s.running, s.waiting,

@@ -77,6 +77,8 @@ class SamplingParams:
     # many most likely alternatives (0..20; None: off), from the model's own distribution
     prompt_logprobs: int | None = None   # the same for every prompt token after the first
     # (the whole prompt is then computed: no prefix reuse, since cached K/V has no logits)
+    speculative: bool | None = None  # False: no drafts for this request (None: the server's
+    # [spec] mode decides); drafts never change what is sampled (runtime/engine/spec.py)
 
 
 @dataclass(frozen=True, slots=True)

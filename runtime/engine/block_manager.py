@@ -303,6 +303,18 @@ class BlockManager:
         seq.block_table += self.pool.allocate(need)
         return True
 
+    def grow_from_free(self, seq: Sequence, num_tokens: int, keep_free: int = 0) -> bool:
+        """Add blocks so positions [0, num_tokens) have one, only from free blocks and only
+        while ``keep_free`` stay free afterwards (speculative drafts: never an eviction, so
+        never a preemption)."""
+        need = seq.blocks_needed(num_tokens, self.block_size)
+        if need == 0:
+            return True
+        if need + keep_free > self.pool.num_free():
+            return False
+        seq.block_table += self.pool.allocate(need)
+        return True
+
     # -- tree updates -------------------------------------------------------------------
     def insert_prefilled(self, seq: Sequence) -> None:
         """Insert tokens[:num_computed] and move seq's lock to the node ending there."""

@@ -244,11 +244,12 @@ class EngineCore:
         prefill_tokens = sum(c.num_tokens for c in chunks if not c.seq.prefill_inserted)
         rows = [_logits_rows(c, s) for c, s in zip(chunks, sampling)]
         batch = build_forward_batch(
-            [c.seq.tokens[c.seq.num_computed:c.seq.num_computed + c.num_tokens] for c in chunks],
+            [c.seq.tokens[c.seq.num_computed:c.seq.num_computed + c.num_tokens] + list(c.drafts)
+             for c in chunks],
             [c.seq.num_computed for c in chunks], [c.seq.block_table for c in chunks],
             self.pool.block_size, self.kv.device, logits_rows=rows,
             deterministic=self.config.deterministic)
-        sampled = [c.seq for c, s in zip(chunks, sampling) if s]
+        sampled = [c.seq for c, s in zip(chunks, sampling) if s and not c.drafts]
         pending = self.grammar_masks.start(sampled)  # computed while the forward runs
         forward_started = time.perf_counter()
         try:
@@ -265,8 +266,33 @@ class EngineCore:
         self.counters.record_prefill(prefill_tokens, forward_s)
         for chunk in chunks:
             chunk.seq.num_computed += chunk.num_tokens
-        if sampled:
-            self._sample_and_emit(sampled, logits, masks)
+        plain = [i for i, (c, s) in enumerate(zip(chunks, sampling)) if s and not c.drafts]
+        starts = _sampling_row_starts(chunks, sampling)
+        if plain:
+            self._sample_and_emit(sampled, logits[[starts[i] for i in plain]], masks)
+        for i, chunk in enumerate(chunks):
+            if chunk.drafts:
+                self._verify_drafts(chunk.seq, chunk.drafts,
+                                    logits[starts[i]:starts[i] + 1 + len(chunk.drafts)])
+
+    def _verify_drafts(self, seq: Sequence, drafts: tuple[int, ...], logits: torch.Tensor) -> None:
+        """Row i of ``logits`` follows the last sampled token and drafts[:i]: each row is
+        sampled as a decode step samples it, in order, and the drafts are kept while the
+        sampled token equals the draft (runtime/engine/spec.py: exact for greedy rows, the
+        model's distribution for sampled ones). A kept draft's K/V is computed already."""
+        accepted = 0
+        for i in range(len(drafts) + 1):
+            before = len(seq.tokens)
+            self._sample_and_emit([seq], logits[i:i + 1])
+            if seq.status is not SeqStatus.RUNNING or len(seq.tokens) != before + 1:
+                break
+            if i == len(drafts) or seq.tokens[-1] != drafts[i]:
+                break
+            seq.num_computed += 1
+            accepted += 1
+        if seq.drafter is not None:
+            seq.drafter.record(len(drafts), accepted)
+        self.counters.record_spec(len(drafts), accepted)
 
     def _record_prompt_logprobs(self, chunks, sampling, rows, logits: torch.Tensor):
         """Prompt-logprob chunks asked for a row per new token: the log probability of each
@@ -287,7 +313,8 @@ class EngineCore:
                 seq.prompt_logprobs.extend(token_logprobs(
                     block, [seq.params.prompt_logprobs] * len(nexts), list(nexts)))
             if samples:
-                keep.append(start + len(wanted) - 1)
+                keep.extend(range(start + len(wanted) - 1 - len(chunk.drafts),
+                                  start + len(wanted)))
             start += len(wanted)
         return logits[keep]
 
@@ -456,9 +483,22 @@ def _computes_prompt_logprobs(seq: Sequence) -> bool:
 
 
 def _logits_rows(chunk: Chunk, samples: bool) -> list[int]:
-    """Rows of ``chunk`` whose logits the step needs: the last one when it samples, every
-    one while a prompt-logprobs request computes its prompt."""
+    """Rows of ``chunk`` whose logits the step needs: the last one when it samples (and each
+    draft's after it), every one while a prompt-logprobs request computes its prompt."""
     if _computes_prompt_logprobs(chunk.seq):
-        return list(range(chunk.num_tokens))
-    return [chunk.num_tokens - 1] if samples else []
+        return list(range(chunk.num_tokens + len(chunk.drafts)))
+    if not samples:
+        return []
+    return list(range(chunk.num_tokens - 1, chunk.num_tokens + len(chunk.drafts)))
+
+
+def _sampling_row_starts(chunks: list[Chunk], sampling: list[bool]) -> list[int]:
+    """Where each sampling chunk's rows begin in the logits kept for sampling (one row,
+    or one plus one per draft)."""
+    starts, row = [], 0
+    for chunk, samples in zip(chunks, sampling):
+        starts.append(row)
+        if samples:
+            row += 1 + len(chunk.drafts)
+    return starts
 

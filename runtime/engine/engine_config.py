@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 
 from radixgate.radix_cache.cache_config import CacheConfig
 
+from .spec import SpecConfig
+
 
 @dataclass(frozen=True, slots=True)
 class TenantQuota:
@@ -67,6 +69,9 @@ class EngineConfig:
     (``LlamaModel.forward``): a position's logits are the same bits however it was scheduled
     (alone or batched, prefill chunk or decode, cached, from the disk tier or recomputed,
     1 or 2 threads, any KV dtype); the engine refuses to start where that cannot hold.
+    ``spec``: speculative decoding with drafts from each request's own text
+    (``runtime/engine/spec.py``; ``SamplingParams.speculative`` False turns it off for one
+    request).
     """
 
     cache: CacheConfig = field(default_factory=CacheConfig)
@@ -88,6 +93,7 @@ class EngineConfig:
     top_prefixes: int = 10
     adapt_threads: bool = True
     deterministic: bool = False
+    spec: SpecConfig = field(default_factory=SpecConfig)
     jump_forward: bool = True
     kv_events_endpoint: str | None = None
     kv_events_allow_remote: bool = False

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from .block_manager import BlockManager
 from .engine_config import EngineConfig
 from .sequence import Sequence, SeqStatus
+from .spec import Drafter
 
 MAX_ADMISSION_FAILURES = 3   # a request whose admission raises this often fails alone
 PROMPT_LOGPROBS_CHUNK = 32   # prefill tokens a step for a request that wants prompt logprobs
@@ -30,10 +31,12 @@ CANDIDATE_WINDOW = 16   # waiting requests of a tenant considered for longest-pr
 
 @dataclass(slots=True)
 class Chunk:
-    """``num_tokens`` new tokens of ``seq`` starting at ``seq.num_computed``."""
+    """``num_tokens`` new tokens of ``seq`` starting at ``seq.num_computed``, then its
+    ``drafts`` (speculative tokens verified in the same forward: runtime/engine/spec.py)."""
 
     seq: Sequence
     num_tokens: int
+    drafts: tuple[int, ...] = ()
 
     @property
     def samples(self) -> bool:
@@ -121,9 +124,29 @@ class Scheduler:
                 continue
             n = min(seq.remaining_prefill, budget)   # > 1 after a grammar's forced tokens
             if self._reserve_block(seq, plan, n):
-                plan.chunks.append(Chunk(seq, n))
-                budget -= n
+                drafts = self._drafts(seq, budget - n) if n == 1 else ()
+                plan.chunks.append(Chunk(seq, n, drafts))
+                budget -= n + len(drafts)
         return budget
+
+    def _drafts(self, seq: Sequence, room: int) -> tuple[int, ...]:
+        """Speculative tokens for seq's decode step (runtime/engine/spec.py): none when spec
+        is off (for the server or the request), for constrained rows, past ``max_tokens``,
+        beyond the step's ``room``, or when their blocks are not free while one block per
+        running sequence stays free (a draft never evicts, so never preempts)."""
+        spec = self.config.spec
+        if not spec.enabled or seq.params.speculative is False or seq.request.grammar is not None:
+            return ()
+        limit = min(room, seq.params.max_tokens - seq.num_output - 1)
+        if limit <= 0:
+            return ()
+        if seq.drafter is None:
+            seq.drafter = Drafter(spec)
+        drafts = seq.drafter.propose(seq.tokens, limit)
+        if drafts and self.blocks.grow_from_free(seq, seq.num_computed + 1 + len(drafts),
+                                                 keep_free=len(self.running)):
+            return tuple(drafts)
+        return ()
 
     def _reserve_block(self, seq: Sequence, plan: StepPlan, n: int = 1) -> bool:
         """Ensure seq has blocks for its next ``n`` positions, preempting the newest running

@@ -72,6 +72,7 @@ class Sequence:
         self.pins_done = False              # breakpoints pinned (once, after first prefill)
         self.gaps: list[float] = []         # record_logits: top-2 gap per sampled token
         self.logit_rows: list = []          # record_logits: logits row per sampled token
+        self.drafter = None                 # spec.Drafter, made at its first decode step
 
     # -- identity -----------------------------------------------------------------------
     @property

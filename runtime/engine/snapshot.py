@@ -62,6 +62,9 @@ class ReplicaCounts:
     stale: bool = False      # it missed the last snapshot request: counts from its last report
 
 
+SPEC_KEYS = ("steps", "drafted", "accepted")
+
+
 @dataclass(frozen=True, slots=True)
 class EngineSnapshot:
     time: float                      # time.monotonic() when taken
@@ -92,6 +95,8 @@ class EngineSnapshot:
     hit_tokens: Mapping[str, int] = field(     # prompt tokens reused, by tier: memory / disk
         default_factory=lambda: MappingProxyType({"memory": 0, "disk": 0}))
     replicas: tuple[ReplicaCounts, ...] = ()   # scale-out only: each replica (sums above)
+    spec: Mapping[str, int] = field(           # speculative decoding: verify steps, draft
+        default_factory=lambda: MappingProxyType(dict.fromkeys(SPEC_KEYS, 0)))  # tokens, kept
 
 
 def empty_snapshot(total_blocks: int, block_size: int, kv_dtype: str = "",
@@ -114,6 +119,14 @@ class EngineCounters:
     step_s: float = 0.0         # wall time inside steps
     forward_s: float = 0.0      # of which inside the model's forward
     stalls: int = 0             # waits with requests queued and none able to start
+    spec_steps: int = 0         # decode steps that verified drafts (runtime/engine/spec.py)
+    spec_drafted: int = 0       # draft tokens checked
+    spec_accepted: int = 0      # of which kept
+
+    def record_spec(self, drafted: int, accepted: int) -> None:
+        self.spec_steps += 1
+        self.spec_drafted += drafted
+        self.spec_accepted += accepted
 
     def record_prefill(self, tokens: int, seconds: float) -> None:
         if tokens <= 0 or seconds <= 0:
@@ -146,7 +159,9 @@ def take_snapshot(tree, pool, scheduler, counters: EngineCounters, *, top_n: int
         preemptions=counters.preemptions,
         step_time_s=counters.step_s, forward_time_s=counters.forward_s,
         pins=tuple(_pin_entries(tree)), kv_dtype=kv_dtype, kv_bytes_per_token=kv_bytes_per_token,
-        tier=tier, hit_tokens=MappingProxyType(dict(hit_tokens or {"memory": 0, "disk": 0})))
+        tier=tier, hit_tokens=MappingProxyType(dict(hit_tokens or {"memory": 0, "disk": 0})),
+        spec=MappingProxyType({"steps": counters.spec_steps, "drafted": counters.spec_drafted,
+                               "accepted": counters.spec_accepted}))
 
 
 def block_counts(tree, pool, running, stats) -> BlockCounts:
