@@ -16,7 +16,8 @@ gets zeros, and ``enabled`` and the disk budget, which are configuration), ``rep
 (scale-out: each
 engine replica's blocks, hit rate, running and waiting; the other counts are their sums;
 empty with one engine), ``engine`` (steps since start, seconds inside them and in the model
-forward; admin only).
+forward; admin only), ``spec`` (speculative decoding: verify steps, draft tokens checked and
+kept, the acceptance rate and tokens emitted per verify step; admin only).
 """
 from __future__ import annotations
 
@@ -59,7 +60,18 @@ def build_stats(snapshot, book: UsageBook, *, model: str, tenant: str | None,
         "tiers": _tiers(snapshot, admin),
         "replicas": _replicas(snapshot, admin),
         "engine": _engine(snapshot, admin),
+        "spec": _spec(snapshot, admin),
     }
+
+
+def _spec(snapshot, admin: bool) -> dict:
+    """Speculative decoding's counts (runtime/engine/spec.py): server-wide, so admin only.
+    Each verify step emits its kept drafts and one token of its own."""
+    counts = snapshot.spec if admin else {}
+    steps, drafted, accepted = (counts.get(k, 0) for k in ("steps", "drafted", "accepted"))
+    return {"verify_steps": steps, "drafted": drafted, "accepted": accepted,
+            "acceptance_rate": round(accepted / drafted, 6) if drafted else 0.0,
+            "tokens_per_step": round((accepted + steps) / steps, 6) if steps else 0.0}
 
 
 def _engine(snapshot, admin: bool) -> dict:

@@ -112,6 +112,10 @@ def _model_flags(p: argparse.ArgumentParser) -> None:
                         "expected continuations, probation, partial blocks first; default)")
     p.add_argument("--max-model-len", type=int)
     p.add_argument("--threads", type=int, metavar="N", help=THREADS_HELP)
+    p.add_argument("--spec", choices=["ngram", "none"],
+                   help="speculative decoding ([spec] mode): ngram drafts each request's next "
+                        "tokens from its own prompt and output and checks them in one step "
+                        "(the answer is what it would be without; none: off, the default)")
     p.add_argument("--deterministic", action=argparse.BooleanOptionalAction, default=None,
                    help="deterministic mode ([model] deterministic): a position's logits are "
                         "the same bits however it was scheduled (batched, chunked, cached, "
@@ -141,6 +145,7 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
                  "block_size": args.block_size, "max_model_len": args.max_model_len,
                  "policy": _policy_override(args), "threads": _threads_override(args.threads),
                  "deterministic": getattr(args, "deterministic", None),
+                 "spec": getattr(args, "spec", None),
                  "weights_dtype": getattr(args, "weights_dtype", None),
                  "kv_dtype": getattr(args, "kv_dtype", None),
                  "kv_disk_dir": getattr(args, "kv_disk_dir", None),

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from radixgate.radix_cache import PUBLIC_NAMESPACE, CacheConfig, CreditParams
+from radixgate.runtime.engine.spec import SpecConfig
 
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 MIN_QUEUE_SHARE = 8     # a tenant's default queue share never drops below this
@@ -111,6 +112,7 @@ class GatewayConfig:
     model: ModelSettings = field(default_factory=ModelSettings)
     cache: CacheConfig = field(default_factory=CacheConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    spec: SpecConfig = field(default_factory=SpecConfig)
     admin_keys: tuple[str, ...] = ()
     tenants: tuple[TenantConfig, ...] = ()
 
@@ -143,6 +145,7 @@ _FLAG_FIELDS = {
     "model": ("model", "path"), "tiny": ("model", "tiny"),
     "max_model_len": ("model", "max_model_len"), "model_name": ("model", "name"),
     "threads": ("model", "threads"), "deterministic": ("model", "deterministic"),
+    "spec": ("spec", "mode"),
     "weights_dtype": ("model", "weights_dtype"),
     "kv_cache_gb": ("cache", "kv_cache_gb"), "block_size": ("cache", "block_size"),
     "policy": ("cache", "policy"), "kv_dtype": ("cache", "kv_dtype"),
@@ -172,7 +175,8 @@ def config_from_dict(raw: dict[str, Any], overrides: dict[str, Any] | None = Non
     sections = {"server": _section(raw, "server", ServerConfig),
                 "model": _section(raw, "model", ModelSettings, moved=MOVED_MODEL_KEYS),
                 "cache": _section(raw, "cache", CacheConfig),
-                "cluster": _section(raw, "cluster", ClusterConfig)}
+                "cluster": _section(raw, "cluster", ClusterConfig),
+                "spec": _section(raw, "spec", SpecConfig)}
     credit = _table(sections["cache"].pop("credit", {}), "cache.credit", CreditParams)
     _move_deprecated_keys(sections["model"], sections["cache"], credit)
     for flag, value in (overrides or {}).items():
@@ -185,7 +189,8 @@ def config_from_dict(raw: dict[str, Any], overrides: dict[str, Any] | None = Non
     admin = raw.get("admin", {})
     if set(admin) - {"api_keys"}:
         raise ConfigError(f"unknown keys in [admin]: {sorted(set(admin) - {'api_keys'})}")
-    unknown_sections = set(raw) - {"server", "model", "cache", "cluster", "admin", "tenants"}
+    unknown_sections = set(raw) - {"server", "model", "cache", "cluster", "spec", "admin",
+                                   "tenants"}
     if unknown_sections:
         raise ConfigError(f"unknown config sections: {sorted(unknown_sections)}")
     tenants = tuple(_tenant(name, body) for name, body in raw.get("tenants", {}).items())
@@ -194,6 +199,7 @@ def config_from_dict(raw: dict[str, Any], overrides: dict[str, Any] | None = Non
         model=_build(ModelSettings, sections["model"]),
         cache=_cache_config(sections["cache"], credit),
         cluster=_build(ClusterConfig, sections["cluster"]),
+        spec=_build(SpecConfig, sections["spec"]),
         admin_keys=tuple(_str_list(admin.get("api_keys", []), "admin.api_keys")),
         tenants=tenants)
     _validate(cfg)

@@ -164,10 +164,19 @@ class _SnapshotCollector(Collector):
         yield CounterMetricFamily("radixgate_preemptions", "Running requests preempted to free "
                                   "KV blocks (requeued; their prefix stays cached)",
                                   value=snap.preemptions)
+        yield from _spec_series(snap)
         yield from _tenant_gauges(snap)
         yield from _tier_series(snap)
         yield from _replica_gauges(snap)
         yield from _vllm_gauges(snap, usage, self._model_name())
+
+
+def _spec_series(snap):
+    """``radixgate_spec_*``: speculative decoding (runtime/engine/spec.py)."""
+    for key, name, text in (("steps", "verify_steps", "Decode steps that verified drafts"),
+                            ("drafted", "draft_tokens", "Draft tokens checked"),
+                            ("accepted", "accepted_tokens", "Draft tokens kept")):
+        yield CounterMetricFamily(f"radixgate_spec_{name}", text, value=snap.spec.get(key, 0))
 
 
 def _tier_series(snap):

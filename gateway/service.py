@@ -52,7 +52,7 @@ def sampling_params(body, *, max_tokens: int, stop: list[str] | str | None,
         frequency_penalty=_given(field("frequency_penalty", None), 0.0),
         repetition_penalty=_given(field("repetition_penalty", None), 1.0),
         logit_bias=logit_bias_pairs(field("logit_bias", None)), logprobs=logprobs,
-        prompt_logprobs=prompt_logprobs)
+        prompt_logprobs=prompt_logprobs, speculative=field("speculative", None))
 
 
 def _given(value: float | None, default: float) -> float:

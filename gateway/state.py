@@ -84,7 +84,7 @@ def engine_config(config: GatewayConfig):
     return EngineConfig(cache=config.cache,
                         max_model_len=config.model.max_model_len,
                         max_queue=config.server.max_queue, tenant_quotas=quotas,
-                        deterministic=config.model.deterministic,
+                        deterministic=config.model.deterministic, spec=config.spec,
                         max_unsent_events=config.server.max_unsent_events,
                         kv_events_endpoint=config.server.kv_events_endpoint or None,
                         kv_events_allow_remote=config.server.kv_events_allow_remote,

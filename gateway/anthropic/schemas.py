@@ -120,6 +120,7 @@ class MessagesRequest(PromptFields):
     repetition_penalty: float | None = Field(default=None, gt=0.0)
     min_tokens: int | None = Field(default=None, ge=0)
     ignore_eos: bool = False
+    speculative: bool | None = None    # extension: false turns speculative drafts off
     stream: bool = False
     metadata: Metadata | None = None
     cache_salt: str | None = None      # extension (as vLLM's): a separate cache namespace

@@ -135,6 +135,7 @@ class _SamplingFields(_Model):
     min_p: float | None = Field(default=None, ge=0.0, le=1.0)
     min_tokens: int | None = Field(default=None, ge=0)
     ignore_eos: bool = False
+    speculative: bool | None = None   # extension: false turns speculative drafts off
     # structured output: OpenAI's response_format, vLLM's structured_outputs and its
     # older guided_* names (gateway/constraint_fields.py)
     response_format: ResponseFormat | None = None
