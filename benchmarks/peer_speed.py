@@ -261,6 +261,7 @@ class LlamaServer:
     port: int = 0
     proc: subprocess.Popen | None = None
     workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="llama-server-")))
+    extra_args: tuple[str, ...] = ()       # e.g. ("--spec-type", "ngram-simple")
 
     @property
     def base_url(self) -> str:
@@ -270,7 +271,7 @@ class LlamaServer:
         return [str(self.binary), "-m", str(self.model), "-t", str(self.threads),
                 "-tb", str(self.threads), "-np", str(self.parallel), "-cb",
                 "-c", str(self.context_tokens), "--host", "127.0.0.1", "--port", str(self.port),
-                "--no-webui"]
+                "--no-webui", *self.extra_args]
 
     def start(self, timeout_s: float = 120.0) -> "LlamaServer":
         self.port = free_port()
