@@ -9,9 +9,9 @@ from benchmarks.spec_bench import copied_share, markdown, run_benchmark, summari
 
 def test_copied_share_counts_answer_tokens_whose_4gram_is_in_the_prompt():
     prompt = [1, 2, 3, 4, 5, 6, 7]
-    assert copied_share(prompt, [5, 6, 7]) == 1.0          # continues the prompt's text
+    assert copied_share(prompt, [2, 3, 4, 5, 6]) == pytest.approx(2 / 5)  # (2..5), (3..6)
     assert copied_share(prompt, [9, 9, 9, 9]) == 0.0
-    assert copied_share(prompt, [1, 2, 3, 4, 8]) == pytest.approx(1 / 5)   # only (1,2,3,4)
+    assert copied_share([1, 2, 3, 4, 1, 2, 3], [4, 1, 2, 3]) == 1.0    # it goes on copying
 
 
 def _runs(on, off, peers):

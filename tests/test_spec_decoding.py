@@ -17,34 +17,64 @@ from tests.support.engine import tiny_model
 from tests.support.engine_compare import assert_clean, generate_all
 
 NGRAM = SpecConfig(mode="ngram")
+ALWAYS = SpecConfig(mode="ngram", row_cost=0.001)   # drafts pay even in a batch of 64
 
 
 # -- the drafter -------------------------------------------------------------------------
 
 def test_drafts_are_what_followed_the_longest_recent_match():
-    drafter = Drafter(SpecConfig(mode="ngram", start_draft=4, max_draft=8))
+    drafter = Drafter(SpecConfig(mode="ngram"))
+    drafter.kept = 50.0                                       # a request that keeps drafts
     tokens = [1, 2, 3, 4, 5, 6, 9, 9, 2, 3, 4, 7, 2, 3, 4]
     assert drafter.propose(tokens, 8) == [7, 2, 3, 4]       # the latest (2, 3, 4) went on to 7
     assert drafter.propose([5, 6, 7, 8], 8) == []            # nothing repeats
     assert drafter.propose(tokens + [7], 2) == [2, 3]        # limited by the caller
 
 
-def test_draft_length_adapts_and_drafting_pauses_after_misses():
-    drafter = Drafter(SpecConfig(mode="ngram", start_draft=4, max_draft=8, pause_after=2,
-                                 pause_steps=3))
-    drafter.record(4, 4)
-    assert drafter.k == 8
-    drafter.record(8, 1)
-    assert drafter.k == 4
-    drafter.record(4, 0)
-    drafter.record(4, 0)                     # two misses in a row: three steps without drafts
-    tokens = [1, 2, 3, 1, 2]
-    assert drafter.k == 1                    # halved at each miss
-    assert [drafter.propose(tokens, 4) for _ in range(4)] == [[], [], [], [3]]
+def test_draft_length_follows_acceptance_and_batch_size():
+    drafter = Drafter(SpecConfig(mode="ngram", probe_every=3))
+    assert drafter.draft_length(8) == 3                       # prior 1/2, one stream: theta 0.1
+    for _ in range(3):
+        drafter.record(8, 8)
+    assert drafter.draft_length(8) == 8 and drafter.draft_length(5) == 5
+    assert drafter.draft_length(8, batch=16) >= 1             # kept drafts pay in a full batch
+    fresh = Drafter(SpecConfig(mode="ngram", probe_every=3))
+    assert [fresh.draft_length(8, batch=16) for _ in range(3)] == [0, 0, 1]   # then a probe
+    for _ in range(6):
+        fresh.record(3, 0)
+    assert fresh.alpha < 0.2 and fresh.draft_length(8, batch=4) == 0
+
+
+def test_namespace_drafts_come_from_the_same_namespace_only():
+    from radixgate.runtime.engine.spec import NamespaceDrafts
+    store = NamespaceDrafts(SpecConfig(mode="ngram"))
+    store.add("acme/ns", [5, 6, 7, 8, 9, 10])
+    store.add("acme/ns#salt", [5, 6, 7, 80, 90])
+    assert store.propose("acme/ns", [1, 6, 7], 3) == [8, 9, 10]        # what it went on to say
+    assert store.propose("acme/ns#salt", [1, 6, 7], 3) == [80, 90]     # its own salt's text
+    assert store.propose("globex/ns", [1, 6, 7], 3) == []               # another tenant
+    drafter = Drafter(SpecConfig(mode="ngram"))
+    assert drafter.propose([1, 6, 7], 4, store, "acme/ns") == [8, 9, 10]
+    own_first = Drafter(SpecConfig(mode="ngram"))
+    assert own_first.propose([6, 7, 1, 6, 7], 4, store, "acme/ns") == [1, 6, 7]
+    store.drop_namespace("acme/ns")                                       # a flush
+    assert store.propose("acme/ns", [1, 6, 7], 3) == [] and store.tokens == 5
+
+
+def test_namespace_drafts_keep_their_token_budget_and_drop_stale_entries():
+    from radixgate.runtime.engine.spec import NamespaceDrafts
+    store = NamespaceDrafts(SpecConfig(mode="ngram", namespace_tokens=10))
+    store.add("ns", [1, 2, 3, 4, 5, 6])
+    store.add("ns", [7, 8, 9, 10, 11, 12])            # over budget: the first goes
+    assert store.tokens == 6 and store.propose("ns", [2, 3], 2) == []
+    assert store.propose("ns", [8, 9], 2) == [10, 11]
+    assert all(packed >> 32 == 2 for packed in store.index["ns"].values())   # no stale entry
+    store.drop_namespace()
+    assert store.tokens == 0 and store.index == {}
 
 
 def test_the_config_refuses_nonsense():
-    for bad in ({"mode": "eagle"}, {"start_draft": 9, "max_draft": 8}, {"min_ngram": 0}):
+    for bad in ({"mode": "eagle"}, {"max_draft": 0}, {"min_ngram": 0}, {"row_cost": 1.0}):
         with pytest.raises(ValueError):
             SpecConfig(**bad)
 
@@ -151,7 +181,7 @@ def test_sampled_tokens_keep_the_models_distribution_with_drafts():
     drafted = {}
     for spec_on in (True, False):
         engine = Engine(tiny_model(), EngineConfig(num_blocks=512, max_num_seqs=64,
-                                                   spec=NGRAM)).start()
+                                                   spec=ALWAYS)).start()
         try:
             offset = 0 if spec_on else 100_000                # independent seeds
             finished = generate_all(engine, [_pattern_request(offset + i, spec_on)
@@ -170,13 +200,38 @@ def test_a_seeded_sample_is_the_same_with_and_without_drafts_when_deterministic(
     got = {}
     for spec_on in (True, False):
         engine = Engine(tiny_model(), EngineConfig(num_blocks=256, deterministic=True,
-                                                   spec=NGRAM)).start()
+                                                   spec=ALWAYS)).start()
         try:
             got[spec_on] = [f.output_token_ids for f in generate_all(
                 engine, [_pattern_request(i, spec_on) for i in range(64)])]
         finally:
             engine.shutdown(grace_s=0)
     assert got[True] == got[False]
+
+
+def test_constrained_rows_draft_within_their_grammar_and_answer_the_same():
+    import re
+
+    from radixgate.runtime.engine.grammar import GrammarCompiler, regex_grammar
+    loaded = tiny_model()
+    compiler = GrammarCompiler(loaded.tokenizer, loaded.config.vocab_size)
+    pattern = r"(red|green)( (red|green)){30}"
+    prompt = loaded.tokenizer.encode("red green red green red green red green red green")
+    got, counts = {}, {}
+    for spec_on in (True, False):
+        engine = Engine(loaded, EngineConfig(num_blocks=64, deterministic=True, spec=NGRAM)
+                        ).start()
+        try:
+            request = Request(list(prompt), SamplingParams(max_tokens=64, temperature=0.0,
+                                                           speculative=spec_on),
+                              grammar=compiler.compile(regex_grammar(pattern)).matcher())
+            got[spec_on] = engine.generate(request, timeout=120)
+            counts[spec_on] = dict(engine.request_snapshot().result(timeout=30).spec)
+        finally:
+            engine.shutdown(grace_s=0)
+    assert re.fullmatch(pattern, got[True].text), got[True].text
+    assert got[True].output_token_ids == got[False].output_token_ids
+    assert counts[True]["accepted"] > 0 and counts[False]["drafted"] == 0
 
 
 def test_draft_blocks_come_only_from_free_ones_never_from_the_cache():

@@ -34,6 +34,7 @@ from .pin_shares import log_pin_shares, pin_ceiling, pin_share, pinned_prefix
 from .sampling import TokenCounts, make_generator, sample_tokens, token_logprobs, top2_gaps
 from .scheduler import Chunk, Scheduler
 from .sequence import Sequence, SeqStatus
+from .spec import NamespaceDrafts
 from .snapshot import EngineCounters, take_snapshot
 from .stop import StopMatcher
 from .grammar_masks import MaskWorker, append_constrained
@@ -65,6 +66,8 @@ class EngineCore:
                                    enable_prefix_cache=cache.enable_prefix_cache,
                                    page_rounded=cache.page_rounded_match, tier=self.tier)
         self.scheduler = Scheduler(config, self.blocks)
+        self.spec_store = NamespaceDrafts(config.spec) if config.spec.enabled else None
+        self.scheduler.shared_drafts = self.spec_store
         self.max_model_len = min(config.max_model_len or loaded.max_model_len, loaded.max_model_len)
         self.eos_ids = set(loaded.tokenizer.eos_token_ids) | set(loaded.config.eos_token_ids)
         self.vocab_size = loaded.config.vocab_size
@@ -127,6 +130,8 @@ class EngineCore:
             return
         if finish.reason is not FinishReason.ERROR:
             flush_text(seq)
+            if self.spec_store is not None:
+                self.spec_store.add(seq.namespace, seq.tokens)   # drafts for its namespace
         was_running = seq.status is SeqStatus.RUNNING
         self.scheduler.remove(seq)
         if was_running:
@@ -283,7 +288,9 @@ class EngineCore:
         accepted = 0
         for i in range(len(drafts) + 1):
             before = len(seq.tokens)
-            self._sample_and_emit([seq], logits[i:i + 1])
+            pending = self.grammar_masks.start([seq])        # the state after drafts[:i]
+            self._sample_and_emit([seq], logits[i:i + 1],
+                                  pending.result() if pending is not None else None)
             if seq.status is not SeqStatus.RUNNING or len(seq.tokens) != before + 1:
                 break
             if i == len(drafts) or seq.tokens[-1] != drafts[i]:
@@ -419,6 +426,8 @@ class EngineCore:
         freed = self.tree.flush(namespace)
         if self.tier is not None:
             self.tier.purge(namespace)
+        if self.spec_store is not None:
+            self.spec_store.drop_namespace(namespace)
         return freed
 
     def close(self) -> None:

@@ -72,6 +72,7 @@ class Scheduler:
         self.running_by_tenant: dict[str, int] = defaultdict(int)
         self._served: dict[str, int] = defaultdict(int)   # tenant -> last admission tick
         self._tick = 0
+        self.shared_drafts = None    # spec.NamespaceDrafts: earlier requests' tokens
 
     # -- queue bookkeeping ----------------------------------------------------------------
     @property
@@ -131,18 +132,22 @@ class Scheduler:
 
     def _drafts(self, seq: Sequence, room: int) -> tuple[int, ...]:
         """Speculative tokens for seq's decode step (runtime/engine/spec.py): none when spec
-        is off (for the server or the request), for constrained rows, past ``max_tokens``,
-        beyond the step's ``room``, or when their blocks are not free while one block per
-        running sequence stays free (a draft never evicts, so never preempts)."""
+        is off (for the server or the request), past ``max_tokens``, beyond the step's
+        ``room``, or when their blocks are not free while one block per running sequence
+        stays free (a draft never evicts, so never preempts). A constrained row's draft ends
+        at its first token the grammar forbids."""
         spec = self.config.spec
-        if not spec.enabled or seq.params.speculative is False or seq.request.grammar is not None:
+        if not spec.enabled or seq.params.speculative is False:
             return ()
         limit = min(room, seq.params.max_tokens - seq.num_output - 1)
         if limit <= 0:
             return ()
         if seq.drafter is None:
             seq.drafter = Drafter(spec)
-        drafts = seq.drafter.propose(seq.tokens, limit)
+        drafts = seq.drafter.propose(seq.tokens, limit, self.shared_drafts, seq.namespace,
+                                     batch=len(self.running))
+        if drafts and seq.request.grammar is not None:
+            drafts = drafts[:seq.request.grammar.matcher.validate_tokens(drafts)]
         if drafts and self.blocks.grow_from_free(seq, seq.num_computed + 1 + len(drafts),
                                                  keep_free=len(self.running)):
             return tuple(drafts)
