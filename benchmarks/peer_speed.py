@@ -155,9 +155,10 @@ class Reply:
 
 
 async def complete(session: aiohttp.ClientSession, base_url: str, prompt: list[int],
-                   max_tokens: int) -> Reply:
+                   max_tokens: int, extra: dict | None = None) -> Reply:
     body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
-            "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+            "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True},
+            **(extra or {})}
     sent, first, usage = time.perf_counter(), None, {}
     async with session.post(base_url + "/v1/completions", json=body) as resp:
         if resp.status != 200:
@@ -175,10 +176,12 @@ async def complete(session: aiohttp.ClientSession, base_url: str, prompt: list[i
                  (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
 
 
-async def _together(session, base_url: str, prompts: list[list[int]], max_tokens: int):
+async def _together(session, base_url: str, prompts: list[list[int]], max_tokens: int,
+                    extra: dict | None = None):
     """All requests at once: (replies, wall seconds from the first send to the last end)."""
     started = time.perf_counter()
-    replies = await asyncio.gather(*(complete(session, base_url, p, max_tokens) for p in prompts))
+    replies = await asyncio.gather(*(complete(session, base_url, p, max_tokens, extra)
+                                     for p in prompts))
     return replies, time.perf_counter() - started
 
 

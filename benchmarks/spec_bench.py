@@ -1,11 +1,13 @@
 """Speculative decoding side by side: ``python -m benchmarks.spec_bench`` (about 6-8 min on
 2 cores; ``--tiny``: the random tiny model, radixgate only, for the tests).
 
-One run, one fresh server process each: radixgate ``--spec none`` and ``--spec ngram``, and
-llama-server without speculation and with each of its n-gram modes (``--spec-type
-ngram-simple``, ``ngram-map-k``, ``ngram-map-k4v``, ``ngram-mod``, ``ngram-cache``, their
-defaults otherwise), all ``-t 2``, the default GGUF, the same token ids over
-``/v1/completions`` (greedy, fixed ``max_tokens``). Workloads:
+One run: one radixgate server (``--spec ngram``) measures every workload with drafts off
+(the request's ``speculative: false``) and on, interleaved, ``--repeat`` times each (3), and
+reports medians: on a shared host the same process alternating is the only fair pairing.
+Then one llama-server process per mode, without speculation and with each of its n-gram
+modes (``--spec-type ngram-simple``, ``ngram-map-k``, ``ngram-map-k4v``, ``ngram-mod``,
+``ngram-cache``, their defaults otherwise), one pass each. All ``-t 2``, the default GGUF,
+the same token ids over ``/v1/completions`` (greedy, fixed ``max_tokens``). Workloads:
 
 - **code edit**: the prompt holds a ~1k-token Python file and asks for it back with one
   function renamed; the answer's share of tokens copied from the prompt (its 4-gram ending
@@ -24,6 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import statistics
 import sys
 import time
 from dataclasses import dataclass
@@ -115,22 +118,31 @@ async def generate_text(session, base_url: str, prompt: list[int], max_tokens: i
     return answer["choices"][0]["text"]
 
 
-async def measure(base_url: str, prompts: dict, sizes: Sizes, headers=None) -> dict:
+async def measure(base_url: str, prompts: dict, sizes: Sizes, headers=None,
+                  modes: tuple = ({},), repeat: int = 1) -> list[dict]:
+    """Each workload in each of ``modes`` (extra body fields), interleaved (the order
+    reversed every other pass), ``repeat`` passes; one dict of figures per mode, each
+    figure the median of its passes."""
     lengths = {"code_edit": sizes.code_tokens, "tool_call": sizes.tool_tokens,
                "control": sizes.control_tokens}
-    out = {}
+    seen: list[dict] = [{name: [] for name in (*WORKLOADS, "streams")} for _ in modes]
     async with aiohttp.ClientSession(headers=headers, timeout=aiohttp.ClientTimeout(total=1800),
                                      connector=aiohttp.TCPConnector(force_close=True)) as session:
         await complete(session, base_url, prompts["control"][:8], 4)           # warm-up
-        for name in WORKLOADS:
-            reply = await complete(session, base_url, prompts[name], lengths[name])
-            out[name] = {"tok_s": round(reply.decode_tok_s, 2), "tokens": reply.completion_tokens,
-                         "ttft_s": round(reply.ttft_s, 3)}
-        replies, wall = await _together(session, base_url, prompts["streams"],
-                                        sizes.stream_tokens)
-        tokens = sum(r.completion_tokens for r in replies)
-        out["streams"] = {"tok_s": round(tokens / wall, 2), "tokens": tokens}
-    return out
+        for rep in range(repeat):
+            order = list(enumerate(modes)) if rep % 2 == 0 else list(enumerate(modes))[::-1]
+            for name in WORKLOADS:
+                for index, extra in order:
+                    reply = await complete(session, base_url, prompts[name], lengths[name],
+                                           extra)
+                    seen[index][name].append(reply.decode_tok_s)
+            for index, extra in order:
+                replies, wall = await _together(session, base_url, prompts["streams"],
+                                                sizes.stream_tokens, extra)
+                seen[index]["streams"].append(sum(r.completion_tokens for r in replies) / wall)
+    return [{name: {"tok_s": round(statistics.median(values), 2),
+                    "passes": [round(v, 2) for v in values]}
+             for name, values in figures.items()} for figures in seen]
 
 
 async def _stats(base_url: str) -> dict:
@@ -140,16 +152,18 @@ async def _stats(base_url: str) -> dict:
             return (await resp.json()).get("spec", {})
 
 
-def run_radixgate(mode: str, prompts: dict, sizes: Sizes, tiny: bool) -> dict:
-    server = ServerProcess(bench_spec(("--threads", str(THREADS), "--spec", mode), tiny=tiny,
-                                      kv_cache_gb=0.5, max_model_len=4096)).start()
+def run_radixgate(prompts: dict, sizes: Sizes, tiny: bool, repeat: int) -> dict[str, dict]:
+    """One ``--spec ngram`` server: drafts off (per request) and on, interleaved."""
+    server = ServerProcess(bench_spec(("--threads", str(THREADS), "--spec", "ngram"),
+                                      tiny=tiny, kv_cache_gb=0.5, max_model_len=4096)).start()
     try:
-        figures = asyncio.run(measure(server.base_url, prompts, sizes,
-                                      {"x-api-key": tenant_key("default")}))
-        figures["spec_counts"] = asyncio.run(_stats(server.base_url))
+        off, on = asyncio.run(measure(server.base_url, prompts, sizes,
+                                      {"x-api-key": tenant_key("default")},
+                                      modes=({"speculative": False}, {}), repeat=repeat))
+        on["spec_counts"] = asyncio.run(_stats(server.base_url))
     finally:
         server.stop()
-    return figures
+    return {"radixgate_none": off, "radixgate_ngram": on}
 
 
 def run_llama(binary: Path, spec_type: str | None, prompts: dict, sizes: Sizes) -> dict:
@@ -157,7 +171,7 @@ def run_llama(binary: Path, spec_type: str | None, prompts: dict, sizes: Sizes) 
     server = LlamaServer(binary, Path(default_gguf_path()), sizes.context_tokens,
                          extra_args=extra).start()
     try:
-        return asyncio.run(measure(server.base_url, prompts, sizes))
+        return asyncio.run(measure(server.base_url, prompts, sizes))[0]
     finally:
         server.stop()
 
@@ -193,21 +207,20 @@ def summarize(runs: dict[str, dict]) -> dict:
     return summary
 
 
-def run_benchmark(mode: str = "default", llama_binary: Path | None = None, log=print) -> dict:
+def run_benchmark(mode: str = "default", llama_binary: Path | None = None, log=print,
+                  repeat: int = 3) -> dict:
     sizes, tiny = SIZES[mode], mode == "tiny"
     tokenizer = load_tokenizer()
     prompts = make_prompts(tokenizer, sizes)
-    runs: dict[str, dict] = {}
-    for spec in ("none", "ngram"):
-        log(f"radixgate --spec {spec}")
-        runs[f"radixgate_{spec}"] = run_radixgate(spec, prompts, sizes, tiny)
+    log("radixgate --spec ngram: drafts off and on, interleaved")
+    runs: dict[str, dict] = run_radixgate(prompts, sizes, tiny, repeat)
     if llama_binary:
         for spec_type in (None, *LLAMA_SPEC_TYPES):
             name = f"llama_{spec_type or 'none'}".replace("-", "_")
             log(name)
             runs[name] = run_llama(llama_binary, spec_type, prompts, sizes)
     return {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "mode": mode,
-            "machine": machine_info(), "threads": THREADS,
+            "machine": machine_info(), "threads": THREADS, "repeat": repeat,
             "prompt_tokens": {k: (len(v) if k != "streams" else [len(p) for p in v])
                               for k, v in prompts.items()},
             "code_edit_copied_share": answer_copy_share(prompts, sizes, tiny, tokenizer),
@@ -237,6 +250,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tiny", action="store_true", help="random tiny model, radixgate only")
     parser.add_argument("--llama-server", type=Path, help="the llama-server binary")
     parser.add_argument("--no-peer", action="store_true", help="radixgate only")
+    parser.add_argument("--repeat", type=int, default=3,
+                        help="passes of radixgate's off / on pairs (medians reported)")
     parser.add_argument("--out", type=Path, default=OUT_DIR)
     args = parser.parse_args(argv)
     mode = "tiny" if args.tiny else "default"
@@ -244,7 +259,8 @@ def main(argv: list[str] | None = None) -> None:
     binary = None if skip_peer else (args.llama_server or find_llama_server())
     if binary is None and not skip_peer:
         print(f"llama-server skipped: {LLAMA_SERVER_BUILD_NOTE}", file=sys.stderr)
-    report = run_benchmark(mode, binary, log=lambda m: print(m, file=sys.stderr, flush=True))
+    report = run_benchmark(mode, binary, log=lambda m: print(m, file=sys.stderr, flush=True),
+                           repeat=1 if args.tiny else args.repeat)
     report["command"] = "python -m benchmarks.spec_bench " + " ".join(argv or sys.argv[1:])
     args.out.mkdir(parents=True, exist_ok=True)
     suffix = "" if mode == "default" else f"_{mode}"

@@ -33,7 +33,7 @@ def test_drafts_are_what_followed_the_longest_recent_match():
 
 def test_draft_length_follows_acceptance_and_batch_size():
     drafter = Drafter(SpecConfig(mode="ngram", probe_every=3))
-    assert drafter.draft_length(8) == 3                       # prior 1/2, one stream: theta 0.1
+    assert drafter.draft_length(8) == 2                       # prior 1/2, one stream: theta .17
     for _ in range(3):
         drafter.record(8, 8)
     assert drafter.draft_length(8) == 8 and drafter.draft_length(5) == 5

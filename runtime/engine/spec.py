@@ -26,12 +26,13 @@ namespace (or of all) drops its store with its cache.
 
 ``Drafter`` picks ``k`` per request and step from what drafting costs and what it has
 kept. Checking a draft token is not free on a CPU: torch's int4 op dequantizes the weights
-for every block of rows, so each extra row costs about ``row_cost`` (0.1) of a one-row step
-(Ice Lake: 1 row 10 ms, 1 + 8 rows ~18 ms). Under a geometric model the i-th draft token is
+for every block of rows and the head scores every row, so each extra row costs about
+``row_cost`` (0.17) of a one-row step (Ice Lake, default model at 600 positions: 1 row
+24.4 ms, 9 rows 58.4, 17 rows 99.4: 0.16-0.17 a row). Under a geometric model the i-th draft token is
 kept with probability alpha^i, alpha the request's recent acceptance (decayed counts, a
 prior of 1/2). With B rows decoding, a draft token adds one row to a step of ~B, so it pays
-when alpha^i >= theta(B) = B x / (1 + B x), x = row_cost / (1 - row_cost): theta is 0.1 for
-one stream, 0.31 for 4, 0.64 for 16. ``k`` is the largest such i (at most ``max_draft``);
+when alpha^i >= theta(B) = B x / (1 + B x), x = row_cost / (1 - row_cost): theta is 0.17
+for one stream, 0.45 for 4, 0.77 for 16. ``k`` is the largest such i (at most ``max_draft``);
 when that is 0 for ``probe_every`` decode steps in a row, one token is drafted to learn
 whether alpha has risen.
 """
@@ -53,7 +54,7 @@ class SpecConfig:
     max_draft: int = 8
     min_ngram: int = 2
     max_ngram: int = 4
-    row_cost: float = 0.1              # an extra row's cost, as a share of a one-row step
+    row_cost: float = 0.17             # an extra row's cost, as a share of a one-row step
     probe_every: int = 16              # decode steps without drafts before a 1-token probe
     namespace_tokens: int = 262144     # finished requests' tokens kept for drafting (0: off)
 
