@@ -160,6 +160,10 @@ def expected_page_numbers(stats: dict) -> dict:
     out["tiers.memory.hit_tokens"] = tiers["memory"]["hit_tokens"]
     for key in ("blocks", "hit_tokens", "loads", "writes"):        # "n/a" without a disk tier
         out[f"tiers.disk.{key}"] = tiers["disk"][key] if tiers["disk"]["enabled"] else None
+    spec = stats["spec"]                                           # "n/a" before any draft
+    out["spec.drafted"], out["spec.accepted"] = spec["drafted"], spec["accepted"]
+    out["spec.acceptance_rate"] = spec["acceptance_rate"] if spec["drafted"] else None
+    out["spec.tokens_per_step"] = spec["tokens_per_step"] if spec["verify_steps"] else None
     return out
 
 

@@ -124,3 +124,14 @@ def test_kv_dtype_and_capacity_are_shown_to_admin_and_tenants(book):
 def test_engine_step_times_are_the_admins_only(book):
     assert stats(book)["engine"] == {"steps": 40, "step_s": 0.5, "forward_s": 0.4}
     assert stats(book, "acme")["engine"] == {"steps": 0, "step_s": 0.0, "forward_s": 0.0}
+
+
+def test_spec_counts_are_the_admins_only_with_their_rates(book):
+    from dataclasses import replace
+    snap = replace(snapshot(), spec=MappingProxyType({"steps": 10, "drafted": 40, "accepted": 25}))
+    admin = build_stats(snap, book, model="m", tenant=None, decode=None)["spec"]
+    assert admin == {"verify_steps": 10, "drafted": 40, "accepted": 25,
+                     "acceptance_rate": 0.625, "tokens_per_step": 3.5}
+    tenant = build_stats(snap, book, model="m", tenant="acme", decode=None)["spec"]
+    assert tenant == {"verify_steps": 0, "drafted": 0, "accepted": 0, "acceptance_rate": 0.0,
+                      "tokens_per_step": 0.0}

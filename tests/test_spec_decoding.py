@@ -54,8 +54,10 @@ def test_namespace_drafts_come_from_the_same_namespace_only():
     assert store.propose("acme/ns#salt", [1, 6, 7], 3) == [80, 90]     # its own salt's text
     assert store.propose("globex/ns", [1, 6, 7], 3) == []               # another tenant
     drafter = Drafter(SpecConfig(mode="ngram"))
+    drafter.kept = own_kept = 50.0                            # drafts that are usually kept
     assert drafter.propose([1, 6, 7], 4, store, "acme/ns") == [8, 9, 10]
     own_first = Drafter(SpecConfig(mode="ngram"))
+    own_first.kept = own_kept
     assert own_first.propose([6, 7, 1, 6, 7], 4, store, "acme/ns") == [1, 6, 7]
     store.drop_namespace("acme/ns")                                       # a flush
     assert store.propose("acme/ns", [1, 6, 7], 3) == [] and store.tokens == 5
@@ -257,7 +259,7 @@ def test_draft_blocks_come_only_from_free_ones_never_from_the_cache():
 def test_drafts_in_a_tight_pool_preempt_nothing():
     """12 blocks of 16 for four 24-token prompts growing to 40: each needs 3 blocks, none
     spare; with drafts every request still runs to the end without a preemption."""
-    engine = Engine(tiny_model(), EngineConfig(num_blocks=12, spec=NGRAM,
+    engine = Engine(tiny_model(), EngineConfig(num_blocks=12, spec=ALWAYS,
                                                cache=CacheConfig(enable_prefix_cache=False))
                     ).start()
     try:

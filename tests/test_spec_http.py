@@ -45,7 +45,8 @@ def test_drafts_run_unless_a_request_turns_them_off(server):
     assert on.choices[0].text == off.choices[0].text                   # the same answer
     assert on.usage.completion_tokens == off.usage.completion_tokens == 24
     assert 0.0 < after["acceptance_rate"] <= 1.0 and after["tokens_per_step"] > 1.0
-    metrics = requests.get(server.base_url + "/metrics", timeout=30).text
+    metrics = requests.get(server.base_url + "/metrics", headers={"x-api-key": ADMIN_KEY},
+                           timeout=30).text
     assert "radixgate_spec_accepted_tokens_total" in metrics
 
 

@@ -206,12 +206,24 @@ function renderTiers(doc, stats) {
   setStat(doc, 'tiers.disk.full', on ? (disk.full ? 'yes' : 'no') : null, String);
 }
 
+// Speculative decoding: drafted and kept tokens, the acceptance and tokens per verify step.
+function renderSpec(doc, stats) {
+  const spec = stats.spec || {};
+  setStat(doc, 'spec.drafted', spec.drafted ?? 0, fmtInt);
+  setStat(doc, 'spec.accepted', spec.accepted ?? 0, fmtInt);
+  setStat(doc, 'spec.acceptance_rate', spec.drafted ? spec.acceptance_rate : null,
+          (v) => `${(100 * v).toFixed(1)}%`);
+  setStat(doc, 'spec.tokens_per_step', spec.verify_steps ? spec.tokens_per_step : null,
+          (v) => v.toFixed(2));
+}
+
 // Render a snapshot. ctx: {basePrice: $/MTok, tenantHistory: name -> [{t, rate}]}.
 export function renderStats(doc, stats, ctx) {
   renderHeader(doc, stats);
   renderTokens(doc, stats, ctx.basePrice);
   renderGroups(doc, stats);
   renderTiers(doc, stats);
+  renderSpec(doc, stats);
   renderTenants(doc, stats, ctx.tenantHistory);
   renderReplicas(doc, stats);
   renderPrefixes(doc, stats);

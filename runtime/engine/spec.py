@@ -56,7 +56,7 @@ class SpecConfig:
     max_ngram: int = 4
     row_cost: float = 0.17             # an extra row's cost, as a share of a one-row step
     probe_every: int = 16              # decode steps without drafts before a 1-token probe
-    namespace_tokens: int = 262144     # finished requests' tokens kept for drafting (0: off)
+    namespace_tokens: int = 65536      # finished requests' tokens kept for drafting (0: off)
 
     def __post_init__(self) -> None:
         if self.mode not in SPEC_MODES:
