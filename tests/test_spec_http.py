@@ -66,3 +66,16 @@ def test_a_bad_switch_is_a_400_in_each_apis_format(server):
                                     messages=[{"role": "user", "content": "hi"}],
                                     extra_body={"speculative": False})
     assert answer.usage.output_tokens >= 1
+
+
+def test_n_choices_each_draft_and_answer_alike(server):
+    client = c.openai_client(server, "spec_a")
+    token = tiny_model().tokenizer.encode(" dog")[-1]
+    before = spec_counts(server)
+    answer = client.chat.completions.create(
+        model="gpt-4o-mini", messages=[{"role": "user", "content": "dog dog dog"}], n=2,
+        max_tokens=16, temperature=0, logit_bias={str(token): 100})
+    texts = [choice.message.content for choice in answer.choices]
+    assert len(texts) == 2 and texts[0] == texts[1] and texts[0].count("dog") == 16
+    assert answer.usage.completion_tokens == 32
+    assert spec_counts(server)["accepted"] > before["accepted"]
