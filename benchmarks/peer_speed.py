@@ -176,7 +176,7 @@ async def complete(session: aiohttp.ClientSession, base_url: str, prompt: list[i
                  (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
 
 
-async def _together(session, base_url: str, prompts: list[list[int]], max_tokens: int,
+async def together(session, base_url: str, prompts: list[list[int]], max_tokens: int,
                     extra: dict | None = None):
     """All requests at once: (replies, wall seconds from the first send to the last end)."""
     started = time.perf_counter()
@@ -223,11 +223,11 @@ async def measure_server(base_url: str, pid: int, prompts: Prompts, sizes: Sizes
         single = await complete(session, base_url, prompts.single, sizes.decode_tokens)
         with busy_core():
             busy = await complete(session, base_url, prompts.single, sizes.decode_tokens)
-        streams, streams_wall = await _together(session, base_url, prompts.shorts,
+        streams, streams_wall = await together(session, base_url, prompts.shorts,
                                                 sizes.stream_tokens)
         cold = await complete(session, base_url, prompts.document, 1)
         cached = await complete(session, base_url, prompts.document + prompts.suffix, 1)
-        users, users_wall = await _together(session, base_url,
+        users, users_wall = await together(session, base_url,
                                             [prompts.system + q for q in prompts.questions],
                                             sizes.user_answer_tokens)
     streams_tokens = sum(r.completion_tokens for r in streams)

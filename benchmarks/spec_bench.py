@@ -36,7 +36,7 @@ from pathlib import Path
 import aiohttp
 
 from benchmarks.launch import ServerProcess, bench_spec, tenant_key
-from benchmarks.peer_speed import THREADS, LlamaServer, _together, complete
+from benchmarks.peer_speed import THREADS, LlamaServer, together, complete
 from benchmarks.peers import LLAMA_SERVER_BUILD_NOTE, find_llama_server
 from benchmarks.report import machine_info
 from benchmarks.traces import default_gguf_path, load_tokenizer
@@ -139,7 +139,7 @@ async def measure(base_url: str, prompts: dict, sizes: Sizes, headers=None,
                                            {**sampled.get(name, {}), **extra})
                     seen[index][name].append(reply.decode_tok_s)
             for index, extra in order:
-                replies, wall = await _together(session, base_url, prompts["streams"],
+                replies, wall = await together(session, base_url, prompts["streams"],
                                                 sizes.stream_tokens, extra)
                 seen[index]["streams"].append(sum(r.completion_tokens for r in replies) / wall)
     return [{name: {"tok_s": round(statistics.median(values), 2),
