@@ -45,34 +45,49 @@ def test_draft_length_follows_acceptance_and_batch_size():
     assert fresh.alpha < 0.2 and fresh.draft_length(8, batch=4) == 0
 
 
-def test_namespace_drafts_come_from_the_same_namespace_only():
+def _tree_with_drafts(num_blocks: int = 32, **spec):
+    from radixgate.radix_cache import BlockPool, RadixTree
     from radixgate.runtime.engine.spec import NamespaceDrafts
-    store = NamespaceDrafts(SpecConfig(mode="ngram"))
-    store.add("acme/ns", [5, 6, 7, 8, 9, 10])
-    store.add("acme/ns#salt", [5, 6, 7, 80, 90])
-    assert store.propose("acme/ns", [1, 6, 7], 3) == [8, 9, 10]        # what it went on to say
-    assert store.propose("acme/ns#salt", [1, 6, 7], 3) == [80, 90]     # its own salt's text
-    assert store.propose("globex/ns", [1, 6, 7], 3) == []               # another tenant
+    pool = BlockPool(num_blocks, 4)
+    tree = RadixTree(pool)
+    drafts = NamespaceDrafts(SpecConfig(mode="ngram", **spec), block_size=4)
+    tree.on_event = drafts.on_event
+    return pool, tree, drafts
+
+
+def test_namespace_drafts_follow_the_tree_and_stay_in_their_namespace():
+    from tests.support.radix import cache
+    pool, tree, drafts = _tree_with_drafts()
+    cache(pool, tree, [5, 6, 7, 8, 9, 10, 11, 12, 13], "acme/ns")
+    cache(pool, tree, [5, 6, 7, 80, 90, 91], "acme/ns#salt")
+    assert drafts.propose("acme/ns", [1, 6, 7], 3) == [8, 9, 10]      # what it went on to say
+    assert drafts.propose("acme/ns#salt", [1, 6, 7], 3) == [80, 90, 91]   # its own salt's path
+    assert drafts.propose("globex/ns", [1, 6, 7], 3) == []              # another tenant
     drafter = Drafter(SpecConfig(mode="ngram"))
     drafter.kept = own_kept = 50.0                            # drafts that are usually kept
-    assert drafter.propose([1, 6, 7], 4, store, "acme/ns") == [8, 9, 10]
+    assert drafter.propose([1, 6, 7], 4, drafts, "acme/ns") == [8, 9, 10, 11]
     own_first = Drafter(SpecConfig(mode="ngram"))
     own_first.kept = own_kept
-    assert own_first.propose([6, 7, 1, 6, 7], 4, store, "acme/ns") == [1, 6, 7]
-    store.drop_namespace("acme/ns")                                       # a flush
-    assert store.propose("acme/ns", [1, 6, 7], 3) == [] and store.tokens == 5
+    assert own_first.propose([6, 7, 1, 6, 7], 4, drafts, "acme/ns") == [1, 6, 7]
+    tree.flush("acme/ns#salt")                                # the tree's removed events
+    assert drafts.propose("acme/ns#salt", [1, 6, 7], 3) == []
+    assert drafts.propose("acme/ns", [1, 6, 7], 3) == [8, 9, 10]
 
 
-def test_namespace_drafts_keep_their_token_budget_and_drop_stale_entries():
-    from radixgate.runtime.engine.spec import NamespaceDrafts
-    store = NamespaceDrafts(SpecConfig(mode="ngram", namespace_tokens=10))
-    store.add("ns", [1, 2, 3, 4, 5, 6])
-    store.add("ns", [7, 8, 9, 10, 11, 12])            # over budget: the first goes
-    assert store.tokens == 6 and store.propose("ns", [2, 3], 2) == []
-    assert store.propose("ns", [8, 9], 2) == [10, 11]
-    assert all(packed >> 32 == 2 for packed in store.index["ns"].values())   # no stale entry
-    store.drop_namespace()
-    assert store.tokens == 0 and store.index == {}
+def test_namespace_drafts_lose_what_the_tree_evicts_and_keep_their_budget():
+    from tests.support.radix import cache
+    pool, tree, drafts = _tree_with_drafts(num_blocks=3)
+    cache(pool, tree, [1, 2, 3, 4, 5, 6, 7, 8, 9], "ns")          # 3 blocks: all of them
+    assert drafts.propose("ns", [0, 2, 3], 2) == [4, 5]
+    assert tree.evict(3) == 3                                       # LRU takes all of it
+    cache(pool, tree, [21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32], "ns")
+    assert drafts.propose("ns", [0, 2, 3], 2) == []
+    assert drafts.propose("ns", [0, 22, 23], 2) == [24, 25]
+    assert drafts.tokens == sum(count for _, _, count in drafts.blocks.values()) == 12
+    small_pool, small_tree, small = _tree_with_drafts(namespace_tokens=5)
+    cache(small_pool, small_tree, [1, 2, 3, 4, 5, 6, 7, 8, 9], "ns")   # over budget: oldest go
+    assert small.tokens <= 5 and small.propose("ns", [0, 2, 3], 2) == []
+    assert small.propose("ns", [0, 6, 7], 1) == [8]
 
 
 def test_the_config_refuses_nonsense():

@@ -66,7 +66,10 @@ class EngineCore:
                                    enable_prefix_cache=cache.enable_prefix_cache,
                                    page_rounded=cache.page_rounded_match, tier=self.tier)
         self.scheduler = Scheduler(config, self.blocks)
-        self.spec_store = NamespaceDrafts(config.spec) if config.spec.enabled else None
+        self.spec_store = None
+        if config.spec.enabled and config.spec.namespace_tokens > 0 and cache.enable_prefix_cache:
+            self.spec_store = NamespaceDrafts(config.spec, cache.block_size)
+            self.tree.on_event = self.spec_store.on_event        # in step with the tree
         self.scheduler.shared_drafts = self.spec_store
         self.max_model_len = min(config.max_model_len or loaded.max_model_len, loaded.max_model_len)
         self.eos_ids = set(loaded.tokenizer.eos_token_ids) | set(loaded.config.eos_token_ids)
@@ -130,8 +133,6 @@ class EngineCore:
             return
         if finish.reason is not FinishReason.ERROR:
             flush_text(seq)
-            if self.spec_store is not None:
-                self.spec_store.add(seq.namespace, seq.tokens)   # drafts for its namespace
         was_running = seq.status is SeqStatus.RUNNING
         self.scheduler.remove(seq)
         if was_running:
@@ -426,8 +427,6 @@ class EngineCore:
         freed = self.tree.flush(namespace)
         if self.tier is not None:
             self.tier.purge(namespace)
-        if self.spec_store is not None:
-            self.spec_store.drop_namespace(namespace)
         return freed
 
     def close(self) -> None:

@@ -81,7 +81,9 @@ class Engine:
                                      topic=self.config.kv_events_topic,
                                      allow_remote=self.config.kv_events_allow_remote,
                                      replay_endpoint=self.config.kv_events_replay_endpoint)
-        self.core.tree.on_event = publisher.put
+        drafts = self.core.tree.on_event                  # the spec index's, if any
+        self.core.tree.on_event = publisher.put if drafts is None else \
+            (lambda event: (drafts(event), publisher.put(event)))
         return publisher
 
     # -- lifecycle ------------------------------------------------------------------------

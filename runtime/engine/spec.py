@@ -17,12 +17,12 @@ distribution, and a seeded request draws the same uniforms in the same order as 
 drafts. Rejected positions' K/V stay in slots past ``num_computed``: later steps overwrite
 them and the tree never sees them.
 
-Drafts also come from the namespace's earlier requests (``NamespaceDrafts``): what an
-earlier request of the same namespace went on to say after the same last tokens, when the
-request's own text has no match. Each namespace (a tenant, a ``cache_salt``) has its own
-store, so a draft never holds another namespace's tokens. The stores share one token budget
-(``[spec] namespace_tokens``), the least recently fed sequences go first, and a flush of a
-namespace (or of all) drops its store with its cache.
+Drafts also come from the namespace's cached paths (``NamespaceDrafts``): what an earlier
+request of the same namespace went on to say after the same last tokens, when the request's
+own text has no match. The index follows the radix tree's cache events: a new node's tokens
+are indexed, an evicted (or flushed) block's entries go with it. Each namespace (a tenant, a
+``cache_salt``) has its own index, so a draft never holds another namespace's tokens; all
+share one budget of indexed tokens (``[spec] namespace_tokens``, oldest blocks first).
 
 ``Drafter`` picks ``k`` per request and step from what drafting costs and what it has
 kept. Checking a draft token is not free on a CPU: torch's int4 op dequantizes the weights
@@ -141,39 +141,68 @@ class Drafter:
 
 
 class NamespaceDrafts:
-    """Finished requests' tokens by namespace, for drafting (see the module docstring).
-    Each stored sequence indexes its n-grams (``min_ngram`` .. ``max_ngram``) by hash, each
-    mapping to (sequence, end) of its latest occurrence; an entry whose sequence has been
-    dropped, or whose tokens do not match on lookup (a hash collision), is skipped."""
+    """An n-gram index over each namespace's cached paths, kept in step with the tree
+    through its cache events (``on_event``): a ``stored`` event of a new node indexes the
+    node's tokens (each n-gram, ``min_ngram`` .. ``max_ngram`` long, maps by hash to where
+    it ends in the node's own tokens, so its continuation is what the path went on to say),
+    registered under the block that holds the n-gram's last token; a ``removed`` event
+    (eviction, a flush, a replaced block) deletes the entries of its blocks. Each namespace
+    has its own index. Past ``namespace_tokens`` indexed tokens the oldest blocks' entries
+    go first. A lookup checks the n-gram's tokens (a hash collision answers nothing)."""
 
-    def __init__(self, config: SpecConfig):
-        self.config = config
+    def __init__(self, config: SpecConfig, block_size: int):
+        self.config, self.block_size = config, block_size
         self.budget = config.namespace_tokens
-        self.tokens = 0
-        self.sequences: dict[int, tuple[str, list[int]]] = {}    # id -> (namespace, tokens)
-        self.index: dict[str, dict[int, int]] = {}              # namespace -> hash -> packed
-        self._next = 0
+        self.tokens = 0                                  # positions indexed now
+        self.index: dict[str, dict[int, tuple]] = {}    # namespace -> hash -> (piece, end, block)
+        self.blocks: dict[int, tuple[str, list[int], int]] = {}   # block -> (ns, hashes, count)
 
-    def add(self, namespace: str, tokens: list[int]) -> None:
-        if self.budget <= 0 or len(tokens) < self.config.min_ngram + 1:
-            return
-        tokens = list(tokens[-self.budget:])
-        self._next += 1
-        key = self._next
-        self.sequences[key] = (namespace, tokens)
-        self.tokens += len(tokens)
-        grams = self.index.setdefault(namespace, {})
-        for end, gram in self._grams(tokens):
-            grams[gram] = (key << 32) | end
-        while self.tokens > self.budget:
-            self._drop(next(iter(self.sequences)))
+    def on_event(self, event) -> None:
+        """A ``radix_cache.CacheEvent`` of the tree."""
+        if event.kind == "removed":
+            for block in event.blocks:
+                self._drop(block)
+        elif event.tokens and self.budget > 0:
+            self._store(event)
 
-    def _grams(self, tokens: list[int]):
-        """(end, hash) of every n-gram of ``tokens`` with a token after it."""
+    def _store(self, event) -> None:
+        reach = self.config.max_ngram - 1                # earlier tokens the first n-grams need
+        first = max(0, event.start - reach)
+        piece = memoryview(bytes(event.tokens[first * 4:event.end * 4])).cast("i")
+        grams = self.index.setdefault(event.namespace, {})
+        block_size = self.block_size
         low, high = self.config.min_ngram, self.config.max_ngram
-        for end in range(low, len(tokens)):
-            for n in range(low, min(high, end) + 1):
-                yield end, hash(tuple(tokens[end - n:end]))
+        for i, block in enumerate(event.blocks):
+            self._drop(block)                            # a reused block id: its old entries
+            begin = max(event.start, (event.start // block_size + i) * block_size)
+            stop = min(event.end, begin - begin % block_size + block_size)
+            hashes = []
+            for last in range(begin, stop):              # n-grams ending with token ``last``
+                end = last + 1 - first                   # position after it, in ``piece``
+                if end >= len(piece):
+                    break                                 # no continuation inside this node
+                for n in range(low, min(high, end) + 1):
+                    key = hash(tuple(piece[end - n:end]))
+                    grams[key] = (piece, end, block)
+                    hashes.append(key)
+            self.blocks[block] = (event.namespace, hashes, stop - begin)
+            self.tokens += stop - begin
+        while self.tokens > self.budget and self.blocks:
+            self._drop(next(iter(self.blocks)))
+
+    def _drop(self, block: int) -> None:
+        entry = self.blocks.pop(block, None)
+        if entry is None:
+            return
+        namespace, hashes, count = entry
+        grams = self.index.get(namespace, {})
+        for key in hashes:
+            value = grams.get(key)
+            if value is not None and value[2] == block:
+                del grams[key]
+        self.tokens -= count
+        if not grams:
+            self.index.pop(namespace, None)
 
     def propose(self, namespace: str, tokens: list[int], limit: int) -> list[int]:
         grams = self.index.get(namespace)
@@ -181,30 +210,10 @@ class NamespaceDrafts:
             return []
         for n in range(min(self.config.max_ngram, len(tokens)), self.config.min_ngram - 1, -1):
             tail = tuple(tokens[len(tokens) - n:])
-            packed = grams.get(hash(tail))
-            if packed is None:
+            found = grams.get(hash(tail))
+            if found is None:
                 continue
-            stored = self.sequences.get(packed >> 32)
-            end = packed & 0xFFFFFFFF
-            if stored is None or stored[0] != namespace or tuple(stored[1][end - n:end]) != tail:
-                continue
-            return stored[1][end:end + limit]
+            piece, end, _ = found
+            if tuple(piece[end - n:end]) == tail:
+                return list(piece[end:end + limit])
         return []
-
-    def drop_namespace(self, namespace: str | None = None) -> None:
-        """Forget ``namespace``'s sequences (all namespaces when None): its cache was flushed."""
-        for key in [k for k, (ns, _) in self.sequences.items() if namespace in (None, ns)]:
-            self._drop(key)
-
-    def _drop(self, key: int) -> None:
-        """Forget one sequence and the index entries still pointing at it."""
-        namespace, tokens = self.sequences.pop(key)
-        self.tokens -= len(tokens)
-        grams = self.index.get(namespace)
-        if grams is None:
-            return
-        for end, gram in self._grams(tokens):
-            if grams.get(gram) == (key << 32) | end:
-                del grams[gram]
-        if not grams:
-            del self.index[namespace]
