@@ -54,8 +54,8 @@ import aiohttp
 
 from benchmarks.launch import (ADMIN_KEY, ServerProcess, bench_spec, free_port, tenant_key,
                                wait_healthy)
-from benchmarks.peers import LLAMA_SERVER_BUILD_NOTE, find_llama_server
-from benchmarks.report import machine_info
+from benchmarks.peers import LLAMA_SERVER_BUILD_NOTE, peer_binary
+from benchmarks.report import machine_info, save_report
 from benchmarks.text import TextGen
 from benchmarks.traces import default_gguf_path, load_tokenizer
 
@@ -536,16 +536,11 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     mode = "tiny" if args.tiny else "quick" if args.quick else "default"
     skip_peer = args.no_peer or mode == "tiny"     # tiny: a random model, nothing to compare
-    binary = None if skip_peer else (args.llama_server or find_llama_server())
-    if binary is None and not skip_peer:
-        print(f"llama-server skipped: {LLAMA_SERVER_BUILD_NOTE}", file=sys.stderr)
+    binary = peer_binary(args.llama_server, skip_peer)
     report = run_benchmark(mode, binary, not args.no_default_budget,
                            log=lambda m: print(m, file=sys.stderr, flush=True),
                            deterministic_row=not args.no_deterministic)
-    report["command"] = "python -m benchmarks.peer_speed " + " ".join(argv or sys.argv[1:])
-    args.out.mkdir(parents=True, exist_ok=True)
-    suffix = "" if mode == "default" else f"_{mode}"
-    (args.out / f"peer_speed{suffix}.json").write_text(json.dumps(report, indent=1) + "\n")
+    save_report(report, args.out, "peer_speed", mode, argv or sys.argv[1:])
     print(markdown(report))
 
 

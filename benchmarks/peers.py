@@ -13,6 +13,7 @@ and later tokens with a streamer, and summarise like the HTTP runner (``benchmar
 from __future__ import annotations
 
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Callable, Sequence
@@ -37,6 +38,17 @@ LLAMA_SERVER_BUILD_NOTE = (
     f"-DCMAKE_BUILD_TYPE=Release {LLAMA_CPU_FLAGS} "
     "&& cmake --build ~/.cache/radixgate/llama.cpp/build --target llama-server -j2 "
     "(on a CPU without AVX-512, -DGGML_NATIVE=ON instead of the flags)")
+
+
+def peer_binary(given: Path | None, skip: bool) -> Path | None:
+    """The llama-server a side-by-side benchmark runs: ``given``, else ``find_llama_server``;
+    None when ``skip`` or when none is built (then a note on stderr says how to build it)."""
+    if skip:
+        return None
+    binary = given or find_llama_server()
+    if binary is None:
+        print(f"llama-server skipped: {LLAMA_SERVER_BUILD_NOTE}", file=sys.stderr)
+    return binary
 
 
 def find_llama_server() -> Path | None:

@@ -1,6 +1,7 @@
 """Markdown tables and PNG plots of a ``run_all`` result (``benchmarks/out/workloads.md``)."""
 from __future__ import annotations
 
+import json
 import os
 import platform
 from pathlib import Path
@@ -13,6 +14,16 @@ SYSTEM_LABELS = {"radixgate": "radixgate (cache on)", "cache_off": "radixgate --
                  "plain_lru": "radixgate --policy lru",
                  "upper_bound": "offline upper bound", "transformers": "transformers generate",
                  "llama_cpp": "llama.cpp + RAM cache"}
+
+
+def save_report(report: dict, out_dir: Path, name: str, mode: str, argv: list[str]) -> Path:
+    """A side-by-side benchmark's report with its command, as ``out_dir/name[_mode].json``
+    (no suffix for the default size)."""
+    report["command"] = f"python -m benchmarks.{name} " + " ".join(argv)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / (f"{name}.json" if mode == "default" else f"{name}_{mode}.json")
+    path.write_text(json.dumps(report, indent=1) + "\n")
+    return path
 
 
 def machine_info() -> dict:

@@ -37,8 +37,8 @@ import aiohttp
 
 from benchmarks.launch import ServerProcess, bench_spec, tenant_key
 from benchmarks.peer_speed import THREADS, LlamaServer, together, complete
-from benchmarks.peers import LLAMA_SERVER_BUILD_NOTE, find_llama_server
-from benchmarks.report import machine_info
+from benchmarks.peers import LLAMA_SERVER_BUILD_NOTE, peer_binary
+from benchmarks.report import machine_info, save_report
 from benchmarks.traces import default_gguf_path, load_tokenizer
 
 OUT_DIR = Path(__file__).parent / "out"
@@ -262,15 +262,10 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     mode = "tiny" if args.tiny else "default"
     skip_peer = args.no_peer or args.tiny
-    binary = None if skip_peer else (args.llama_server or find_llama_server())
-    if binary is None and not skip_peer:
-        print(f"llama-server skipped: {LLAMA_SERVER_BUILD_NOTE}", file=sys.stderr)
+    binary = peer_binary(args.llama_server, skip_peer)
     report = run_benchmark(mode, binary, log=lambda m: print(m, file=sys.stderr, flush=True),
                            repeat=1 if args.tiny else args.repeat)
-    report["command"] = "python -m benchmarks.spec_bench " + " ".join(argv or sys.argv[1:])
-    args.out.mkdir(parents=True, exist_ok=True)
-    suffix = "" if mode == "default" else f"_{mode}"
-    (args.out / f"spec_bench{suffix}.json").write_text(json.dumps(report, indent=1) + "\n")
+    save_report(report, args.out, "spec_bench", mode, argv or sys.argv[1:])
     print(markdown(report))
 
 

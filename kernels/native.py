@@ -229,12 +229,18 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), tables.data_ptr(), tables.shape[1],
         lens.data_ptr(), rows, heads, kv_heads, dim, block_size, num_blocks, scale,
         default_threads() if threads is None else threads, out.data_ptr())
-    if status != 0:
-        raise ValueError({-1: "a block table names a block outside the cache (or a length "
-                              "exceeds its table)",
-                          -2: "out of memory", -3: f"{heads} query heads do not group over "
-                          f"{kv_heads} kv heads (at most 64 a group)"}.get(status, str(status)))
+    _check_status(status, "a block table names a block outside the cache (or a length "
+                          "exceeds its table)",
+                  f"{heads} query heads do not group over {kv_heads} kv heads (at most 64 a "
+                  f"group)")
     return out
+
+
+def _check_status(status: int, outside: str, shape: str) -> None:
+    """The attention kernels' return codes: 0 fine; -1 ``outside`` (a block id or a table);
+    -2 out of memory; -3 ``shape`` (one the kernel does not take)."""
+    if status != 0:
+        raise ValueError({-1: outside, -2: "out of memory", -3: shape}.get(status, str(status)))
 
 
 EXTEND_MAX_QUERIES = 64      # native_extend.c's q_len limit
@@ -258,12 +264,10 @@ def extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), table.data_ptr(), table.numel(),
         q_len, total, heads, kv_heads, dim, block_size, num_blocks, scale,
         default_threads() if threads is None else threads, out.data_ptr())
-    if status != 0:
-        raise ValueError({-1: "the block table names a block outside the cache (or is too "
-                              "short for the sequence)", -2: "out of memory",
-                          -3: f"shape not taken: {heads} heads over {kv_heads}, head dim {dim} "
-                              f"(a multiple of 16 up to 256), {q_len} queries (1..64) of "
-                              f"{total}"}.get(status, str(status)))
+    _check_status(status, "the block table names a block outside the cache (or is too short "
+                          "for the sequence)",
+                  f"shape not taken: {heads} heads over {kv_heads}, head dim {dim} (a multiple "
+                  f"of 16 up to 256), {q_len} queries (1..64) of {total}")
     return out
 
 
@@ -299,12 +303,10 @@ def ragged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), tables.data_ptr(), tables.shape[1],
         cu_q.data_ptr(), totals.data_ptr(), seqs, heads, kv_heads, dim, block_size, num_blocks,
         scale, tile_rows, default_threads() if threads is None else threads, out.data_ptr())
-    if status != 0:
-        raise ValueError({-1: "a block table names a block outside the cache (or is too short "
-                              "for its sequence)", -2: "out of memory",
-                          -3: f"shape not taken: {heads} heads over {kv_heads}, head dim {dim} "
-                              f"(a multiple of 16 up to 256), every sequence 1 <= queries <= "
-                              f"its length"}.get(status, str(status)))
+    _check_status(status, "a block table names a block outside the cache (or is too short "
+                          "for its sequence)",
+                  f"shape not taken: {heads} heads over {kv_heads}, head dim {dim} (a multiple "
+                  f"of 16 up to 256), every sequence 1 <= queries <= its length")
     return out
 
 

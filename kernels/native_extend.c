@@ -207,51 +207,6 @@ static void extend_item(const float *q, const float *k_cache, const float *v_cac
     }
 }
 
-/* q [q_len, hq, d] (query i at position total - q_len + i), causal over the float32 caches
- * [blocks, bs, hkv, d] through table (int32 block ids, at least ceil(total / bs) of them)
- * -> out [q_len, hq, d]. ``threads`` workers of the process's OpenMP pool share the items
- * (kv head, tile of rows). Returns 0; -1 a block id outside the cache or a table too short;
- * -2 out of memory; -3 a shape not taken (hq % hkv, d a multiple of 16 up to 256, q_len
- * 1..64 and at most total). */
-int rg_extend_attention(const float *q, const float *k_cache, const float *v_cache,
-                        const int32_t *table, long table_len, long q_len, long total,
-                        long hq, long hkv, long d, long bs, long num_blocks, float scale,
-                        int threads, float *out) {
-    if (hkv <= 0 || hq % hkv || d % 16 || d > MAX_DIM || q_len < 1 || q_len > 64 ||
-        q_len > total || bs < 1)
-        return -3;
-    long group = hq / hkv, need = (total + bs - 1) / bs;
-    if (need > table_len) return -1;
-    for (long b = 0; b < need; b++)
-        if (table[b] < 0 || table[b] >= num_blocks) return -1;
-    long tile = MAX_VECTORS / group < 8 ? MAX_VECTORS / group : 8;   /* rows an item */
-    if (tile < 1) return -3;
-    long tiles = (q_len + tile - 1) / tile, items = hkv * tiles;
-    int failed = 0;
-    if (threads < 1) threads = 1;
-    if (threads > items) threads = (int)items;
-    #pragma omp parallel num_threads(threads) if(threads > 1)
-    {
-        float *kt = malloc(sizeof(float) * (size_t)(d * KEYS));
-        float *acc = malloc(sizeof(float) * (size_t)(2 * tile * group * d));
-        if (kt == NULL || acc == NULL) {
-            #pragma omp atomic write
-            failed = 1;
-        }
-        #pragma omp for schedule(static)
-        for (long item = 0; item < items; item++) {
-            if (kt == NULL || acc == NULL) continue;
-            long g = item / tiles, r0 = (item % tiles) * tile;
-            long r1 = r0 + tile < q_len ? r0 + tile : q_len;
-            extend_item(q, k_cache, v_cache, table, total, q_len, hq, hkv, d, bs, scale, g,
-                        r0, r1, out, kt, acc, acc + tile * group * d);
-        }
-        free(kt);
-        free(acc);
-    }
-    return failed ? -2 : 0;
-}
-
 /* Causal attention of every sequence of a step, whatever its query count: the deterministic
  * mode's one attention (decode rows, cache-hit extends and whole prompts alike). Sequence s
  * owns query rows [cu_q[s], cu_q[s + 1]) of q [rows, hq, d], its queries at positions
@@ -311,4 +266,20 @@ int rg_ragged_attention(const float *q, const float *k_cache, const float *v_cac
     }
     free(item_seq);
     return failed ? -2 : 0;
+}
+
+/* q [q_len, hq, d] (query i at position total - q_len + i), causal over the float32 caches
+ * [blocks, bs, hkv, d] through table (int32 block ids, at least ceil(total / bs) of them)
+ * -> out [q_len, hq, d]: rg_ragged_attention with one sequence, tiles of 8 rows (the same
+ * items, the same bits). Returns 0; -1 a block id outside the cache or a table too short;
+ * -2 out of memory; -3 a shape not taken (hq % hkv, d a multiple of 16 up to 256, q_len
+ * 1..64 and at most total). */
+int rg_extend_attention(const float *q, const float *k_cache, const float *v_cache,
+                        const int32_t *table, long table_len, long q_len, long total,
+                        long hq, long hkv, long d, long bs, long num_blocks, float scale,
+                        int threads, float *out) {
+    if (q_len < 1 || q_len > 64) return -3;
+    const int32_t cu_q[2] = {0, (int32_t)q_len}, totals[1] = {(int32_t)total};
+    return rg_ragged_attention(q, k_cache, v_cache, table, table_len, cu_q, totals, 1, hq, hkv,
+                               d, bs, num_blocks, scale, 8, threads, out);
 }

@@ -164,18 +164,15 @@ def _flattening_bias() -> tuple[tuple[int, float], ...]:
     return tuple((t, round(30.0 - float(logits[t]), 2)) for t in PATTERN)
 
 
-def _pattern_request(seed: int, speculative: bool) -> Request:
+def _pattern_request(seed: int, speculative: bool, bias) -> Request:
     return Request(PATTERN * 6, SamplingParams(max_tokens=4, temperature=1.0, seed=seed,
-                                               ignore_eos=True, logit_bias=_BIAS[0],
+                                               ignore_eos=True, logit_bias=bias,
                                                speculative=speculative))
 
 
-_BIAS: list = []
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _bias():
-    _BIAS[:] = [_flattening_bias()]
+@pytest.fixture(scope="module")
+def bias():
+    return _flattening_bias()
 
 
 def _chi_square_p(a: list[tuple], b: list[tuple]) -> float:
@@ -193,7 +190,7 @@ def _chi_square_p(a: list[tuple], b: list[tuple]) -> float:
                                          statistic / 2))
 
 
-def test_sampled_tokens_keep_the_models_distribution_with_drafts():
+def test_sampled_tokens_keep_the_models_distribution_with_drafts(bias):
     samples = {}
     drafted = {}
     for spec_on in (True, False):
@@ -201,7 +198,7 @@ def test_sampled_tokens_keep_the_models_distribution_with_drafts():
                                                    spec=ALWAYS)).start()
         try:
             offset = 0 if spec_on else 100_000                # independent seeds
-            finished = generate_all(engine, [_pattern_request(offset + i, spec_on)
+            finished = generate_all(engine, [_pattern_request(offset + i, spec_on, bias)
                                               for i in range(2000)])
             samples[spec_on] = [f.output_token_ids[1:] for f in finished]
             drafted[spec_on] = dict(engine.request_snapshot().result(timeout=30).spec)
@@ -213,14 +210,14 @@ def test_sampled_tokens_keep_the_models_distribution_with_drafts():
     assert _chi_square_p(samples[True], samples[False]) >= 0.001
 
 
-def test_a_seeded_sample_is_the_same_with_and_without_drafts_when_deterministic():
+def test_a_seeded_sample_is_the_same_with_and_without_drafts_when_deterministic(bias):
     got = {}
     for spec_on in (True, False):
         engine = Engine(tiny_model(), EngineConfig(num_blocks=256, deterministic=True,
                                                    spec=ALWAYS)).start()
         try:
             got[spec_on] = [f.output_token_ids for f in generate_all(
-                engine, [_pattern_request(i, spec_on) for i in range(64)])]
+                engine, [_pattern_request(i, spec_on, bias) for i in range(64)])]
         finally:
             engine.shutdown(grace_s=0)
     assert got[True] == got[False]

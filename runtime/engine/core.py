@@ -255,7 +255,8 @@ class EngineCore:
             [c.seq.num_computed for c in chunks], [c.seq.block_table for c in chunks],
             self.pool.block_size, self.kv.device, logits_rows=rows,
             deterministic=self.config.deterministic)
-        sampled = [c.seq for c, s in zip(chunks, sampling) if s and not c.drafts]
+        plain = [i for i, (c, s) in enumerate(zip(chunks, sampling)) if s and not c.drafts]
+        sampled = [chunks[i].seq for i in plain]      # one row each; drafted chunks verify
         pending = self.grammar_masks.start(sampled)  # computed while the forward runs
         forward_started = time.perf_counter()
         try:
@@ -272,7 +273,6 @@ class EngineCore:
         self.counters.record_prefill(prefill_tokens, forward_s)
         for chunk in chunks:
             chunk.seq.num_computed += chunk.num_tokens
-        plain = [i for i, (c, s) in enumerate(zip(chunks, sampling)) if s and not c.drafts]
         starts = _sampling_row_starts(chunks, sampling)
         if plain:
             self._sample_and_emit(sampled, logits[[starts[i] for i in plain]], masks)
