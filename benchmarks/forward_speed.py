@@ -4,7 +4,7 @@ Load time; prefill of N tokens (one sequence) in tokens/s; decode steps (1 and 1
 in tokens/s; with ``--vs-transformers`` the same prefill and single-sequence decode through
 transformers' model loaded from the same GGUF (fp32), measured in the same run.
 
-``--dtypes float32,bfloat16,int8,int4`` measures each weights dtype (runtime/model/linear.py) side by
+``--dtypes float32,bfloat16,int8,int4`` measures each weights dtype (radixgate/runtime/model/linear.py) side by
 side: ``--rounds`` rounds of one child process per dtype, interleaved, then the medians of load
 time, prefill, decode at 1 and 16 sequences, the matmul weights' bytes and peak RSS, and the
 ratios to the first dtype (on a shared machine single runs are not to be trusted).

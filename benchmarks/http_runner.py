@@ -6,7 +6,7 @@ answered (the client sends it after reading the reply), holding back the request
 as a queue at the client would. Every request streams (``POST /v1/messages`` with
 ``stream: true``, or ``/v1/chat/completions`` with ``--api openai``) so time to first
 token and inter-token latency are measured on the client: radixgate sends the 200 and the
-first SSE event only once the first output token exists (gateway/anthropic/messages.py), so
+first SSE event only once the first output token exists (radixgate/gateway/anthropic/messages.py), so
 TTFT = time to the first event; ITL = (last event - first event) / (output tokens - 1),
 which does not depend on how the server groups text into deltas (a tool call's text is
 held back until it closes). Prompt and cached token counts

@@ -35,7 +35,7 @@ PROMPT_LEN = 256
 CACHED = 128
 
 
-# -- the per-row sampler before batched sampling (runtime/engine/sampling.py at 6d49a3f), for comparison ----------
+# -- the per-row sampler before batched sampling (radixgate/runtime/engine/sampling.py at 6d49a3f), for comparison ----------
 
 def old_sample_tokens(logits, params, generators):
     n = logits.shape[0]

@@ -3,9 +3,10 @@
 Subpackages: radix_cache (pure-Python cache core), kernels (paged attention ops),
 runtime (model + engine), gateway (HTTP APIs and the ``radixgate`` CLI).
 
-The subpackages live in the repository's top-level folders; this folder links to them
-(``radixgate/gateway -> ../gateway`` ...), so the import name ``radixgate.gateway`` and the
-folder ``gateway/`` are the same files for the interpreter and for static tools alike.
+The subpackages live here, not at the repository's top level: a bare top-level ``kernels``
+(or ``runtime``...) on ``sys.path`` would shadow the installed package of that name for
+every importer, as it did transformers' hub ``kernels`` when the tests put the repository
+root first.
 """
 
 import os as _os
@@ -14,7 +15,7 @@ import os as _os
 # turns (~3 ms), which collapses decode when another process takes a core. 30,000 (~0.3 ms)
 # still spans the gaps between the ~150 regions of a decode step (1,000 did not: each region
 # then paid a futex wake-up, 0.9x single-stream speed on idle cores), and the engine runs on
-# one thread while other processes keep a core busy (runtime/cpu_threads.ThreadGovernor).
+# one thread while other processes keep a core busy (radixgate/runtime/cpu_threads.ThreadGovernor).
 # libgomp reads this when torch is first imported; a value the user set wins.
 _os.environ.setdefault("GOMP_SPINCOUNT", "30000")
 

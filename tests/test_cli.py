@@ -228,7 +228,7 @@ def test_deterministic_flag_and_model_key_reach_the_engine_and_its_replicas(tmp_
     from_file = config_from_args(build_parser().parse_args(["serve", "--config", str(path)]))
     assert from_file.model.deterministic and engine_config(from_file).deterministic
     replica = dataclasses.replace(engine_config(from_file), kv_events_endpoint=None)
-    assert replica.deterministic          # what gateway/scaleout.py hands each replica
+    assert replica.deterministic          # what radixgate/gateway/scaleout.py hands each replica
     off = config_from_args(build_parser().parse_args(
         ["serve", "--config", str(path), "--no-deterministic"]))
     assert not off.model.deterministic and not engine_config(off).deterministic

@@ -1,4 +1,4 @@
-"""Tenant quotas counted once for a deployment of replicas (cluster/admission.py), through
+"""Tenant quotas counted once for a deployment of replicas (radixgate/cluster/admission.py), through
 ``ClusterEngine`` over a fake Ray Serve handle and router (no Ray): a burst of pins between
 two stats reports stays within ``max_pinned_tokens``, and ``max_namespaces`` holds over all
 replicas (the least recently used idle namespace is retired on every replica)."""

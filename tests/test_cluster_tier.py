@@ -1,4 +1,4 @@
-"""The disk tier with replicas (cluster/tier_folders.py): replica i uses ``DIR/replica-i``
+"""The disk tier with replicas (radixgate/cluster/tier_folders.py): replica i uses ``DIR/replica-i``
 with its part of the budget, indices are the lowest free ones and a replaced replica gets
 its predecessor's back, folders of indices the deployment no longer has are reclaimed at
 start, and setups that cannot work are refused at start with one line (before Ray). Then

@@ -108,7 +108,7 @@ RAY_FREE = ("radixgate.cluster", "radixgate.cluster.client", "radixgate.cluster.
 
 
 def test_the_cluster_package_imports_ray_only_in_serve_router():
-    """What cluster/__init__.py says: importing the package and its modules never imports
+    """What radixgate/cluster/__init__.py says: importing the package and its modules never imports
     Ray, except serve_router.py (which subclasses Serve's router at its top), which no
     module of the package imports (Serve loads it by serve_app.ROUTER_CLASS)."""
     import ast
@@ -122,7 +122,7 @@ def test_the_cluster_package_imports_ray_only_in_serve_router():
                          timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
-    folder = Path(__file__).resolve().parent.parent / "cluster"
+    folder = Path(__file__).resolve().parent.parent / "radixgate" / "cluster"
     importers = [p.name for p in folder.glob("*.py") for node in ast.walk(ast.parse(p.read_text()))
                  if isinstance(node, ast.ImportFrom) and "serve_router" in (
                      (node.module or "") + "".join(a.name for a in node.names))]

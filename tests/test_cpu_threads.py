@@ -1,4 +1,4 @@
-"""runtime/engine/cpu_threads.py and runtime/model/fresh_thread.py: work run on a fresh thread leaves no torch worker thread behind."""
+"""radixgate/runtime/engine/cpu_threads.py and radixgate/runtime/model/fresh_thread.py: work run on a fresh thread leaves no torch worker thread behind."""
 from __future__ import annotations
 
 import os

@@ -1,4 +1,4 @@
-"""One ``EngineClient`` contract (runtime/engine/client.py), run against both engines the
+"""One ``EngineClient`` contract (radixgate/runtime/engine/client.py), run against both engines the
 gateway can have: the in-process ``Engine`` and ``cluster.ClusterEngine`` over stand-in Ray
 Serve handles whose two "replicas" are real tiny-model engines (no Ray cluster)."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Hypothesis on prompt rendering (gateway/render.py) with the default model's tokenizer and
+"""Hypothesis on prompt rendering (radixgate/gateway/render.py) with the default model's tokenizer and
 chat template: arbitrary unicode and odd message shapes never crash the renderer (a
 ``TemplateError`` is the one allowed refusal), and rendering ``messages[:k]`` yields a token
 prefix, with the same breakpoints, of rendering all messages (docs/ARCHITECTURE.md section 2)."""

@@ -1,4 +1,4 @@
-"""gateway/output.py: the one reader of an answer's text and tool calls that every API's
+"""radixgate/gateway/output.py: the one reader of an answer's text and tool calls that every API's
 body and stream use. Streamed in any pieces, an answer gives the items the whole answer
 gives; the prefilled opening of a forced call is part of it."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The gateway has one handler pipeline (gateway/pipeline.py): each API's package converts
+"""The gateway has one handler pipeline (radixgate/gateway/pipeline.py): each API's package converts
 only its own wire format, and none of them strings the shared steps together itself."""
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ PIPELINE_STEPS = {"render_request", "engine_request", "compile_constraint",
 
 
 def api_modules() -> list[Path]:
-    return sorted(p for name in API_PACKAGES for p in (ROOT / "gateway" / name).rglob("*.py"))
+    return sorted(p for name in API_PACKAGES for p in (ROOT / "radixgate" / "gateway" / name).rglob("*.py"))
 
 
 def pipeline_steps_used(path: Path) -> set[str]:
@@ -29,7 +29,7 @@ def pipeline_steps_used(path: Path) -> set[str]:
 
 
 def test_there_are_api_modules_to_check():
-    names = {p.relative_to(ROOT / "gateway").as_posix() for p in api_modules()}
+    names = {p.relative_to(ROOT / "radixgate" / "gateway").as_posix() for p in api_modules()}
     assert {"anthropic/messages.py", "openai/chat.py", "openai/completions.py",
             "openai/responses/api.py", "vllm/utility.py"} <= names
 

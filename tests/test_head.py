@@ -1,4 +1,4 @@
-"""runtime/model/head.py's RescoredHead on a random weight: each row's top k logits equal the
+"""radixgate/runtime/model/head.py's RescoredHead on a random weight: each row's top k logits equal the
 float32 product, the rest stay close, and every row count (none, one, many) works."""
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The import graph, as an import-graph tool (grimp) sees the package: every subpackage is
-visible through radixgate/ (a symlink per top-level folder), dependencies point downwards
+visible under radixgate/, dependencies point downwards
 only (ARCHITECTURE.md section 1: gateway -> cluster -> runtime -> kernels, radix_cache;
 inside the runtime, engine -> kv_tier -> model) and no modules import each other in a cycle."""
 from __future__ import annotations

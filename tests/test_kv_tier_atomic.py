@@ -1,4 +1,4 @@
-"""The disk tier's one atomic write (runtime/kv_tier/backends.py: records, the manifest and the
+"""The disk tier's one atomic write (radixgate/runtime/kv_tier/backends.py: records, the manifest and the
 retention file all go through it): a reader sees the old file or the whole new one."""
 from __future__ import annotations
 

@@ -44,7 +44,7 @@ def test_tier_threads_add_no_openmp_pool_across_a_tail_write_and_a_disk_load(tmp
                                                                             real_model):
     """A torch copy of a real-size block goes parallel and gives the writer or loader
     thread an OpenMP pool of its own (which makes the engine's workers sleep between ops:
-    runtime/engine/cpu_threads.py). Both threads copy with numpy: no OS thread is added."""
+    radixgate/runtime/engine/cpu_threads.py). Both threads copy with numpy: no OS thread is added."""
     kept = torch.get_num_threads()
     torch.set_num_threads(max(2, kept))       # the tier threads would inherit a parallel count
     kv = real_size_kv(real_model.config)

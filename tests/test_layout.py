@@ -1,9 +1,9 @@
 """Layout rules the code keeps (static, with ``ast``; imports nothing it checks):
 
 - no module imports another module's underscore name (``from x import _name``) or reaches
-  into an imported module (``module._name``); in ``radix_cache/`` no code touches another
+  into an imported module (``module._name``); in ``radixgate/radix_cache/`` no code touches another
   object's underscore attribute at all (``other._name``: only ``self``/``cls`` may);
-- the modules of ``radix_cache/`` import no cycle (module-level imports; those under
+- the modules of ``radixgate/radix_cache/`` import no cycle (module-level imports; those under
   ``if TYPE_CHECKING:`` aside).
 
 Import cycles across the whole package are checked by tests/test_import_graph.py (grimp).
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import sys
+import importlib.util
 from pathlib import Path
 
 import pytest
@@ -29,15 +30,17 @@ def _private(name: str) -> bool:
 
 
 def modules(folder: str) -> list[Path]:
-    return sorted((ROOT / folder).rglob("*.py"))
+    """The modules of a package folder (``radixgate/<folder>``) or of ``benchmarks/``."""
+    base = ROOT if folder == "benchmarks" else ROOT / PACKAGE
+    return sorted((base / folder).rglob("*.py"))
 
 
 def module_name(path: Path) -> str:
-    """``radixgate.<folder>.<sub>`` for a file under one of the top-level folders."""
+    """``radixgate.<folder>.<sub>`` for a file under one of the package's folders."""
     parts = list(path.relative_to(ROOT).with_suffix("").parts)
     if parts[-1] == "__init__":
         parts.pop()
-    return ".".join([PACKAGE, *parts])
+    return ".".join(parts if parts[0] == PACKAGE else [PACKAGE, *parts])
 
 
 def _is_type_checking(node: ast.If) -> bool:
@@ -136,10 +139,26 @@ def test_the_cycle_check_finds_a_cycle():
 
 def test_the_checks_see_private_imports_and_reaches(tmp_path, monkeypatch):
     monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
-    (tmp_path / "radix_cache").mkdir()
-    bad = tmp_path / "radix_cache" / "bad.py"
+    (tmp_path / PACKAGE / "radix_cache").mkdir(parents=True)
+    bad = tmp_path / PACKAGE / "radix_cache" / "bad.py"
     bad.write_text("from .tree import _split\nimport radixgate.radix_cache.pool as pool\n"
                    "pool._free\ndef f(node):\n    return node._count\n")
     found = violations(bad, strict=True)
     assert len(found) == 3 and "_split" in found[0] and "pool._free" in found[1]
     assert violations(bad, strict=False) == found[:2]
+
+
+def top_level_packages(root: Path) -> set[str]:
+    return {p.parent.name for p in root.glob("*/__init__.py")}
+
+
+def test_the_top_level_holds_no_package_that_could_shadow_an_installed_one():
+    """pytest and ``python -m benchmarks.X`` put the repository root first on sys.path, so a
+    top-level package folder wins over any installed package of its name: a bare ``kernels/``
+    made transformers import it for the hub ``kernels`` package. The subpackages live under
+    radixgate/; the top level has only radixgate, benchmarks and tests."""
+    assert top_level_packages(ROOT) == {PACKAGE, "benchmarks", "tests"}
+    for name in ("kernels", "runtime", "gateway", "cluster", "radix_cache"):
+        spec = importlib.util.find_spec(name)
+        places = [*(spec.submodule_search_locations or []), spec.origin] if spec else []
+        assert [p for p in places if p and ROOT / name in (Path(p), Path(p).parent)] == []

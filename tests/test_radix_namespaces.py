@@ -1,5 +1,5 @@
-"""Namespace lifetime and the per-tenant cap (radix_cache/namespaces.py), and each tenant's
-hottest prefixes from its own namespaces (radix_cache/reports.py)."""
+"""Namespace lifetime and the per-tenant cap (radixgate/radix_cache/namespaces.py), and each tenant's
+hottest prefixes from its own namespaces (radixgate/radix_cache/reports.py)."""
 
 import heapq
 import random

@@ -1,4 +1,4 @@
-"""Speculative decoding with prompt-lookup drafts (runtime/engine/spec.py): drafts never
+"""Speculative decoding with prompt-lookup drafts (radixgate/runtime/engine/spec.py): drafts never
 change the answer. On the default model in the deterministic mode, spec on and off give the
 same tokens and logprob bits (greedy, with a stop string, seeded sampling, beside a request
 that turned drafts off); on the tiny model the sampled tokens keep the model's distribution

@@ -1,4 +1,4 @@
-"""TierIndex (radix_cache/tier_index.py): runs over chained addresses, tails, the byte
+"""TierIndex (radixgate/radix_cache/tier_index.py): runs over chained addresses, tails, the byte
 budget with retention, namespace purges; and the record format's checks. The index is pure
 Python (no torch)."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Weights kept quantized or in bf16 (runtime/model/linear.py): each matmul form against a float
+"""Weights kept quantized or in bf16 (radixgate/runtime/model/linear.py): each matmul form against a float
 reference, the int4 pack layout, the ``auto`` decision, and per weights dtype the real model's
 logits against transformers and its greedy decode against one-shot forwards (near-tie rule)."""
 import pytest
@@ -103,7 +103,7 @@ PARITY = {"float32": (1e-3, 1.0), "bfloat16": (1.0, 0.97), "int8": (3.0, 0.95),
 # Tokens must agree up to the first step whose top-2 gap is below the tolerance.
 # Observed: float32 5.6e-5; bfloat16 0.25; int8 0.38; int4 0.38.
 SELF_TOL = {"float32": 1e-3, "bfloat16": 0.5, "int8": 0.6, "int4": 0.6}
-# int4 from a GGUF file has runtime/model/head.py's RescoredHead: each row's top 32 logits are exact
+# int4 from a GGUF file has radixgate/runtime/model/head.py's RescoredHead: each row's top 32 logits are exact
 # (the tolerances above hold for them: observed 0.49 against transformers, 0.34 decode vs
 # one-shot), the tail is int8 x int8 (observed 2.2 and 0.76).
 TAIL_TOL = 3.0

@@ -1,0 +1,109 @@
+"""The cache's configuration: one frozen value, parsed once (the gateway's ``[cache]``
+section or the CLI flags) and handed down to the engine and the tree.
+
+``make_policy(config)`` turns it into the eviction policy the tree runs.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from .kv_dtypes import KV_DTYPES
+from .policy import CreditPolicy, EvictionPolicy, LRUPolicy
+
+POLICIES = ("lru", "credit")
+
+
+@dataclass(frozen=True, slots=True)
+class CreditParams:
+    """Parameters of the ``credit`` policy (LRU with credits and a penalty; see
+    ``radixgate/radix_cache/policy/credit.py`` for what each one does)."""
+
+    continuation_ticks: int = 200
+    branch_ticks: int = 64
+    partial_tails_first: bool = True
+    branch_cap: int = 4
+    probation_ticks: int = 1000
+    probation_branches: int = 4
+
+    def __post_init__(self) -> None:
+        if min(self.continuation_ticks, self.branch_ticks, self.probation_ticks) < 0:
+            raise ValueError("cache.credit continuation_ticks, branch_ticks and probation_ticks "
+                             "must be >= 0 (0: none)")
+        if self.branch_cap < 1 or self.probation_branches < 2:
+            raise ValueError("cache.credit branch_cap must be >= 1 and probation_branches >= 2")
+
+
+@dataclass(frozen=True, slots=True)
+class CacheConfig:
+    """Everything that shapes the KV cache.
+
+    kv_cache_gb: the KV budget; block_size: tokens per KV block; policy: ``"lru"`` or
+    ``"credit"`` (with ``credit``'s parameters); kv_dtype: the KV element type (``"auto"``:
+    the model's dtype; ``int8`` / ``fp8`` keep
+    a float16 scale per token and kv head: radixgate/runtime/model/kv_cache.py); disk_dir, disk_gb: the disk
+    tier below memory (radixgate/runtime/kv_tier/: evicted blocks go there and come back on a hit;
+    both set, or neither; it needs the prefix cache, whole-token matching included);
+    enable_prefix_cache / page_rounded_match: the baselines of the benchmarks (no reuse;
+    reuse rounded down to whole blocks).
+    """
+
+    kv_cache_gb: float = 4.0
+    block_size: int = 16
+    policy: str = "credit"
+    credit: CreditParams = field(default_factory=CreditParams)
+    kv_dtype: str = "auto"
+    disk_dir: str = ""
+    disk_gb: float = 0.0
+    enable_prefix_cache: bool = True
+    page_rounded_match: bool = False
+
+    def __post_init__(self) -> None:
+        if self.policy not in POLICIES:
+            raise ValueError(f"cache.policy must be one of {POLICIES}, got {self.policy!r}")
+        if self.kv_dtype not in KV_DTYPES:
+            raise ValueError(f"cache.kv_dtype must be one of {KV_DTYPES}, got {self.kv_dtype!r}")
+        if self.block_size < 1 or self.kv_cache_gb <= 0 or self.disk_gb < 0:
+            raise ValueError("cache.block_size >= 1, kv_cache_gb > 0 and disk_gb >= 0 required")
+        if bool(self.disk_dir) != (self.disk_gb > 0):
+            raise ValueError("cache.disk_dir and cache.disk_gb go together: a folder and a "
+                             f"budget > 0 for the disk tier (got {self.disk_dir!r}, "
+                             f"{self.disk_gb})")
+        if self.disk_dir and (not self.enable_prefix_cache or self.page_rounded_match):
+            raise ValueError("the disk tier (cache.disk_dir) needs the prefix cache with "
+                             "token-exact matching (enable_prefix_cache on, "
+                             "page_rounded_match off)")
+
+    @property
+    def kv_cache_bytes(self) -> int:
+        return int(self.kv_cache_gb * (1 << 30))
+
+    @property
+    def disk_bytes(self) -> int:
+        return int(self.disk_gb * (1 << 30))
+
+    def for_replica(self, index: int, count: int) -> "CacheConfig":
+        """This config for replica ``index`` of a deployment of at most ``count``: its disk
+        tier in its own subfolder ``disk_dir/replica-<index>`` (one server per folder) with
+        an equal part of ``disk_gb`` (the replicas together stay within it)."""
+        if not 0 <= index < count:
+            raise ValueError(f"replica index {index} outside the deployment's {count}")
+        if not self.disk_dir:
+            return self
+        return replace(self, disk_dir=replica_disk_dir(self.disk_dir, index),
+                       disk_gb=self.disk_gb / count)
+
+
+REPLICA_FOLDER_PREFIX = "replica-"
+
+
+def replica_disk_dir(disk_dir: str, index: int) -> str:
+    """The disk tier folder of replica ``index`` inside a deployment's ``disk_dir``."""
+    return f"{disk_dir.rstrip('/')}/{REPLICA_FOLDER_PREFIX}{index}"
+
+
+def make_policy(config: CacheConfig) -> EvictionPolicy:
+    """A new eviction policy of the kind ``config`` names, for one
+    ``RadixTree(pool, policy=...)`` (a policy keeps one tree's state: make one per tree)."""
+    if config.policy == "lru":
+        return LRUPolicy()
+    return CreditPolicy(config.credit)

@@ -1,0 +1,121 @@
+"""The tree's ``CacheEvent`` stream as vLLM-style KV events, addressed by content.
+
+vLLM announces a full KV block by a chained hash over the token ids up to its end, never
+by the block's id, so a router can index many engines' caches by content. ``BlockTracker``
+turns the tree's node-level events into those block-level ones:
+
+- ``BlockStored`` for every block that a new node makes *full* (all ``block_size`` slots of
+  the path cached), with the chained hash of ``block_hash.py`` under the tree's namespace
+  (``as_event_id``), the hash of the block before it (None at the namespace's root) and
+  the block's token ids. A partial last block is never announced;
+- ``BlockRemoved`` for the announced blocks an eviction, trim or flush takes out;
+- ``AllBlocksCleared`` when the tracker starts over (an engine that starts or restarts).
+
+The tracker remembers each announced block by ``(namespace, block id)`` (its hash, its
+parent's hash and its token ids): only one node of a namespace holds a block as full (a
+boundary block shared with a parent is partial for the parent), so a removal names exactly
+what it announced, and ``snapshot()`` lists what is announced now (for a subscriber that
+lost track: ``radixgate/runtime/engine/kv_events.py`` answers a replay request with it). Pure Python; the
+wire encoding (msgpack over ZMQ) lives in ``radixgate/runtime/engine/kv_events.py``.
+"""
+from __future__ import annotations
+
+from array import array
+from dataclasses import dataclass
+
+from .block_hash import as_event_id, block_hashes, root_hash
+from .events import CacheEvent
+
+
+@dataclass(frozen=True, slots=True)
+class BlockStored:
+    block_hashes: tuple[int, ...]
+    parent_block_hash: int | None
+    token_ids: tuple[int, ...]
+    block_size: int
+
+
+@dataclass(frozen=True, slots=True)
+class BlockRemoved:
+    block_hashes: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class AllBlocksCleared:
+    pass
+
+
+KVEvent = BlockStored | BlockRemoved | AllBlocksCleared
+
+
+def prompt_block_ids(seed: bytes | str, namespace: str, tokens, block_size: int) -> list[int]:
+    """The event ids of the full blocks of ``tokens`` in ``namespace``: what a router
+    looks up to find who caches a prompt's prefix (the same chain as ``BlockStored``)."""
+    return [as_event_id(h) for h in block_hashes(root_hash(seed, namespace), tokens, block_size)]
+
+
+class BlockTracker:
+    """Converts ``CacheEvent``s into ``KVEvent``s (call ``convert`` in event order)."""
+
+    def __init__(self, seed: bytes | str, block_size: int):
+        self.seed = seed
+        self.block_size = block_size
+        # (namespace, block id) -> (event id, parent event id, packed token ids)
+        self._announced: dict[tuple[str, int], tuple[int, int | None, bytes]] = {}
+
+    @property
+    def num_announced(self) -> int:
+        return len(self._announced)
+
+    def clear(self) -> AllBlocksCleared:
+        self._announced.clear()
+        return AllBlocksCleared()
+
+    def convert(self, event: CacheEvent) -> KVEvent | None:
+        if event.kind == "stored":
+            return self._stored(event)
+        return self._removed(event)
+
+    def _stored(self, event: CacheEvent) -> BlockStored | None:
+        B = self.block_size
+        first, end_full = event.start // B, event.end // B     # block indices [first, end_full)
+        if first >= end_full or not event.tokens:
+            return None         # no block of this node is full (or a partial-block swap)
+        tokens = array("i")
+        tokens.frombytes(event.tokens[:end_full * B * tokens.itemsize])
+        chain = block_hashes(root_hash(self.seed, event.namespace), tokens, B)
+        ids = [as_event_id(h) for h in chain[first:end_full]]
+        parent = as_event_id(chain[first - 1]) if first else None
+        width = B * tokens.itemsize
+        for index, event_id, before in zip(range(first, end_full), ids, [parent] + ids):
+            self._announced[(event.namespace, event.blocks[index - first])] = (
+                event_id, before, event.tokens[index * width:(index + 1) * width])
+        return BlockStored(tuple(ids), parent, tuple(tokens[first * B:end_full * B]), B)
+
+    def _removed(self, event: CacheEvent) -> BlockRemoved | None:
+        ids = []
+        for block in event.blocks:
+            announced = self._announced.pop((event.namespace, block), None)
+            if announced is not None:
+                ids.append(announced[0])
+        return BlockRemoved(tuple(ids)) if ids else None
+
+    def snapshot(self) -> list[KVEvent]:
+        """What a subscriber starting from nothing needs to know now: ``AllBlocksCleared``,
+        then every announced block as ``BlockStored`` (a run of chained blocks in one event,
+        each block after its parent, in the order they were announced)."""
+        events: list[KVEvent] = [AllBlocksCleared()]
+        run: list[int] = []
+        run_parent: int | None = None
+        tokens = array("i")
+        for event_id, parent, packed in self._announced.values():
+            if run and parent != run[-1]:
+                events.append(BlockStored(tuple(run), run_parent, tuple(tokens), self.block_size))
+                run, tokens = [], array("i")
+            if not run:
+                run_parent = parent
+            run.append(event_id)
+            tokens.frombytes(packed)
+        if run:
+            events.append(BlockStored(tuple(run), run_parent, tuple(tokens), self.block_size))
+        return events

@@ -1,0 +1,318 @@
+"""The model's matmuls ``x [M, K] @ W^T -> [M, N]`` with the weight kept in one form only: float32
+or bfloat16 (oneDNN-packed on the CPU), int8 (per-output-row scale) or int4 (per-32-group scale
+and zero), and ``resolve_weights_dtype``, which picks the form for ``--weights-dtype auto``.
+
+Measured on this project's CPU (AVX-512 + AVX512-BF16, torch 2.13, 1 thread, the 30 layers of
+SmolLM2-135M each a distinct weight so nothing stays in cache; ms for all 30 layers' q/k/v, o,
+gate_up and down together; the f32 and bf16-packed columns scaled up from gate_up + down, 75%
+of the weights):
+
+    rows   f32 F.linear  f32 packed  bf16 packed  int8 op  int4 op  int4 -> bf16 GEMM
+    1           25           13          6.8        6.7      3.9        -
+    16          56           23          13         23.3     20.6      185
+    64          -            -           39*        86.2     78.7      192
+    512        1107         440          221        674      614       354   (* plain bf16)
+
+(The last column predates the three-pass ``dequantized_t``: the dequantization alone is now
+52 ms for all 120 matmuls of the default model, was 265, so that path gains ~200 ms a step.)
+
+lm_head [49152, 576], 1 / 16 rows: f32 packed 3.3 / 7.5 ms, bf16 packed 1.6 / 3.4, int8 op
+1.6 / 6.8. The int8 / int4 ops take bfloat16 activations (with float32 ones they fall back to
+scalar code, 20-100x slower); oneDNN's packed layout beats F.linear even at one row, so it is the
+only copy of a dense weight (a tied head shares the embedding's plain table instead).
+
+``native(x)`` returns the product in the op's own dtype (bfloat16 for int8 / int4 / bf16
+weights), for a caller whose next op casts or promotes anyway; calling the layer casts it
+back to ``x``'s dtype.
+
+Per call: int4 runs the int4 op up to ``INT4_OP_MAX_ROWS`` rows and above that dequantizes the
+layer (from the packed codes) for one GEMM; int8 runs its op up to ``INT8_OP_MAX_ROWS`` and a
+GEMM over the converted codes above. That GEMM is bf16 where the CPU has bf16 hardware and
+float32 elsewhere (``wide_gemm_dtype``; Ice Lake, 2 threads, 2048 x 576 x 3072: bf16 133 ms,
+float32 36 ms).
+
+``auto`` (no timing run at start; CPU flags from /proc/cpuinfo at run time):
+
+    model's linear weights            CPU                          weights
+    Q4_0 / Q4_1 (4-bit blocks)        int4 op present (AVX2/512)   int4 (head: see below)
+    Q8_0, F16, BF16, F32, HF dirs     AVX512-BF16 or AMX-BF16      bfloat16
+    anything else, --tiny, non-CPU    -                            float32
+
+int4 wins single-stream decode (3.9 against 7.5 ms a token for the layers) and loses 16 rows
+(1.5x) and prefill (1.5x) to bf16; decode of few streams is what the default model serves.
+Q4_0 / Q4_1 codes go into int4 exactly (float32 scale and zero; the op rounds them to bf16);
+a GGUF file's head becomes radixgate/runtime/model/head.py's ``RescoredHead`` (int8 x int8 with each row's top
+logits recomputed exactly; 4-bit would be lossy), any other head bf16.
+
+Deterministic mode (``native(x, invariant=True)``, from a ``ForwardBatch`` with ``deterministic``):
+a row's product must not depend on how many rows the call has. Measured with torch 2.13 on
+the CPU (a row alone against the same row among M others, 1 and 2 threads): torch's int4 op
+is row-invariant at every M (the same K loop for every row block), the dequantized GEMM above
+``INT4_OP_MAX_ROWS`` is not; the int8 op is up to 16 rows; oneDNN's packed float32 / bf16
+GEMM and ``F.linear`` pick their K blocking by M (576 x 1536 differs between 1 and 2 rows)
+but give a row the same bits at a fixed M wherever it sits in the call. So the mode runs:
+int4, the op at every row count (2,048 x 576 x 3,072, 2 threads, Ice Lake: 91 against the
+GEMM's 58 ms); int8, the op on chunks of ``INT8_OP_MAX_ROWS``; float weights, GEMMs of
+exactly ``INVARIANT_TILE`` rows, the last chunk padded with zeros.
+"""
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+WEIGHTS_DTYPES = ("auto", "float32", "bfloat16", "int8", "int4")
+GROUP = 32                    # int4 group size: GGUF's block of 32 values
+INT4_OP_MAX_ROWS = 64         # above: dequantize the layer to bf16 and run one GEMM
+INT8_OP_MAX_ROWS = 16
+_PACK_ROWS_HINT = 16          # the row count oneDNN tunes the packed layout for
+_INT4_TILE = 64               # the CPU int4 pack interleaves rows in tiles of 64
+INVARIANT_TILE = 16           # deterministic mode: float GEMMs always see this many rows
+
+
+def in_row_chunks(fn, x: torch.Tensor, rows: int, pad: bool = False) -> torch.Tensor:
+    """``fn`` over x [M, K] in chunks of ``rows`` rows, concatenated; ``pad``: the last
+    chunk filled up with zero rows, so that ``fn`` only ever sees exactly ``rows`` rows."""
+    if x.shape[0] <= rows and not (pad and x.shape[0] < rows):
+        return fn(x)
+    outs = []
+    for start in range(0, x.shape[0], rows):
+        chunk = x[start:start + rows]
+        if pad and chunk.shape[0] < rows:
+            filled = chunk.new_zeros((rows, *chunk.shape[1:]))
+            filled[:chunk.shape[0]] = chunk
+            outs.append(fn(filled)[:chunk.shape[0]])
+        else:
+            outs.append(fn(chunk))
+    return torch.cat(outs)
+
+
+@functools.cache
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags (``/proc/cpuinfo``), empty where that file is missing."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return frozenset()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return frozenset(line.split(":", 1)[1].split())
+    return frozenset()
+
+
+def has_bf16_gemm() -> bool:
+    return bool({"avx512_bf16", "amx_bf16"} & cpu_flags())
+
+
+def wide_gemm_dtype() -> torch.dtype:
+    """The dtype of the GEMM that quantized layers run above their op's row limit (their
+    codes dequantized): bfloat16 where the CPU multiplies bf16 in hardware, else float32.
+    Without AVX512-BF16 / AMX (Ice Lake, Skylake, Zen 3) oneDNN's bf16 GEMM converts every
+    operand to float32 in software: 2048 x 576 x 3072 took 133 ms against 36 ms in float32
+    (Ice Lake, 2 threads), so a 2k-token prefill spent ~8 s in bf16 GEMMs against ~2 s."""
+    return torch.bfloat16 if has_bf16_gemm() else torch.float32
+
+
+def has_int4_op() -> bool:
+    return hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu") and \
+        torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
+
+
+def has_int8_op() -> bool:
+    return hasattr(torch.ops.aten, "_weight_int8pack_mm")
+
+
+@functools.cache
+def _packing_works() -> bool:
+    """oneDNN's packed linear present and agreeing with F.linear on a small product."""
+    if not torch.backends.mkldnn.is_available():
+        return False
+    try:
+        gen = torch.Generator().manual_seed(0)
+        w, x = torch.randn(24, 40, generator=gen), torch.randn(5, 40, generator=gen)
+        packed = torch.ops.mkldnn._reorder_linear_weight(w, _PACK_ROWS_HINT)
+        out = torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
+        return bool(torch.allclose(out, F.linear(x, w), atol=1e-4, rtol=1e-4))
+    except (AttributeError, RuntimeError):
+        return False
+
+
+def resolve_weights_dtype(requested: str, source_kind: str, device: torch.device,
+                          dtype: torch.dtype = torch.float32, tiny: bool = False) -> str:
+    """The weights dtype to build: ``requested`` itself, or for ``auto`` the table in this
+    module's docstring (``--tiny`` and non-CPU devices: the activations' ``dtype``).
+    ``source_kind``: ``"4bit"``, ``"8bit"`` or ``"float"`` (the model's matmul weights as
+    stored). Raises ValueError for an unknown or unavailable dtype."""
+    if requested not in WEIGHTS_DTYPES:
+        raise ValueError(f"weights dtype {requested!r}: one of {', '.join(WEIGHTS_DTYPES)}")
+    cpu = device.type == "cpu"
+    if requested in ("int4", "int8"):
+        available = has_int4_op() if requested == "int4" else has_int8_op()
+        if not (cpu and available):
+            raise ValueError(f"weights dtype {requested} needs torch's CPU {requested} matmul "
+                             f"(device {device}, CPU capability "
+                             f"{torch.backends.cpu.get_cpu_capability()})")
+        return requested
+    if requested != "auto":
+        return requested
+    if tiny or not cpu:
+        return str(dtype).removeprefix("torch.")
+    if source_kind == "4bit" and has_int4_op():
+        return "int4"
+    return "bfloat16" if has_bf16_gemm() else "float32"
+
+
+class DenseLinear:
+    """A float32 or bfloat16 weight [N, K]: on the CPU only oneDNN's packed copy is kept
+    (``pack=False`` keeps the plain tensor, e.g. a head tied to the embedding table)."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, pack: bool = True):
+        self.shape, self.dtype, self.bias = tuple(weight.shape), weight.dtype, bias
+        self.weight, self.packed = weight, None
+        if pack and weight.device.type == "cpu" and _packing_works() and \
+                weight.dtype in (torch.float32, torch.bfloat16):
+            self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, _PACK_ROWS_HINT)
+            self.weight = None
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return self.native(x).to(x.dtype)
+
+    @property
+    def input_dtype(self) -> torch.dtype:
+        """The dtype ``native`` casts x to (an x already in it is not copied)."""
+        return self.dtype
+
+    def native(self, x: torch.Tensor, invariant: bool = False) -> torch.Tensor:
+        """The product in the weight's dtype (no cast back to ``x``'s); ``invariant``: GEMMs
+        of exactly ``INVARIANT_TILE`` rows (the module docstring's deterministic mode)."""
+        if invariant:
+            return in_row_chunks(self._product, x, INVARIANT_TILE, pad=True)
+        return self._product(x)
+
+    def _product(self, x: torch.Tensor) -> torch.Tensor:
+        xw = x.to(self.dtype)
+        if self.packed is None:
+            return F.linear(xw, self.weight, None if self.bias is None else self.bias.to(self.dtype))
+        out = torch.ops.mkldnn._linear_pointwise(xw.contiguous(), self.packed, None, "none", [], "")
+        return out if self.bias is None else out + self.bias
+
+    @property
+    def nbytes(self) -> int:
+        n, k = self.shape
+        return n * k * self.dtype.itemsize
+
+
+class Int8Linear:
+    """int8 codes [N, K] with one scale per output row: ``W = codes * scale[:, None]``."""
+
+    def __init__(self, codes: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None):
+        assert codes.dtype == torch.int8 and scale.shape == (codes.shape[0],)
+        self.codes, self.bias = codes.contiguous(), bias
+        self.scale = scale.to(torch.bfloat16)             # [N] the op takes x's dtype
+        self.shape, self.dtype = tuple(codes.shape), torch.int8
+        self.wide_dtype = wide_gemm_dtype()                # above INT8_OP_MAX_ROWS
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return self.native(x).to(x.dtype)
+
+    input_dtype = torch.bfloat16          # what ``native`` casts x to
+
+    def native(self, x: torch.Tensor, invariant: bool = False) -> torch.Tensor:
+        """The product in bfloat16, the op's own dtype (float32 above the op's row limit on
+        a CPU without bf16 GEMMs, or with a float32 bias); ``invariant``: the op on chunks of
+        ``INT8_OP_MAX_ROWS`` rows whatever the count."""
+        xb = x.to(torch.bfloat16).contiguous()             # [M, K]
+        if invariant:
+            out = in_row_chunks(lambda rows: torch.ops.aten._weight_int8pack_mm(
+                rows, self.codes, self.scale), xb, INT8_OP_MAX_ROWS)
+        elif x.shape[0] <= INT8_OP_MAX_ROWS:
+            out = torch.ops.aten._weight_int8pack_mm(xb, self.codes, self.scale)
+        else:
+            wide = self.wide_dtype
+            out = F.linear(xb.to(wide), self.codes.to(wide)) * self.scale.to(wide)
+        return out if self.bias is None else out + self.bias
+
+    @property
+    def nbytes(self) -> int:
+        return self.codes.numel() + 2 * self.scale.numel()
+
+
+def quantize_int8_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric per-row int8: (codes int8 [N, K], scale float32 [N])."""
+    scale = (weight.abs().amax(dim=1) / 127).clamp(min=1e-12)         # [N]
+    codes = torch.round(weight / scale[:, None]).clamp(-127, 127).to(torch.int8)
+    return codes, scale
+
+
+class Int4Linear:
+    """4-bit codes [N, K] (0..15) in groups of 32 along K with a scale and a zero each:
+    ``W[n, k] = (codes[n, k] - 8) * scale[n, k // 32] + zero[n, k // 32]``; only torch's
+    packed form of the codes is kept."""
+
+    def __init__(self, codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor,
+                 bias: torch.Tensor | None = None):
+        n, k = codes.shape
+        assert k % GROUP == 0 and scale.shape == zero.shape == (n, k // GROUP)
+        self.shape, self.dtype, self.bias = (n, k), torch.quint4x2, bias
+        self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(
+            codes.to(torch.int32).contiguous(), 8)                     # uint8 [N, K/2]
+        self.scales_and_zeros = torch.stack([scale, zero], -1).transpose(0, 1) \
+            .contiguous().to(torch.bfloat16)                           # [K/32, N, 2]
+        self.wide_dtype = wide_gemm_dtype()                            # above INT4_OP_MAX_ROWS
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return self.native(x).to(x.dtype)
+
+    input_dtype = torch.bfloat16          # what ``native`` casts x to
+
+    def native(self, x: torch.Tensor, invariant: bool = False) -> torch.Tensor:
+        """The product in bfloat16, the op's own dtype (float32 above the op's row limit on
+        a CPU without bf16 GEMMs, or with a float32 bias). The activations are rounded to
+        bf16 on both paths (what the int4 op takes). ``invariant``: the op at every row count."""
+        xb = x.to(torch.bfloat16).contiguous()                          # [M, K]
+        if x.shape[0] <= INT4_OP_MAX_ROWS or self.shape[0] % _INT4_TILE or invariant:
+            out = torch.ops.aten._weight_int4pack_mm_for_cpu(xb, self.packed, GROUP,
+                                                             self.scales_and_zeros)
+        else:
+            wide = self.wide_dtype
+            out = xb.to(wide) @ self.dequantized_t(wide)                 # [M, N]
+        return out if self.bias is None else out + self.bias
+
+    def dequantized_t(self, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+        """W^T [K, N] in ``dtype`` (bf16 or float32) from the packed codes. The CPU pack stores tile t (rows 64t..64t+63)
+        as [K, 32] bytes: low nibble row 64t + j, high nibble row 64t + 32 + j (test-checked).
+        Three passes over the layer: each nibble half into one bf16 code buffer, then one
+        ``addcmul`` written straight into W^T's layout (a cat and a transposing copy made it
+        5x slower: 265 against 52 ms for the default model's 120 matmuls)."""
+        n, k = self.shape
+        tiles_n, half = n // _INT4_TILE, _INT4_TILE // 2
+        tiles = self.packed.view(tiles_n, k, half)                      # [N/64, K, 32]
+        codes = torch.empty(tiles_n, k, _INT4_TILE, dtype=dtype, device=tiles.device)
+        codes[..., :half].copy_(tiles & 15)
+        codes[..., half:].copy_(tiles >> 4)                              # [N/64, K, 64]
+        sz = self.scales_and_zeros.view(k // GROUP, tiles_n, 1, _INT4_TILE, 2) \
+            .transpose(0, 1).to(dtype)                                  # [N/64, K/32, 1, 64, 2]
+        scale, zero = sz[..., 0].contiguous(), (sz[..., 1] - 8 * sz[..., 0]).contiguous()
+        w_t = torch.empty(k, n, dtype=dtype, device=tiles.device)       # [K, N]
+        into = w_t.view(k // GROUP, GROUP, tiles_n, _INT4_TILE).permute(2, 0, 1, 3)
+        torch.addcmul(zero, codes.view(tiles_n, k // GROUP, GROUP, _INT4_TILE), scale, out=into)
+        return w_t
+
+    @property
+    def nbytes(self) -> int:
+        return self.packed.numel() + 2 * self.scales_and_zeros.numel()
+
+
+def quantize_int4_groups(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Asymmetric int4 in groups of 32 (min/max): codes uint8 [N, K], scale and zero [N, K/32]."""
+    n, k = weight.shape
+    groups = weight.float().view(n, k // GROUP, GROUP)
+    low, high = groups.amin(-1), groups.amax(-1)                        # [N, K/32]
+    scale = ((high - low) / 15).clamp(min=1e-12)
+    codes = torch.round((groups - low[..., None]) / scale[..., None]).clamp(0, 15)
+    return codes.to(torch.uint8).view(n, k), scale, low + 8 * scale
+
+
+Linear = DenseLinear | Int8Linear | Int4Linear

@@ -1,0 +1,125 @@
+"""KV capacity planner: bytes per token, tokens and concurrent conversations that fit a
+memory budget, for a model config (loaded or read from a file) or a named preset.
+Bytes per token are radixgate/radix_cache/kv_dtypes.py's formula (the 8-bit KV dtypes' scales included).
+Units are binary (KiB = 1024 B, GiB = 2**30 B), so Llama 2 7B at fp16 is 512 KiB/token and
+8,192 tokens take 4 GiB. No torch import: ``radixgate plan`` (radixgate/gateway/cli.py) plans
+without loading a model.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from radixgate.radix_cache.kv_dtypes import KV_DTYPE_BYTES, kv_bytes_per_token
+
+GiB, KiB = 2**30, 2**10
+
+@dataclass(frozen=True)
+class KVShape:
+    """The three numbers the KV size depends on."""
+    name: str
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+
+    def kv_bytes_per_token(self, kv_dtype: str | int = 2) -> int:
+        """As ``kv_dtype`` (a ``[cache] kv_dtype`` name, scales included, or bytes per number)."""
+        return kv_bytes_per_token(self.num_layers, self.num_kv_heads, self.head_dim, kv_dtype)
+
+
+PRESETS: dict[str, KVShape] = {s.name: s for s in [
+    KVShape("llama-2-7b", 32, 32, 128), KVShape("llama-2-13b", 40, 40, 128),
+    KVShape("llama-2-70b", 80, 8, 128), KVShape("llama-3-8b", 32, 8, 128),
+    KVShape("llama-3-70b", 80, 8, 128), KVShape("llama-3.1-405b", 126, 8, 128),
+    KVShape("mistral-7b", 32, 8, 128), KVShape("qwen2-0.5b", 24, 2, 64),
+    KVShape("qwen2-7b", 28, 4, 128), KVShape("qwen2-72b", 80, 8, 128),
+    KVShape("smollm2-135m", 30, 3, 64), KVShape("smollm2-360m", 32, 5, 64),
+    KVShape("smollm2-1.7b", 24, 32, 64),
+]}
+
+
+@dataclass(frozen=True)
+class Plan:
+    name: str
+    dtype_bytes: int
+    bytes_per_token: int
+    memory_bytes: int
+    context_tokens: int
+    max_tokens: int                  # tokens of KV that fit in memory_bytes
+    bytes_per_conversation: int      # context_tokens x bytes_per_token
+    max_conversations: int           # whole conversations of context_tokens that fit
+    kv_dtype: str = ""               # set when planned for a named KV dtype (scales included)
+
+    def memory_for(self, conversations: int, tokens: int | None = None) -> int:
+        """Bytes needed to hold ``conversations`` x ``tokens`` (default: context_tokens)."""
+        return conversations * (tokens or self.context_tokens) * self.bytes_per_token
+
+
+def shape_of(config_or_name) -> KVShape:
+    """A preset name, a ``ModelConfig`` (or anything with num_layers/num_kv_heads/head_dim),
+    a GGUF file or an HF directory."""
+    if isinstance(config_or_name, KVShape):
+        return config_or_name
+    if isinstance(config_or_name, (str, Path)):
+        key = str(config_or_name).lower()
+        if key in PRESETS:
+            return PRESETS[key]
+        return shape_of_path(Path(config_or_name))
+    c = config_or_name
+    return KVShape(getattr(c, "arch", "model"), c.num_layers, c.num_kv_heads, c.head_dim)
+
+
+def shape_of_path(path: Path) -> KVShape:
+    if str(path) == "default":
+        from radixgate.runtime.model.loader import default_model_path
+        path = default_model_path()
+    if path.is_dir():
+        from radixgate.runtime.model.loader_hf import read_hf_config
+        return replace(shape_of(read_hf_config(path)), name=path.name)
+    if path.is_file():
+        from radixgate.runtime.model.loader_gguf import read_gguf_config
+        return replace(shape_of(read_gguf_config(path)), name=path.stem)
+    raise ValueError(f"unknown model {str(path)!r}: not a preset ({', '.join(PRESETS)}), "
+                     f"a GGUF file or an HF directory")
+
+
+def plan(config_or_name, memory_gb: float, context_tokens: int, dtype_bytes: int = 2,
+         kv_dtype: str | None = None) -> Plan:
+    """How much KV fits in ``memory_gb`` GiB for conversations of ``context_tokens``;
+    ``kv_dtype`` (float32 | bfloat16 | float16 | int8 | fp8) replaces ``dtype_bytes``."""
+    shape = shape_of(config_or_name)
+    per_token = shape.kv_bytes_per_token(kv_dtype or dtype_bytes)
+    if kv_dtype:
+        dtype_bytes = KV_DTYPE_BYTES[kv_dtype]
+    memory = int(memory_gb * GiB)
+    max_tokens = memory // per_token
+    return Plan(shape.name, dtype_bytes, per_token, memory, context_tokens, max_tokens,
+                per_token * context_tokens, max_tokens // context_tokens if context_tokens else 0,
+                kv_dtype or "")
+
+
+def _size(num_bytes: float) -> str:
+    for unit, scale in (("GiB", GiB), ("MiB", 2**20), ("KiB", KiB)):
+        if num_bytes >= scale:
+            return f"{num_bytes / scale:,.1f} {unit}".replace(".0 ", " ")
+    return f"{num_bytes:,.0f} B"
+
+
+def format_plan_table(plans: list[Plan], conversations: int | None = None) -> str:
+    """A fixed-width table: one row per plan; with ``conversations``, the memory they need."""
+    header = ["model", "KV/token", f"per {plans[0].context_tokens:,} tok" if plans else "per ctx",
+              "budget", "tokens fit", "conversations fit"]
+    if conversations:
+        header.append(f"{conversations} conv need")
+    rows = [header]
+    for p in plans:
+        row = [f"{p.name} ({p.kv_dtype})" if p.kv_dtype else p.name, _size(p.bytes_per_token), _size(p.bytes_per_conversation),
+               _size(p.memory_bytes), f"{p.max_tokens:,}", f"{p.max_conversations:,}"]
+        if conversations:
+            row.append(_size(p.memory_for(conversations)))
+        rows.append(row)
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    lines = ["  ".join(cell.ljust(w) if i == 0 else cell.rjust(w)
+                       for i, (cell, w) in enumerate(zip(r, widths))) for r in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
