@@ -1,6 +1,10 @@
 """HF directories (config.json + safetensors + tokenizer.json): tiny random Llama (llama3 RoPE
-scaling, untied head, sharded), Qwen2 (q/k/v bias) and Mistral written by transformers, then
-our forward against transformers' own model loaded from the same directory."""
+scaling, untied head, sharded), Qwen2 (q/k/v bias), Mistral (with and without its sliding
+window), Qwen3 (q/k norms), Gemma 2 (windows, soft-caps, GeGLU, scaled embeddings, four norms),
+Gemma 3 (q/k norms, a local rope base, linear scaling on the global layers) and Phi-3 (fused
+projections, longrope) written by transformers, then our forward against transformers' own
+model loaded from the same directory. Every distinctive feature is on and visible: switched off
+in our model, its variant fails."""
 import dataclasses
 import json
 
@@ -25,7 +29,25 @@ VARIANTS = {
         tie_word_embeddings=True, rope_scaling={"rope_type": "linear", "factor": 2.0})),
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict(rope_theta=1e6, tie_word_embeddings=True)),
     "mistral": ("MistralConfig", "MistralForCausalLM", dict(sliding_window=None)),
+    "mistral-window": ("MistralConfig", "MistralForCausalLM", dict(sliding_window=8)),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(head_dim=8, tie_word_embeddings=True)),
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", dict(
+        head_dim=8, query_pre_attn_scalar=16, sliding_window=8, attn_logit_softcapping=1.0,
+        final_logit_softcapping=2.0)),
+    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", dict(
+        head_dim=8, query_pre_attn_scalar=16, sliding_window=8,
+        layer_types=["sliding_attention", "full_attention"],
+        rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                         "full_attention": {"rope_type": "linear", "factor": 2.0,
+                                            "rope_theta": 1e6}})),
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", dict(
+        pad_token_id=0, original_max_position_embeddings=32,
+        rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0,
+                         "short_factor": [1.0, 1.5, 2.0, 3.0],
+                         "long_factor": [1.0, 4.0, 8.0, 16.0]})),
 }
+# the features a fresh random model would leave idle (zero biases, unit or zero norms)
+RANDOMIZED = ("bias", "norm.weight", "layernorm.weight")
 TEMPLATE = "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
 
 
@@ -43,10 +65,14 @@ def write_model_dir(path, variant: str, seed: int = 0):
     config = getattr(transformers, config_cls)(**SHAPE, **extra, bos_token_id=1, eos_token_id=2)
     torch.manual_seed(seed)
     model = getattr(transformers, model_cls)(config).eval()
-    if variant == "qwen2":      # biases start at zero: make them matter
-        for layer in model.model.layers:
-            for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
-                torch.nn.init.normal_(proj.bias, std=0.5)
+    with torch.no_grad():       # biases and norms start at zero or one: make them matter
+        for name, tensor in model.named_parameters():
+            if name.endswith(RANDOMIZED):
+                tensor.normal_(0.0, 0.5)
+            if name.endswith(("q_proj.weight", "k_proj.weight")):   # peaked attention: the
+                tensor.mul_(8.0)                  # soft-caps and rope factors change it
+            if name.endswith("qkv_proj.weight"):
+                tensor[:SHAPE["hidden_size"] * 3 // 2].mul_(8.0)      # q and k rows (Phi-3)
     model.save_pretrained(path, max_shard_size="2MB" if variant == "llama" else "1GB")
     gguf_tokenizer("default").backend.save(str(path / "tokenizer.json"))
     (path / "tokenizer_config.json").write_text(json.dumps(
@@ -79,7 +105,8 @@ def test_forward_matches_transformers(model_pair):
 def test_config_mapping(model_pair):
     variant, path, _, ours = model_pair
     cfg = read_hf_config(path)
-    assert dataclasses.replace(ours.config, eos_token_ids=cfg.eos_token_ids) == cfg
+    assert dataclasses.replace(ours.config, eos_token_ids=cfg.eos_token_ids,
+                               rope_scaling=cfg.rope_scaling) == cfg
     assert (cfg.num_layers, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim) == (2, 4, 2, 8)
     assert cfg.attention_bias == (variant == "qwen2")
     assert cfg.arch == variant.split("-")[0]
@@ -89,6 +116,32 @@ def test_config_mapping(model_pair):
         assert (path / "model.safetensors.index.json").is_file()
     if variant == "qwen2":
         assert ours.model.layers[0].qkv.bias is not None and cfg.rope_theta == 1e6
+    assert cfg.qk_norm == (variant in ("qwen3", "gemma3"))
+    assert cfg.layer_windows == {"mistral-window": (8, 8), "gemma2": (8, 0),
+                                 "gemma3": (8, 0)}.get(variant, ())
+    gemma = variant.startswith("gemma")
+    assert (cfg.sandwich_norms, cfg.hidden_act == "gelu_tanh") == (gemma, gemma)
+    assert cfg.embed_scale == (32 ** 0.5 if gemma else 1.0)
+    assert cfg.attention_scale == (16 ** -0.5 if gemma else 8 ** -0.5)
+    assert (cfg.attn_softcap, cfg.final_softcap) == ((1.0, 2.0) if variant == "gemma2" else (0, 0))
+    assert cfg.rope_local_theta == (10000.0 if variant == "gemma3" else 0.0)
+    if variant == "phi3":
+        assert cfg.rope_scaling["attention_factor"] == pytest.approx((1 + 2.7725887 / 3.4657359) ** 0.5)
+        assert ours.config.rope_scaling["long"]       # a 512-position engine: the long factors
+
+
+def test_phi3_within_its_original_context_uses_the_short_factors(tmp_path):
+    """longrope's factor set is fixed per engine: one of 32 positions (the original context)
+    computes with the short factors, as HF does for sequences that short."""
+    reference = write_model_dir(tmp_path, "phi3")
+    ours = load_model(str(tmp_path), device="cpu", weights_dtype="float32", max_model_len=32)
+    assert not ours.config.rope_scaling["long"]
+    ids = ours.tokenizer.encode("Paged attention over a radix tree, " * 3)[:30]
+    kv = KVCache(ours.config.num_layers, 4, 16, ours.config.num_kv_heads, ours.config.head_dim)
+    batch = build_forward_batch([ids], [0], [[0, 1]], 16, logits_rows=[list(range(len(ids)))])
+    with torch.inference_mode():
+        expected = reference(torch.tensor([ids])).logits[0]
+    assert_close(ours.model.forward(batch, kv), expected, rtol=1e-4, atol=1e-5)
 
 
 def test_tokenizer_and_template_from_directory(model_pair):
@@ -102,5 +155,5 @@ def test_tokenizer_and_template_from_directory(model_pair):
 def test_unsupported_architecture_is_rejected(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"architectures": ["GPT2LMHeadModel"],
                                                       "model_type": "gpt2"}))
-    with pytest.raises(NotImplementedError, match="Llama, Mistral and Qwen2"):
+    with pytest.raises(NotImplementedError, match="Llama, Mistral, Qwen2, Qwen3, Gemma 2"):
         read_hf_config(tmp_path)

@@ -10,6 +10,9 @@ K/V in q's dtype). 8-bit caches (int8, float8_e4m3fn, passed with their ``k_scal
 ``v_scale``) always take the reference path, whatever the backend: the Triton kernels do not
 quantize or dequantize yet (a CUDA 8-bit KV kernel is left for when a GPU can test it).
 
+``window_attention``: the same attention with a sliding window and soft-capped scores (torch
+ops on every device; Mistral's and Gemma's layers).
+
 Importing this package imports neither Triton nor compiles anything: the Triton modules are
 imported on first use.
 """
@@ -28,11 +31,12 @@ from radixgate.kernels.reference import (
     reference_paged_attention,
     reference_store_kv,
 )
+from radixgate.kernels.window_attention import window_attention
 
 __all__ = [
     "store_kv", "paged_attention", "copy_blocks", "attention_plan", "AttentionPlan",
     "reference_store_kv", "reference_paged_attention", "reference_copy_blocks",
-    "quantize_kv", "dequantize_kv", "BACKEND_ENV",
+    "quantize_kv", "dequantize_kv", "BACKEND_ENV", "window_attention",
 ]
 
 BACKEND_ENV = "RADIXGATE_KERNEL_BACKEND"

@@ -18,6 +18,7 @@ from radixgate.runtime.model.fresh_thread import run_on_fresh_thread
 from radixgate.runtime.model.linear import resolve_weights_dtype
 from radixgate.runtime.model.model import LlamaModel
 from radixgate.runtime.model.model_info import ModelInfo
+from radixgate.runtime.model.rope import for_context
 from radixgate.runtime.model.tokenizer import Tokenizer
 from radixgate.runtime.model.weights import source_kind
 
@@ -178,12 +179,13 @@ def _load(path: str, tiny: bool, device: str | None, dtype, max_model_len: int |
     config, weights, tokenizer = _read(p, tiny, seed)
     eos = tuple(sorted(set(config.eos_token_ids) | tokenizer.eos_token_ids))
     config = dataclasses.replace(config, eos_token_ids=eos)
+    limit = _context(config, max_model_len)
+    config = for_context(config, limit)              # longrope's factor set, for good
     kind = source_kind(w for name, w in weights.items() if name.endswith("proj.weight"))
     weights_dtype = resolve_weights_dtype(weights_dtype, kind, dev, dt, tiny)
     model = LlamaModel(config, weights, device=dev, dtype=dt, weights_dtype=weights_dtype)
     _release_file_pages(weights)
     del weights
-    limit = _context(config, max_model_len)
     name = _model_name(path, p, tiny)
     elapsed = time.perf_counter() - start
     log.info("loaded %s (%s, %.1fM params, %s weights, %.0f MB) on %s/%s in %.2f s", name,

@@ -1,9 +1,12 @@
 """Load an HF model directory: config.json + *.safetensors (sharded with an index or not) +
 tokenizer.json + tokenizer_config.json (+ chat_template.jinja, generation_config.json).
-Architectures: Llama, Mistral, Qwen2 (q/k/v bias)."""
+Architectures: Llama, Mistral (sliding window), Qwen2 (q/k/v bias), Qwen3 (q/k norms), Gemma 2
+(windows, soft-capping, GeGLU), Gemma 3 text (windows, q/k norms, a local rope base) and
+Phi-3 (fused projections, longrope)."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import torch
@@ -14,8 +17,13 @@ from radixgate.runtime.model.model_config import ModelConfig
 from radixgate.runtime.model.tokenizer import Tokenizer
 from radixgate.runtime.model.tokenizer_gguf import END_MARKERS
 
-_ARCHS = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "Qwen2ForCausalLM": "qwen2"}
-_MODEL_TYPES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2"}
+_ARCHS = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "Qwen2ForCausalLM": "qwen2",
+          "Qwen3ForCausalLM": "qwen3", "Gemma2ForCausalLM": "gemma2",
+          "Gemma3ForCausalLM": "gemma3", "Phi3ForCausalLM": "phi3"}
+_MODEL_TYPES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3",
+                "gemma2": "gemma2", "gemma3_text": "gemma3", "phi3": "phi3"}
+_GEMMAS = ("gemma2", "gemma3")
+_ACTIVATIONS = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_tanh": "gelu_tanh"}
 
 
 def _read_json(path: Path) -> dict:
@@ -35,24 +43,86 @@ def _arch(cfg: dict) -> str:
     if cfg.get("model_type") in _MODEL_TYPES:
         return _MODEL_TYPES[cfg["model_type"]]
     raise NotImplementedError(f"unsupported architecture {cfg.get('architectures')} / "
-                              f"{cfg.get('model_type')}: Llama, Mistral and Qwen2 are supported")
+                              f"{cfg.get('model_type')}: Llama, Mistral, Qwen2, Qwen3, Gemma 2, "
+                              f"Gemma 3 and Phi-3 are supported")
+
+
+def _activation(cfg: dict) -> str:
+    name = cfg.get("hidden_activation") or cfg.get("hidden_act") or "silu"
+    if cfg.get("mlp_bias") or name not in _ACTIVATIONS:
+        raise NotImplementedError(f"MLP {name!r}{' with bias' if cfg.get('mlp_bias') else ''}: "
+                                  f"only gated SiLU / tanh-GELU MLPs without bias are supported")
+    return _ACTIVATIONS[name]
+
+
+def _rope(cfg: dict) -> tuple[float, dict | None, float]:
+    """(rope base, scaling dict or None, the window layers' own base or 0). transformers 4
+    writes ``rope_theta``/``rope_scaling``; 5 writes ``rope_parameters``, per layer type for
+    Gemma 3."""
+    rope = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
+    local = 0.0
+    if "full_attention" in rope:
+        local = float((rope.get("sliding_attention") or {}).get("rope_theta") or 0.0)
+        rope = dict(rope["full_attention"])
+    elif cfg.get("rope_local_base_freq"):
+        local = float(cfg["rope_local_base_freq"])
+    if float(rope.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0))) != 1.0:
+        raise NotImplementedError("partial rotary embeddings are not supported")
+    theta = float(cfg.get("rope_theta") or rope.get("rope_theta") or 10000.0)
+    kind = rope.get("rope_type", rope.get("type", "default"))
+    skip = ("rope_theta", "partial_rotary_factor")
+    scaling = None if kind in (None, "default") else {k: v for k, v in rope.items() if k not in skip}
+    if kind == "longrope":
+        scaling = _longrope(cfg, scaling)
+    return theta, scaling, local
+
+
+def _longrope(cfg: dict, scaling: dict) -> dict:
+    """Phi-3's longrope with HF's defaults made explicit: the original context and the
+    attention factor sqrt(1 + ln(factor) / ln(original)), factor = context / original."""
+    original = int(scaling.get("original_max_position_embeddings")
+                   or cfg.get("original_max_position_embeddings") or cfg["max_position_embeddings"])
+    factor = float(scaling.get("factor") or float(cfg["max_position_embeddings"]) / original)
+    attention = scaling.get("attention_factor")
+    if attention is None:
+        attention = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
+    return {"rope_type": "longrope", "short_factor": list(scaling["short_factor"]),
+            "long_factor": list(scaling["long_factor"]),
+            "original_max_position_embeddings": original, "attention_factor": float(attention)}
+
+
+def _windows(cfg: dict, layers: int) -> tuple[int, ...]:
+    """Per layer the sliding window (0: global), from ``sliding_window`` and ``layer_types``
+    (no ``layer_types``: Mistral's window on every layer); () when every layer is global."""
+    window = cfg.get("sliding_window")
+    if not window or (cfg.get("model_type") in ("qwen2", "qwen3")
+                      and not cfg.get("use_sliding_window")):
+        return ()
+    types = cfg.get("layer_types") or ["sliding_attention"] * layers
+    windows = tuple(int(window) if t == "sliding_attention" else 0 for t in types)
+    return windows if any(windows) else ()
+
+
+def _gemma_fields(cfg: dict, arch: str) -> dict:
+    if arch not in _GEMMAS:
+        return {}
+    return dict(embed_scale=float(cfg["hidden_size"]) ** 0.5, sandwich_norms=True,
+                query_scale=float(cfg.get("query_pre_attn_scalar") or cfg["head_dim"]) ** -0.5,
+                attn_softcap=float(cfg.get("attn_logit_softcapping") or 0.0),
+                final_softcap=float(cfg.get("final_logit_softcapping") or 0.0))
 
 
 def config_from_hf(cfg: dict, generation: dict | None = None) -> ModelConfig:
     """ModelConfig from config.json (transformers 4 ``rope_theta``/``rope_scaling`` or 5
     ``rope_parameters``)."""
     arch = _arch(cfg)
-    if cfg.get("mlp_bias") or cfg.get("hidden_act", "silu") != "silu":
-        raise NotImplementedError("only SwiGLU MLPs without bias are supported")
     heads = int(cfg["num_attention_heads"])
-    rope = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
-    theta = float(cfg.get("rope_theta") or rope.get("rope_theta") or 10000.0)
-    kind = rope.get("rope_type", rope.get("type", "default"))
-    scaling = None if kind in (None, "default") else {k: v for k, v in rope.items() if k != "rope_theta"}
+    theta, scaling, local_theta = _rope(cfg)
     eos = _ids(cfg.get("eos_token_id")) + _ids((generation or {}).get("eos_token_id"))
+    layers = int(cfg["num_hidden_layers"])
     return ModelConfig(
         vocab_size=int(cfg["vocab_size"]), hidden_size=int(cfg["hidden_size"]),
-        intermediate_size=int(cfg["intermediate_size"]), num_layers=int(cfg["num_hidden_layers"]),
+        intermediate_size=int(cfg["intermediate_size"]), num_layers=layers,
         num_heads=heads, num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
         head_dim=int(cfg.get("head_dim") or cfg["hidden_size"] // heads),
         rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)), rope_theta=theta, rope_scaling=scaling,
@@ -60,7 +130,9 @@ def config_from_hf(cfg: dict, generation: dict | None = None) -> ModelConfig:
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         attention_bias=bool(cfg.get("attention_bias", arch == "qwen2")),
         bos_token_id=None if cfg.get("bos_token_id") is None else int(cfg["bos_token_id"]),
-        eos_token_ids=tuple(sorted(set(eos))), arch=arch)
+        eos_token_ids=tuple(sorted(set(eos))), arch=arch, hidden_act=_activation(cfg),
+        qk_norm=arch in ("qwen3", "gemma3"), layer_windows=_windows(cfg, layers),
+        rope_local_theta=local_theta, **_gemma_fields(cfg, arch))
 
 
 def read_hf_config(path: str | Path) -> ModelConfig:
@@ -115,7 +187,18 @@ def tokenizer_from_hf(path: str | Path, config: ModelConfig | None = None) -> To
                      eos_token_id=main_eos)
 
 
+def fold_norm_offsets(config: ModelConfig, weights: dict[str, torch.Tensor]) -> dict:
+    """Gemma's RMSNorms multiply by ``1 + w``: every norm weight becomes that multiplier
+    (our model, like llama.cpp's files, holds the multiplier itself)."""
+    if config.arch in _GEMMAS:
+        for name in weights:
+            if name.endswith("norm.weight"):
+                weights[name] = weights[name] + 1.0
+    return weights
+
+
 def load_hf_dir(path: str | Path) -> tuple[ModelConfig, dict[str, torch.Tensor], Tokenizer]:
     path = Path(path)
     config = read_hf_config(path)
-    return config, weights_from_hf(path), tokenizer_from_hf(path, config)
+    weights = fold_norm_offsets(config, weights_from_hf(path))
+    return config, weights, tokenizer_from_hf(path, config)

@@ -1,4 +1,7 @@
-"""Llama-family decoder (Llama, Mistral, Qwen2, SmolLM) over the paged KV cache.
+"""Llama-family decoder (Llama, Mistral, Qwen2/3, SmolLM, Gemma 2/3, Phi-3) over the paged KV
+cache. The relatives' features are ``ModelConfig``'s (q/k norms, sliding windows, soft-caps,
+GeGLU, scaled embeddings, Gemma's four norms per layer, a local rope base, longrope); a layer
+with a window or soft-capped scores attends through ``kernels.window_attention``.
 
 K/V are read and written only through ``radixgate.kernels``: each layer runs ``store_kv`` for
 the new tokens, then ``paged_attention`` reads every key/value (new ones included) from the
@@ -12,12 +15,14 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from radixgate.kernels import attention_plan, native, paged_attention, store_kv, uses_triton
+from radixgate.kernels import (attention_plan, native, paged_attention, store_kv, uses_triton,
+                               window_attention)
 from radixgate.runtime.model.batch import ForwardBatch, build_forward_batch
 from radixgate.runtime.model.model_config import ModelConfig
 from radixgate.runtime.model.kv_cache import KVCache
 from radixgate.runtime.model.linear import Linear
-from radixgate.runtime.model.rope import apply_rope, rope_cos_sin, rope_inv_freq
+from radixgate.runtime.model.rope import (apply_rope, local_rope_inv_freq, rope_attention_factor,
+                                          rope_cos_sin, rope_inv_freq)
 from radixgate.runtime.model.weights import build_embedding_and_head, build_linear, dense
 
 __all__ = ["LlamaModel", "ForwardBatch", "build_forward_batch", "rms_norm"]
@@ -45,6 +50,11 @@ class DecoderLayer:
     mlp_norm: torch.Tensor        # [H]
     gate_up: Linear               # [2 I, H]  gate and up projections stacked
     down: Linear                  # [H, I]
+    q_norm: torch.Tensor | None = None        # [D] per q head before rope (Qwen3, Gemma 3)
+    k_norm: torch.Tensor | None = None        # [D] per k head
+    attn_out_norm: torch.Tensor | None = None  # [H] on the attention output (Gemma)
+    mlp_out_norm: torch.Tensor | None = None   # [H] on the MLP output (Gemma)
+    window: int = 0                           # sliding window in tokens, 0: global
 
 
 class LlamaModel:
@@ -69,12 +79,18 @@ class LlamaModel:
         if freq_factors is not None:
             freq_factors = dense(freq_factors)
         self.inv_freq = rope_inv_freq(config, freq_factors).to(self.device)   # [D/2] fp32
-        self.scale = config.head_dim ** -0.5
+        local = local_rope_inv_freq(config)                  # the window layers' own, or None
+        self.local_inv_freq = None if local is None else local.to(self.device)
+        self.rope_factor = rope_attention_factor(config)
+        self.scale = config.attention_scale
+        self.plain = not (config.sandwich_norms or config.qk_norm or config.layer_windows
+                          or config.attn_softcap or config.final_softcap
+                          or config.embed_scale != 1.0 or config.hidden_act != "silu")
         self.q_size = config.num_heads * config.head_dim
         self.kv_size = config.num_kv_heads * config.head_dim
         # residual add + norm in one native call where the norms are float32 on the CPU
-        self.fused_norms = native.usable(*(w for layer in self.layers
-                                           for w in (layer.attn_norm, layer.mlp_norm)))
+        self.fused_norms = not config.sandwich_norms and native.usable(
+            *(w for layer in self.layers for w in (layer.attn_norm, layer.mlp_norm)))
         # the fused norms write what the layers' qkv and gate_up cast their input to
         inputs = {m.input_dtype for layer in self.layers for m in (layer.qkv, layer.gate_up)}
         self.norm_out_dtype = inputs.pop() if len(inputs) == 1 and inputs <= {
@@ -87,6 +103,9 @@ class LlamaModel:
                 and self.fused_norms):
             raise ValueError("deterministic mode needs the native CPU kernels (a C compiler, "
                              "RADIXGATE_NATIVE not 0) and float32 activations on the CPU")
+        if not self.plain:
+            raise ValueError(f"deterministic mode covers the Llama/Qwen2 layer only, not "
+                             f"{self.config.arch}'s (windows, soft-caps, extra norms)")
 
     def _vector(self, source) -> torch.Tensor:
         return dense(source).to(device=self.device, dtype=self.dtype).contiguous()
@@ -95,19 +114,32 @@ class LlamaModel:
         return build_linear(parts, self.weights_dtype, self.device, bias)
 
     def _layer(self, weights, i: int) -> DecoderLayer:
-        p = f"model.layers.{i}."
+        """Layer i from HF names; Phi-3's fused ``qkv_proj`` / ``gate_up_proj`` are taken as
+        they are (the same stacking as ours)."""
+        p, cfg = f"model.layers.{i}.", self.config
         attn = [p + f"self_attn.{n}_proj" for n in "qkv"]
         bias = None
-        if self.config.attention_bias or (attn[0] + ".bias") in weights:
+        if cfg.attention_bias or (attn[0] + ".bias") in weights:
             bias = torch.cat([self._vector(weights[a + ".bias"]) for a in attn])
+        qkv = [weights[p + "self_attn.qkv_proj.weight"]] if p + "self_attn.qkv_proj.weight" \
+            in weights else [weights[a + ".weight"] for a in attn]
+        gate_up = [weights[p + "mlp.gate_up_proj.weight"]] if p + "mlp.gate_up_proj.weight" \
+            in weights else [weights[p + "mlp.gate_proj.weight"], weights[p + "mlp.up_proj.weight"]]
+        sandwich = cfg.sandwich_norms
+        optional = lambda name: self._vector(weights[p + name]) if name else None  # noqa: E731
         return DecoderLayer(
             attn_norm=self._vector(weights[p + "input_layernorm.weight"]),
-            qkv=self._linear([weights[a + ".weight"] for a in attn], bias),
+            qkv=self._linear(qkv, bias),
             o_proj=self._linear([weights[p + "self_attn.o_proj.weight"]]),
-            mlp_norm=self._vector(weights[p + "post_attention_layernorm.weight"]),
-            gate_up=self._linear([weights[p + "mlp.gate_proj.weight"],
-                                  weights[p + "mlp.up_proj.weight"]]),
-            down=self._linear([weights[p + "mlp.down_proj.weight"]]))
+            mlp_norm=self._vector(weights[p + ("pre_feedforward_layernorm.weight" if sandwich
+                                               else "post_attention_layernorm.weight")]),
+            gate_up=self._linear(gate_up),
+            down=self._linear([weights[p + "mlp.down_proj.weight"]]),
+            q_norm=optional(cfg.qk_norm and "self_attn.q_norm.weight"),
+            k_norm=optional(cfg.qk_norm and "self_attn.k_norm.weight"),
+            attn_out_norm=optional(sandwich and "post_attention_layernorm.weight"),
+            mlp_out_norm=optional(sandwich and "post_feedforward_layernorm.weight"),
+            window=cfg.window(i))
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, kv: KVCache) -> torch.Tensor:
@@ -122,14 +154,19 @@ class LlamaModel:
         float32 through a float32 scratch), rope always in the native kernel, the norms
         native (``check_deterministic`` says where that cannot hold)."""
         x = self.embed(batch.input_ids)                                  # [T, H]
-        cos, sin = rope_cos_sin(batch.positions, self.inv_freq, self.dtype)  # [T, 1, D]
+        if self.config.embed_scale != 1.0:                               # HF: in x's dtype
+            x = x * torch.tensor(self.config.embed_scale, dtype=x.dtype)
+        cos, sin = rope_cos_sin(batch.positions, self.inv_freq, self.dtype,
+                                self.rope_factor)                        # [T, 1, D]
+        local = None if self.local_inv_freq is None else rope_cos_sin(
+            batch.positions, self.local_inv_freq, self.dtype)            # window layers' rope
         eps = self.config.rms_norm_eps
         plan = attention_plan(batch.block_tables, batch.cu_q_lens, batch.seq_lens, kv.block_size,
                               batch.num_tokens, quantized=kv.quantized,
                               deterministic=batch.deterministic)  # shared by every layer
         rope_native = NATIVE_ROPE_STORE and not kv.quantized and not uses_triton(kv.k[0]) \
             and native.usable(cos, sin, kv.k[0])          # decided once: every layer alike
-        layer_args = (cos, sin, batch, plan, kv, rope_native)
+        layer_args = ((cos, sin), local, batch, plan, kv, rope_native)
         if self.fused_norms and native.usable(x):
             x = self._layers_fused(x, eps, layer_args)
         else:
@@ -142,7 +179,9 @@ class LlamaModel:
             h = rms_norm(x, self.norm, eps)
         if det:
             return self.logits_proj.native(h, True).float()              # [n, V]
-        return self.logits_proj(h).float()
+        logits = self.logits_proj(h).float()
+        cap = self.config.final_softcap
+        return torch.tanh(logits / cap) * cap if cap else logits
 
     __call__ = forward
 
@@ -151,9 +190,15 @@ class LlamaModel:
         det = layer_args[2].deterministic
         for i, layer in enumerate(self.layers):
             h = rms_norm(x, layer.attn_norm, eps)
-            x = x + self._attention(layer, h, i, *layer_args)
+            out = self._attention(layer, h, i, *layer_args)
+            if layer.attn_out_norm is not None:
+                out = rms_norm(out, layer.attn_out_norm, eps)
+            x = x + out
             h = rms_norm(x, layer.mlp_norm, eps)
-            x = x + self._mlp(layer, h, det)
+            out = self._mlp(layer, h, det)
+            if layer.mlp_out_norm is not None:
+                out = rms_norm(out, layer.mlp_out_norm, eps)
+            x = x + out
         return x
 
     def _layers_fused(self, x: torch.Tensor, eps: float, layer_args) -> torch.Tensor:
@@ -172,14 +217,18 @@ class LlamaModel:
             h = native.add_rms_norm(x, self._mlp(layer, h, det), after, eps, out)
         return x
 
-    def _attention(self, layer: DecoderLayer, h, i: int, cos, sin, batch: ForwardBatch, plan,
-                   kv: KVCache, rope_native: bool) -> torch.Tensor:
-        """Layer ``i``'s attention block: qkv, rope, K/V stored, paged attention, o_proj
-        (``rope_native``: this forward's rope and store go through ``native.rope_store``)."""
+    def _attention(self, layer: DecoderLayer, h, i: int, rope, local_rope, batch: ForwardBatch,
+                   plan, kv: KVCache, rope_native: bool) -> torch.Tensor:
+        """Layer ``i``'s attention block: qkv, q/k norms, rope, K/V stored, paged attention,
+        o_proj (``rope_native``: this forward's rope and store go through
+        ``native.rope_store``; ``local_rope``: the window layers' own cos/sin, or None)."""
         cfg = self.config
         k_cache, v_cache, scales = kv.k[i], kv.v[i], kv.layer_scales(i)
         tokens = h.shape[0]
+        cos, sin = local_rope if layer.window and local_rope is not None else rope
         qkv = layer.qkv.native(h, batch.deterministic)   # [T, (Hq + 2Hkv) D]: bf16 products, or float32
+        if layer.q_norm is not None:
+            qkv = self._qk_norms(layer, qkv)
         if rope_native and qkv.dtype in (torch.float32, torch.bfloat16) and qkv.is_contiguous():
             q = native.rope_store(qkv, cos, sin, batch.slot_mapping, k_cache, v_cache,
                                   cfg.num_heads)                 # one pass: rope, K/V stored
@@ -187,9 +236,25 @@ class LlamaModel:
             q = self._rope_native_then_store(qkv, cos, sin, batch, k_cache, v_cache, scales)
         else:
             q = self._rope_and_store(qkv, cos, sin, batch, k_cache, v_cache, scales)
-        out = paged_attention(q, k_cache, v_cache, batch.block_tables, batch.cu_q_lens,
-                              batch.seq_lens, self.scale, plan=plan, **scales)  # [T, Hq, D]
+        if layer.window or cfg.attn_softcap:
+            out = window_attention(q, k_cache, v_cache, batch.block_tables, batch.cu_q_lens,
+                                   batch.seq_lens, self.scale, window=layer.window,
+                                   softcap=cfg.attn_softcap, **scales)
+        else:
+            out = paged_attention(q, k_cache, v_cache, batch.block_tables, batch.cu_q_lens,
+                                  batch.seq_lens, self.scale, plan=plan, **scales)  # [T, Hq, D]
         return layer.o_proj.native(out.reshape(tokens, self.q_size), batch.deterministic)
+
+    def _qk_norms(self, layer: DecoderLayer, qkv: torch.Tensor) -> torch.Tensor:
+        """q and k heads each through their RMSNorm (before rope, as HF's Qwen3 / Gemma 3)."""
+        cfg, tokens = self.config, qkv.shape[0]
+        qkv = qkv.to(self.dtype)
+        eps, d = cfg.rms_norm_eps, cfg.head_dim
+        q = rms_norm(qkv[:, :self.q_size].reshape(tokens, cfg.num_heads, d), layer.q_norm, eps)
+        k = rms_norm(qkv[:, self.q_size:self.q_size + self.kv_size].reshape(
+            tokens, cfg.num_kv_heads, d), layer.k_norm, eps)
+        return torch.cat([q.reshape(tokens, -1), k.reshape(tokens, -1),
+                          qkv[:, self.q_size + self.kv_size:]], dim=1)
 
     def _rope_and_store(self, qkv, cos, sin, batch: ForwardBatch, k_cache, v_cache,
                         scales: dict) -> torch.Tensor:
@@ -226,6 +291,10 @@ class LlamaModel:
         (The native silu and torch's round alike, and torch's is row-invariant: ``det``
         only reaches the matmuls.)"""
         gate_up = layer.gate_up.native(h, det)                   # [T, 2I]
+        if self.config.hidden_act == "gelu_tanh":                # GeGLU (Gemma)
+            half = gate_up.shape[-1] // 2
+            return layer.down.native(F.gelu(gate_up[:, :half], approximate="tanh")
+                                     * gate_up[:, half:], det)
         if gate_up.shape[0] <= NATIVE_SILU_MAX_ROWS and gate_up.dtype == torch.bfloat16 \
                 and gate_up.is_contiguous() and native.usable():
             return layer.down.native(native.silu_mul(gate_up), det)  # torch's bf16 roundings
@@ -239,7 +308,10 @@ class LlamaModel:
         count = sum(m.shape[0] * m.shape[1] for m in matmuls) + self.norm.numel()
         if not self.tied:
             count += self.embed.shape[0] * self.embed.shape[1]
-        return count + sum(layer.attn_norm.numel() + layer.mlp_norm.numel() for layer in self.layers)
+        norms = [w for layer in self.layers for w in (layer.attn_norm, layer.mlp_norm, layer.q_norm,
+                                                       layer.k_norm, layer.attn_out_norm,
+                                                       layer.mlp_out_norm) if w is not None]
+        return count + sum(w.numel() for w in norms)
 
     def weight_bytes(self) -> int:
         """Bytes of the matmul weights as held in memory (a file-backed embedding excluded)."""

@@ -1,6 +1,7 @@
 """Rotary position embeddings, HF layout (``rotate_half`` over the two halves of a head)."""
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import torch
@@ -22,11 +23,45 @@ def rope_inv_freq(config: ModelConfig, freq_factors: torch.Tensor | None = None)
         inv_freq = inv_freq / float(scaling["factor"])
     elif kind == "llama3":
         inv_freq = _llama3_scale(inv_freq, scaling)
+    elif kind == "longrope":
+        factors = scaling["long_factor" if scaling.get("long") else "short_factor"]
+        inv_freq = 1.0 / (torch.tensor(factors, dtype=torch.float32)
+                          * config.rope_theta ** exponents)
     elif kind not in ("default", None):
-        raise NotImplementedError(f"rope scaling {kind!r} is not supported (default, linear, llama3)")
+        raise NotImplementedError(f"rope scaling {kind!r} is not supported "
+                                  f"(default, linear, llama3, longrope)")
     if freq_factors is not None:
         inv_freq = inv_freq / freq_factors.to(torch.float32)
     return inv_freq
+
+
+def local_rope_inv_freq(config: ModelConfig) -> torch.Tensor | None:
+    """The window layers' own frequencies (Gemma 3: ``rope_local_theta``, no scaling), or
+    None where they share the global layers'."""
+    if not config.rope_local_theta:
+        return None
+    plain = dataclasses.replace(config, rope_theta=config.rope_local_theta, rope_scaling=None)
+    return rope_inv_freq(plain)
+
+
+def rope_attention_factor(config: ModelConfig) -> float:
+    """What cos and sin are multiplied by (longrope's attention factor; 1 otherwise)."""
+    scaling = config.rope_scaling or {}
+    return float(scaling.get("attention_factor", 1.0)) if scaling.get("rope_type") == "longrope" \
+        else 1.0
+
+
+def for_context(config: ModelConfig, context: int) -> ModelConfig:
+    """``config`` for an engine of ``context`` positions. longrope (Phi-3) has two factor sets,
+    short and long; HF switches per forward by the sequence's length, which would make K/V
+    cached under one set wrong under the other. The engine picks one set for its whole life
+    instead (long where the context passes the original one, as llama.cpp does by its
+    context size), so every cached K/V was made with the factors that read it."""
+    scaling = config.rope_scaling or {}
+    if scaling.get("rope_type") != "longrope":
+        return config
+    long = context > int(scaling["original_max_position_embeddings"])
+    return dataclasses.replace(config, rope_scaling={**scaling, "long": long})
 
 
 def _llama3_scale(inv_freq: torch.Tensor, s: dict) -> torch.Tensor:
@@ -41,14 +76,18 @@ def _llama3_scale(inv_freq: torch.Tensor, s: dict) -> torch.Tensor:
     return torch.where(medium, smoothed, scaled)
 
 
-def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype):
+def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype,
+                 factor: float = 1.0):
     """positions int64 [T] -> cos, sin of shape [T, 1, D] (broadcast over heads); ``sin``'s
-    first half is negated, so that ``apply_rope`` rotates with a swap of the two halves."""
+    first half is negated, so that ``apply_rope`` rotates with a swap of the two halves.
+    ``factor`` multiplies both (``rope_attention_factor``)."""
     freqs = positions.to(torch.float32)[:, None] * inv_freq[None, :]      # [T, D/2]
     emb = torch.cat((freqs, freqs), dim=-1)[:, None, :]                   # [T, 1, D]
-    sin = emb.sin()
+    sin, cos = emb.sin(), emb.cos()
+    if factor != 1.0:
+        sin, cos = sin * factor, cos * factor
     sin[..., :freqs.shape[-1]].neg_()
-    return emb.cos().to(dtype), sin.to(dtype)
+    return cos.to(dtype), sin.to(dtype)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
