@@ -64,3 +64,20 @@ def test_kv_dtype_rows_count_the_8_bit_scales(capsys):
     assert radixgate_main(["plan", "smollm2-135m", "--memory-gb", "4", "--kv-dtype", "all"]) == 0
     rows = capsys.readouterr().out.splitlines()[2:]
     assert [r.split()[1] for r in rows] == ["(float32)", "(bfloat16)", "(float16)", "(int8)", "(fp8)"]
+
+
+GEMMA_3_1B = dict(hidden_size=1152, num_hidden_layers=26, num_attention_heads=4,
+                  num_key_value_heads=1, head_dim=256)
+
+
+@pytest.mark.parametrize("config_cls, fields, preset", [
+    ("Gemma2Config", {}, "gemma-2-2b"), ("Gemma3TextConfig", GEMMA_3_1B, "gemma-3-1b"),
+    ("Phi3Config", {}, "phi-3-mini")])
+def test_the_relatives_presets_match_their_configs(tmp_path, config_cls, fields, preset):
+    """transformers' configs of these models (the defaults are Gemma 2 2B and Phi-3 mini): a
+    folder holding only config.json plans (window layers counted in full) as the preset."""
+    transformers = pytest.importorskip("transformers")
+    getattr(transformers, config_cls)(**fields).save_pretrained(tmp_path)
+    ours = plan(str(tmp_path), 1, 4096)
+    assert ours.bytes_per_token == PRESETS[preset].kv_bytes_per_token(2)
+    assert ours.name == tmp_path.name

@@ -53,7 +53,7 @@ _GEMMA_LAYER_NAMES = {**_LAYER_NAMES, "post_attention_norm": "post_attention_lay
                       "ffn_norm": "pre_feedforward_layernorm",
                       "post_ffw_norm": "post_feedforward_layernorm"}
 _ARCH_LAYER_NAMES = {
-    "gemma2": _LAYER_NAMES, "gemma3": _GEMMA_LAYER_NAMES,
+    "gemma2": _GEMMA_LAYER_NAMES, "gemma3": _GEMMA_LAYER_NAMES,
     # fused as in HF's Phi3: qkv_proj = [q; k; v], gate_up_proj = [gate; up]
     "phi3": {**_LAYER_NAMES, "attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"},
 }
@@ -208,8 +208,7 @@ class GGUFWeight:
         """float32 in HF layout."""
         w = np.ascontiguousarray(self._rows_in_hf_order(
             dequantize(self.info.data, self.info.qtype, self.info.shape)))
-        w = w if w.flags.writeable else w.copy()
-        return w + 1 if ("gemma" in str(self.info.file.path)) and self.info.name.endswith("norm.weight") else w
+        return w if w.flags.writeable else w.copy()     # F32 tensors come back as file views
 
     def group_codes(self) -> GroupCodes:
         """Integer codes and group scales (Q8_0 / Q4_0 / Q4_1 only), rows in HF order."""

@@ -34,8 +34,13 @@ PRESETS: dict[str, KVShape] = {s.name: s for s in [
     KVShape("mistral-7b", 32, 8, 128), KVShape("qwen2-0.5b", 24, 2, 64),
     KVShape("qwen2-7b", 28, 4, 128), KVShape("qwen2-72b", 80, 8, 128),
     KVShape("smollm2-135m", 30, 3, 64), KVShape("smollm2-360m", 32, 5, 64),
-    KVShape("smollm2-1.7b", 24, 32, 64),
+    KVShape("smollm2-1.7b", 24, 32, 64), KVShape("qwen3-0.6b", 28, 8, 128),
+    KVShape("qwen3-8b", 36, 8, 128), KVShape("gemma-2-2b", 26, 4, 256),
+    KVShape("gemma-2-9b", 42, 8, 256), KVShape("gemma-3-1b", 26, 1, 256),
+    KVShape("gemma-3-4b", 34, 4, 256), KVShape("phi-3-mini", 32, 32, 96),
 ]}
+# Window layers (Mistral, Gemma 2/3) are counted in full: radixgate holds every layer's K/V
+# for every cached position (docs/ARCHITECTURE.md section 9).
 
 
 @dataclass(frozen=True)
