@@ -179,3 +179,34 @@ def test_user_text_spelling_control_tokens_stays_text(tokenizer):
     assert r.tokens.count(im_end) == plain.tokens.count(im_end)
     assert r.tokens.count(im_start) == plain.tokens.count(im_start)
     assert forged in r.text
+
+
+# Gemma 2's template, in substance: no system turn (it raises on one), assistant is "model"
+NO_SYSTEM_TEMPLATE = (
+    "{{ bos_token }}{% if messages[0]['role'] == 'system' %}"
+    "{{ raise_exception('System role not supported') }}{% endif %}"
+    "{% for message in messages %}{% set role = 'model' if message['role'] == 'assistant' "
+    "else message['role'] %}{{ '<start_of_turn>' + role + '\\n' + message['content'] | trim "
+    "+ '<end_of_turn>\\n' }}{% endfor %}{% if add_generation_prompt %}"
+    "{{ '<start_of_turn>model\\n' }}{% endif %}")
+
+
+def test_a_template_without_a_system_role_gets_the_system_text_in_the_first_user_turn(tokenizer):
+    from radixgate.runtime.model.tokenizer import Tokenizer
+    gemma_like = Tokenizer(tokenizer.backend, bos_token_id=tokenizer.bos_token_id,
+                           eos_token_ids=tokenizer.eos_token_ids, chat_template=NO_SYSTEM_TEMPLATE,
+                           special_token_ids=tokenizer.special_token_ids)
+    _, r = anthropic(gemma_like, system=[{"type": "text", "text": "Be brief.",
+                                          "cache_control": cc()}],
+                     messages=[{"role": "user", "content": "Hi"},
+                               {"role": "assistant", "content": "Hello"},
+                               {"role": "user", "content": "Bye"}])
+    expected = gemma_like.apply_chat_template(
+        [{"role": "user", "content": "Be brief.\n\nHi"}, {"role": "assistant", "content": "Hello"},
+         {"role": "user", "content": "Bye"}])
+    assert r.text == expected
+    system_end = len(gemma_like.encode(expected[:expected.index("Be brief.\n") + 10]))
+    assert [b.offset for b in r.breakpoints] == [system_end]   # still after the system text
+    _, alone = anthropic(gemma_like, system="Be brief.", messages=[
+        {"role": "assistant", "content": "Hello"}])           # no user turn to join: one alone
+    assert alone.text.startswith(gemma_like.bos_token + "<start_of_turn>user\nBe brief.<end")

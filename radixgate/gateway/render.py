@@ -117,6 +117,8 @@ def render_prompt(tokenizer: ChatTokenizer, conversation: Conversation,
     Linear in the prompt: a bounded number of template renders whatever the message count
     (``RenderedPrompt.template_renders``)."""
     messages = conversation.template_messages()
+    if conversation.system and not accepts_system_role(tokenizer):
+        messages = fold_system(messages)
     counter = _RenderCounter(tokenizer, budget.on_template_render)
     segments: list[Segment] = []
     message_texts, without = _message_texts(counter, messages)
@@ -125,6 +127,36 @@ def render_prompt(tokenizer: ChatTokenizer, conversation: Conversation,
     segments.extend(_reply_segments(counter, messages, without, conversation.prefill))
     rendered = _tokenize(tokenizer, segments, budget)
     return dataclasses.replace(rendered, template_renders=counter.renders)
+
+
+_SYSTEM_ROLE: dict[str, bool] = {}      # chat template text -> whether it takes a system turn
+
+
+def accepts_system_role(tokenizer: ChatTokenizer) -> bool:
+    """Whether the chat template renders a system message (Gemma 2's and early Mistral
+    templates raise on one), probed once per template."""
+    key = getattr(tokenizer, "chat_template", None) or ""
+    if key not in _SYSTEM_ROLE:
+        try:
+            tokenizer.apply_chat_template([{"role": "system", "content": "s"},
+                                           {"role": "user", "content": "u"}],
+                                          add_generation_prompt=False)
+            _SYSTEM_ROLE[key] = True
+        except Exception:  # noqa: BLE001  jinja2 raise_exception(...) and friends
+            _SYSTEM_ROLE[key] = False
+    return _SYSTEM_ROLE[key]
+
+
+def fold_system(messages: list[ChatMessage]) -> list[ChatMessage]:
+    """For a template without a system role: the system pieces open the first user message,
+    a blank line before its own text (as Gemma 3's template folds them); breakpoints stay on
+    their pieces."""
+    system, rest = messages[0], messages[1:]
+    if not rest or rest[0].role != "user":
+        return [ChatMessage("user", system.pieces), *rest]
+    *head, last = system.pieces
+    pieces = (*head, Piece(last.text + PIECE_SEPARATOR, last.ttl_s), *rest[0].pieces)
+    return [ChatMessage("user", pieces), *rest[1:]]
 
 
 def render_continuation(tokenizer: ChatTokenizer, base: list[int], roles: Sequence[str],
