@@ -1,7 +1,9 @@
 """GGUF files of the Llama relatives, as llama.cpp's own converter writes them: tiny random
 Qwen3, Gemma 2, Gemma 3 (text), Phi-3 (LongRoPE, fused qkv / gate_up) and Mistral (sliding
 window) checkpoints built with transformers' classes, converted once per module, then read
-back with ``read_gguf_weights`` and compared with the safetensors and the HF config."""
+back with ``read_gguf_weights`` and compared with the safetensors, the HF config (and
+loader_hf's reading of it), and, end to end, transformers' logits against our model built from
+each file. Also: a q8_0 file, llama.cpp's metadata defaults, and what the converter drops."""
 import math
 from types import SimpleNamespace
 
@@ -62,7 +64,8 @@ def hf_expected(arch: str) -> dict:
         _, attention_factor = _compute_longrope_parameters(cfg)
         rope_scaling = {"rope_type": "longrope", "short_factor": full["short_factor"],
                         "long_factor": full["long_factor"],
-                        "original_max_position_embeddings": full["original_max_position_embeddings"],
+                        "original_max_position_embeddings":
+                            full["original_max_position_embeddings"],
                         "attention_factor": attention_factor}
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     act = cfg.hidden_activation if gemma else cfg.hidden_act
@@ -106,7 +109,8 @@ def test_config_matches_the_hf_config(loaded, arch):
         assert ours.keys() == scaling.keys()
         for key in ("short_factor", "long_factor", "attention_factor"):
             np.testing.assert_allclose(ours[key], scaling[key], rtol=1e-6, err_msg=key)
-        assert ours["original_max_position_embeddings"] == scaling["original_max_position_embeddings"]
+        key = "original_max_position_embeddings"
+        assert ours[key] == scaling[key]
     else:
         assert config.rope_scaling == scaling
 
@@ -154,7 +158,8 @@ def test_every_weight_the_model_needs_is_there(loaded, arch):
             ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"]) + ["self_attn.o_proj"]
     mlp = ["mlp.gate_up_proj"] if arch == "phi3" else ["mlp.gate_proj", "mlp.up_proj"]
     norms = ["input_layernorm", "post_attention_layernorm"]
-    norms += ["pre_feedforward_layernorm", "post_feedforward_layernorm"] if config.sandwich_norms else []
+    if config.sandwich_norms:
+        norms += ["pre_feedforward_layernorm", "post_feedforward_layernorm"]
     norms += ["self_attn.q_norm", "self_attn.k_norm"] if config.qk_norm else []
     per_layer = attn + mlp + ["mlp.down_proj"] + norms
     names = {f"model.layers.{i}.{p}.weight" for i in range(config.num_layers) for p in per_layer}
@@ -165,7 +170,8 @@ def test_every_weight_the_model_needs_is_there(loaded, arch):
     qkv = (config.num_heads + 2 * config.num_kv_heads) * d
     if arch == "phi3":
         assert weights["model.layers.0.self_attn.qkv_proj.weight"].shape == (qkv, h)
-        assert weights["model.layers.0.mlp.gate_up_proj.weight"].shape == (2 * config.intermediate_size, h)
+        gate_up = weights["model.layers.0.mlp.gate_up_proj.weight"]
+        assert gate_up.shape == (2 * config.intermediate_size, h)
     if config.qk_norm:
         assert weights["model.layers.0.self_attn.q_norm.weight"].shape == (d,)
 
@@ -209,6 +215,23 @@ def test_config_only_reader_agrees(files, loaded):
         assert read_gguf_config(files[arch][1]) == loaded[arch][0]
 
 
+@pytest.mark.parametrize("arch", ARCHS)
+def test_same_config_as_the_hf_folder_loader(files, loaded, arch):
+    """loader_hf reads the folder the GGUF came from into the same ModelConfig (float32
+    metadata read back as its decimal), except where the file lost something: Mistral's
+    window and arch name, Phi-3's longrope factors in float32."""
+    from dataclasses import replace
+    from radixgate.runtime.model.loader_hf import read_hf_config
+    ours, theirs = loaded[arch][0], read_hf_config(files[arch][0])
+    if arch == "mistral":
+        theirs = replace(theirs, arch="llama", layer_windows=())
+    if arch == "phi3":
+        for key in ("short_factor", "long_factor", "attention_factor"):
+            np.testing.assert_allclose(ours.rope_scaling[key], theirs.rope_scaling[key], rtol=1e-6)
+        theirs = replace(theirs, rope_scaling=ours.rope_scaling)
+    assert ours == theirs
+
+
 def test_converter_drops_mistral_window(files):
     """convert_hf_to_gguf.py writes MistralForCausalLM as ``llama`` without any sliding window
     key (llama.cpp's llama graph has none): the HF checkpoint had ``sliding_window`` = 8.
@@ -246,7 +269,7 @@ def test_gemma_metadata_as_llama_cpp_reads_it(files):
     meta2, tensors2 = _meta(files, "gemma2")
     wide = {**meta2, "gemma2.embedding_length": 128, "gemma2.block_count": 46}
     assert config_from_gguf(wide, tensors2).query_scale == pytest.approx(32 ** -0.5)
-    assert config_from_gguf(meta2, tensors2).query_scale == 0.0      # head_dim ** -0.5
+    assert config_from_gguf(meta2, tensors2).query_scale == 16 ** -0.5      # head_dim ** -0.5
 
 
 def test_phi3_metadata_edge_cases(files):
@@ -267,7 +290,8 @@ def test_phi3_metadata_edge_cases(files):
 def test_an_unmapped_tensor_is_an_error_not_dropped(files, loaded):
     gguf = GGUFFile(files["qwen3"][1])
     config = loaded["qwen3"][0]
-    extra = SimpleNamespace(tensors={**gguf.tensors, "cls_out.weight": gguf.tensors["output_norm.weight"]})
+    extra = SimpleNamespace(tensors={**gguf.tensors,
+                                     "cls_out.weight": gguf.tensors["output_norm.weight"]})
     with pytest.raises(NotImplementedError, match="cls_out"):
         weights_from_gguf(extra, config)
 
@@ -284,3 +308,30 @@ def test_gemma_norms_in_the_file_are_one_plus_hf(files, loaded):
             got = torch.from_numpy(weights[name].dense())
             assert torch.equal(got, hf[name] + 1.0), name
             assert not torch.allclose(got, hf[name]), name
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_model_from_the_gguf_matches_transformers(files, loaded, arch):
+    """End to end: our model built from the GGUF's config and weights gives transformers'
+    logits on the folder it came from, over 3 windows of positions (Mistral: within its
+    window only, which the file lost; Phi-3: short factors, as HF within the original
+    context of 64)."""
+    from transformers import AutoModelForCausalLM
+    from radixgate.runtime.model.batch import build_forward_batch
+    from radixgate.runtime.model.kv_cache import KVCache
+    from radixgate.runtime.model.model import LlamaModel
+    from radixgate.runtime.model.rope import for_context
+    config, weights = loaded[arch]
+    config = for_context(config, 64)
+    model = LlamaModel(config, weights, device="cpu", dtype=torch.float32, weights_dtype="float32")
+    n = 8 if arch == "mistral" else 24
+    ids = torch.randint(0, config.vocab_size, (n,),
+                        generator=torch.Generator().manual_seed(1)).tolist()
+    kv = KVCache(config.num_layers, 4, 16, config.num_kv_heads, config.head_dim)
+    batch = build_forward_batch([ids], [0], [[0, 1]], 16, logits_rows=[list(range(n))])
+    reference = AutoModelForCausalLM.from_pretrained(files[arch][0], dtype=torch.float32).eval()
+    with torch.inference_mode():
+        expected = reference(torch.tensor([ids])).logits[0]
+    ours = model.forward(batch, kv)
+    excess = ((ours - expected).abs() - (1e-4 + 1e-4 * expected.abs())).max().item()
+    assert excess <= 0, f"max |diff| {(ours - expected).abs().max().item():.3g}"

@@ -23,7 +23,7 @@ import torch
 
 HIDDEN, HEAD_DIM, HEADS, KV_HEADS, FFN = 64, 16, 4, 2, 96
 BPE_VOCAB, SPM_VOCAB = 49152, 384
-WINDOW = 8          # Gemma's and Mistral's sliding window (tokens)
+WINDOW = 8          # Gemma's and Mistral's sliding window (tokens); Phi-3's is twice that
 
 _SPM_TEXT = ([f"The quick brown fox jumps over the lazy dog {i} times." for i in range(200)]
              + ["Hello world: a prefix caching gateway keeps a radix tree of prompts."] * 20)

@@ -60,11 +60,19 @@ _ARCH_LAYER_NAMES = {
 _LAYER_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)$")
 
 
+def _decimal(x) -> float:
+    """A float32 from the file as the decimal it was written from (1e-06, not
+    9.99999997e-07): the shortest repr of the float32, so configs compare equal with HF's."""
+    x = float(x)
+    return float(str(np.float32(x))) if float(np.float32(x)) == x else x
+
+
 def _rope_scaling(meta: dict, arch: str) -> dict | None:
     kind = meta.get(f"{arch}.rope.scaling.type")
     if kind in (None, "none"):
         return None
-    scaling = {"rope_type": kind, "factor": float(meta.get(f"{arch}.rope.scaling.factor", 1.0))}
+    factor = _decimal(meta.get(f"{arch}.rope.scaling.factor", 1.0))
+    scaling = {"rope_type": kind, "factor": factor}
     original = meta.get(f"{arch}.rope.scaling.original_context_length")
     if original is not None:
         scaling["original_max_position_embeddings"] = int(original)
@@ -91,9 +99,9 @@ def _longrope(meta: dict, arch: str, tensors) -> dict | None:
     if factor is None:      # transformers' _compute_longrope_parameters default
         ratio = max_pos / original
         factor = math.sqrt(1 + math.log(ratio) / math.log(original)) if ratio > 1 else 1.0
-    return {"rope_type": "longrope", "short_factor": [float(x) for x in short_f],
-            "long_factor": [float(x) for x in long_f],
-            "original_max_position_embeddings": original, "attention_factor": float(factor)}
+    return {"rope_type": "longrope", "short_factor": [_decimal(x) for x in short_f],
+            "long_factor": [_decimal(x) for x in long_f],
+            "original_max_position_embeddings": original, "attention_factor": _decimal(factor)}
 
 
 def _layer_windows(meta: dict, arch: str, num_layers: int) -> tuple[int, ...]:
@@ -143,13 +151,16 @@ def config_from_gguf(meta: dict, tensors=()) -> ModelConfig:
     local_theta = g("rope.freq_base_swa", _DEFAULT_LOCAL_THETA.get(arch)) if windows else None
     # llama.cpp scales Gemma's queries by head_dim ** -0.5, except the 27B models (by layer
     # count) by (hidden / heads) ** -0.5: HF's query_pre_attn_scalar, which no key carries.
-    query_scale = (hidden // heads) ** -0.5 if _GEMMA_27B_LAYERS.get(arch) == num_layers else 0.0
+    query_scale = 0.0
+    if gemma:
+        big = _GEMMA_27B_LAYERS[arch] == num_layers
+        query_scale = float(hidden // heads if big else head_dim) ** -0.5
     return ModelConfig(
         vocab_size=int(vocab), hidden_size=hidden, intermediate_size=int(g("feed_forward_length")),
         num_layers=num_layers, num_heads=heads,
         num_kv_heads=int(g("attention.head_count_kv", heads)), head_dim=head_dim,
-        rms_norm_eps=float(g("attention.layer_norm_rms_epsilon", 1e-5)),
-        rope_theta=float(g("rope.freq_base", 10000.0)),
+        rms_norm_eps=_decimal(g("attention.layer_norm_rms_epsilon", 1e-5)),
+        rope_theta=_decimal(g("rope.freq_base", 10000.0)),
         rope_scaling=_longrope(meta, arch, tensors) or _rope_scaling(meta, arch),
         max_position_embeddings=int(g("context_length", 2048)),
         tie_word_embeddings="output.weight" not in tensors,
@@ -159,13 +170,13 @@ def config_from_gguf(meta: dict, tensors=()) -> ModelConfig:
         qk_norm="blk.0.attn_q_norm.weight" in tensors,
         layer_windows=windows,
         # gemma2 always soft-caps in llama.cpp (50 / 30 without the keys); gemma3 at most logits
-        attn_softcap=float(g("attn_logit_softcapping", 50.0 if arch == "gemma2" else 0.0)),
-        final_softcap=float(g("final_logit_softcapping", 30.0 if arch == "gemma2" else 0.0)),
+        attn_softcap=_decimal(g("attn_logit_softcapping", 50.0 if arch == "gemma2" else 0.0)),
+        final_softcap=_decimal(g("final_logit_softcapping", 30.0 if arch == "gemma2" else 0.0)),
         query_scale=query_scale,
         hidden_act="gelu_tanh" if gemma else "silu",
-        embed_scale=math.sqrt(hidden) if gemma else 1.0,
+        embed_scale=float(hidden) ** 0.5 if gemma else 1.0,      # as loader_hf
         sandwich_norms=gemma,
-        rope_local_theta=float(local_theta or 0.0))
+        rope_local_theta=_decimal(local_theta or 0.0))
 
 
 def unpermute_rope_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
