@@ -1,7 +1,8 @@
 """Build a ``Tokenizer`` from a GGUF file's ``tokenizer.ggml.*`` metadata.
 
 Supports ``tokenizer.ggml.model == "gpt2"`` (byte-level BPE: SmolLM, Llama 3, Qwen2, ...),
-with the pre-tokenizer split chosen by ``tokenizer.ggml.pre`` as llama.cpp does.
+with the pre-tokenizer split chosen by ``tokenizer.ggml.pre`` as llama.cpp does, and
+``"llama"`` (SentencePiece BPE: Llama 2, Mistral v0.x, Gemma, Phi-3; see ``tokenizer_spm``).
 """
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
 
 from radixgate.runtime.model.tokenizer import Tokenizer
+from radixgate.runtime.model.tokenizer_spm import spm_backend_from_gguf, spm_special_ids
 
 _TOKEN_TYPE_CONTROL, _TOKEN_TYPE_USER_DEFINED = 3, 4
 
@@ -53,14 +55,18 @@ def _backend(tokens: list[str], merges: list[str], token_types, pre: str | None)
 def tokenizer_from_gguf(meta: dict) -> Tokenizer:
     """``meta``: the GGUF metadata dict (see ``gguf_file.GGUFFile``)."""
     kind = meta.get("tokenizer.ggml.model")
-    if kind != "gpt2":
+    if kind not in ("gpt2", "llama"):
         raise NotImplementedError(f"GGUF tokenizer model {kind!r} is not supported (only byte-level "
-                                  f"BPE 'gpt2'); load the HF directory with tokenizer.json instead")
+                                  f"BPE 'gpt2' and SentencePiece 'llama'); load the HF directory "
+                                  f"with tokenizer.json instead")
     tokens = list(meta["tokenizer.ggml.tokens"])
     types = [int(t) for t in meta.get("tokenizer.ggml.token_type", [1] * len(tokens))]
-    backend = _backend(tokens, list(meta.get("tokenizer.ggml.merges", [])), types,
-                       meta.get("tokenizer.ggml.pre"))
-    special_ids = {i for i, k in enumerate(types) if k == _TOKEN_TYPE_CONTROL}
+    if kind == "llama":
+        backend, special_ids = spm_backend_from_gguf(meta), spm_special_ids(types)
+    else:
+        backend = _backend(tokens, list(meta.get("tokenizer.ggml.merges", [])), types,
+                           meta.get("tokenizer.ggml.pre"))
+        special_ids = {i for i, k in enumerate(types) if k == _TOKEN_TYPE_CONTROL}
     eos = {int(meta[k]) for k in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id",
                                   "tokenizer.ggml.eom_token_id") if k in meta}
     eos |= {i for i in special_ids if tokens[i] in END_MARKERS}
