@@ -115,9 +115,7 @@ def test_decode_attention_is_the_same_at_any_thread_count_and_uses_torchs_openmp
                                         tables[row:row + 1].contiguous(), lens[row:row + 1],
                                         0.125, threads=2)
         assert torch.equal(alone[0], one[row])
-    maps = Path("/proc/self/maps").read_text()
-    libgomps = {line.split()[-1] for line in maps.splitlines() if "libgomp" in line}
-    assert len(libgomps) <= 1, libgomps
+    native.shares_torchs_openmp.cache_clear()
     assert native.shares_torchs_openmp() and native.default_threads() == torch.get_num_threads()
     assert native.library().rg_parallel_width(2) == 2    # built with OpenMP: work is shared
     torch.randn(1 << 20).exp().sum()                     # torch's pool is up
@@ -127,20 +125,31 @@ def test_decode_attention_is_the_same_at_any_thread_count_and_uses_torchs_openmp
 
 
 @needs_native
-def test_with_a_second_openmp_runtime_the_kernels_stay_on_the_calling_thread(monkeypatch, tmp_path):
-    """A second OpenMP runtime mapped beside torch's (another libgomp or Intel's libiomp) would
-    give the kernels a pool of their own: they then run on one thread."""
-    maps = tmp_path / "maps"
-    maps.write_text("7f0-7f1 r-xp 0 0:0 1 /x/torch/lib/libgomp.so.1\n"
-                    "7f2-7f3 r-xp 0 0:0 1 /usr/lib/libiomp5.so\n")
+def test_a_runtime_mapped_beside_torchs_leaves_the_kernels_on_torchs_pool():
+    """The sentencepiece wheel maps a libgomp of its own (the gguf package imports
+    sentencepiece where it is installed): the kernels still call torch's, so they keep its
+    workers; a second runtime mapped is not a second pool."""
+    pytest.importorskip("sentencepiece")
+    maps = Path("/proc/self/maps").read_text()
+    runtimes = {line.split()[-1] for line in maps.splitlines() if "libgomp" in line}
+    assert len(runtimes) == 2, runtimes                 # torch's and sentencepiece's
     native.shares_torchs_openmp.cache_clear()
-    real_path = native.Path
-    monkeypatch.setattr(native, "Path", lambda p: real_path(maps) if p == "/proc/self/maps" else real_path(p))
+    assert native.shares_torchs_openmp() and native.default_threads() == torch.get_num_threads()
+
+
+@needs_native
+def test_bound_to_another_openmp_runtime_the_kernels_stay_on_the_calling_thread(monkeypatch):
+    """Where the library's OpenMP calls go to another runtime than torch's (a torch on Intel's
+    libiomp), the kernels would start a pool of their own: they run on one thread."""
+    real = native._gomp_entry
+    native.shares_torchs_openmp.cache_clear()
+    monkeypatch.setattr(native, "_gomp_entry", lambda lib: real(lib) + (
+        0 if "torch" in str(getattr(lib, "_name", "")) else 64))
     try:
         assert not native.shares_torchs_openmp() and native.default_threads() == 1
     finally:
+        monkeypatch.setattr(native, "_gomp_entry", real)
         native.shares_torchs_openmp.cache_clear()
-        monkeypatch.setattr(native, "Path", real_path)
     assert native.shares_torchs_openmp()
 
 

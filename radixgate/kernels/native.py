@@ -15,8 +15,8 @@ One C call does each: ``add_rms_norm``, ``rope_store``, ``decode_attention``, ``
   log line says why, and every caller runs its torch ops instead.
 - **Threads**: ``decode_attention`` and ``extend_attention`` share their work among torch's
   own OpenMP workers (built with ``-fopenmp``, the library resolves libgomp to the copy
-  torch loaded: one pool; ``shares_torchs_openmp`` checks, and where a second runtime got
-  mapped they run on the calling thread). Call them from the thread that runs the model's
+  torch loaded: one pool; ``shares_torchs_openmp`` checks, and where the library bound
+  another runtime they run on the calling thread). Call them from the thread that runs the model's
   torch ops: a long-lived other thread would get a pool of its own.
 - **Contract**: the wrappers take CPU float32 tensors that are contiguous (the callers check
   ``usable``); reductions run in a fixed order per row, so a row's result never depends on
@@ -93,25 +93,36 @@ def library() -> ctypes.CDLL | None:
     return lib
 
 
+def _gomp_entry(lib: ctypes.CDLL) -> int | None:
+    """Where ``lib``'s OpenMP calls go: the address its ``GOMP_parallel`` resolves to (dlsym
+    searches the library's own dependencies), or None where it makes no such call."""
+    try:
+        return ctypes.cast(lib.GOMP_parallel, ctypes.c_void_p).value
+    except AttributeError:
+        return None
+
+
 @functools.cache
 def shares_torchs_openmp() -> bool:
-    """The built library resolved its OpenMP runtime to the one torch loaded (one libgomp
-    mapped in this process). Where another runtime came along instead, the kernels run on
-    the calling thread only: a second pool would slow every torch op after it."""
-    try:
-        maps = Path("/proc/self/maps").read_text()
-    except OSError:
+    """The built library's OpenMP calls go to the runtime torch's own ops use: one pool.
+    Another runtime merely mapped beside changes nothing (the sentencepiece wheel bundles a
+    renamed libgomp, and the gguf package imports sentencepiece wherever it is installed).
+    Where the library bound a different runtime than torch (a torch on Intel's libiomp), the
+    kernels run on the calling thread: a second pool would slow every torch op after it."""
+    lib = library()
+    ours = None if lib is None else _gomp_entry(lib)
+    if ours is None:                         # no kernels, or built without OpenMP: no pool
+        return True
+    torch_cpu = ctypes.CDLL(str(Path(torch.__file__).parent / "lib" / "libtorch_cpu.so"))
+    if ours != _gomp_entry(torch_cpu):
+        log.warning("native kernels: their OpenMP runtime is not torch's: one thread")
         return False
-    runtimes = {line.split()[-1] for line in maps.splitlines()
-                if "libgomp" in line or "libiomp" in line}
-    if len(runtimes) > 1:
-        log.warning("native kernels: a second OpenMP runtime (%s): one thread", sorted(runtimes))
-    return len(runtimes) <= 1
+    return True
 
 
 def default_threads() -> int:
-    """The workers the kernels use when not told: torch's thread count, or 1 where a second
-    OpenMP runtime is mapped (``shares_torchs_openmp``)."""
+    """The workers the kernels use when not told: torch's thread count, or 1 where the
+    library's OpenMP runtime is not torch's (``shares_torchs_openmp``)."""
     return torch.get_num_threads() if shares_torchs_openmp() else 1
 
 

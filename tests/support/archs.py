@@ -13,7 +13,6 @@ whose converter class reads only SentencePiece (Gemma 2, Phi-3 without GPT2Token
 """
 from __future__ import annotations
 
-import io
 import json
 import subprocess
 import sys
@@ -29,16 +28,26 @@ _SPM_TEXT = ([f"The quick brown fox jumps over the lazy dog {i} times." for i in
              + ["Hello world: a prefix caching gateway keeps a radix tree of prompts."] * 20)
 
 
+_TRAIN = """
+import sys, sentencepiece as spm
+spm.SentencePieceTrainer.train(
+    input=sys.argv[1], model_prefix=sys.argv[2], vocab_size=320, model_type="bpe",
+    byte_fallback=True, character_coverage=1.0, hard_vocab_limit=False, minloglevel=2,
+    pad_id=0, eos_id=1, bos_id=2, unk_id=3)
+"""
+
+
 def spm_tokenizer(hf_dir: Path) -> None:
     """``tokenizer.model``: a tiny byte-fallback BPE SentencePiece model (<pad> 0, </s> 1,
-    <s> 2, <unk> 3), plus the tokenizer_config.json the converters read."""
-    import sentencepiece as spm
-    proto = io.BytesIO()
-    spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(_SPM_TEXT), model_writer=proto, vocab_size=320, model_type="bpe",
-        byte_fallback=True, character_coverage=1.0, hard_vocab_limit=False, minloglevel=2,
-        pad_id=0, eos_id=1, bos_id=2, unk_id=3)
-    (hf_dir / "tokenizer.model").write_bytes(proto.getvalue())
+    <s> 2, <unk> 3), plus the tokenizer_config.json the converters read. Trained in a
+    subprocess: the sentencepiece wheel maps an OpenMP runtime of its own, and a second one
+    beside torch's keeps the native kernels on one thread for the rest of the process."""
+    text = hf_dir / "spm-text.txt"
+    text.write_text("\n".join(_SPM_TEXT))
+    subprocess.run([sys.executable, "-c", _TRAIN, str(text), str(hf_dir / "tokenizer")],
+                   check=True, timeout=120)
+    (hf_dir / "tokenizer.vocab").unlink()
+    text.unlink()
     (hf_dir / "tokenizer_config.json").write_text(json.dumps(
         {"tokenizer_class": "LlamaTokenizer", "bos_token": "<s>", "eos_token": "</s>",
          "unk_token": "<unk>", "pad_token": "<pad>"}))
