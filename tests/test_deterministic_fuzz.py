@@ -225,7 +225,7 @@ def check_schedule(loaded, references, compiler, kv_dtype: str, s: dict) -> dict
 @pytest.mark.parametrize("kv_dtype", ["float32", "int8"])
 def test_logprobs_are_the_same_bits_under_every_schedule(default_int4, references, compiler,
                                                          kv_dtype):
-    @settings(max_examples=5, deadline=None, derandomize=True, database=None,
+    @settings(max_examples=3, deadline=None, derandomize=True, database=None,
               suppress_health_check=list(HealthCheck))
     @given(schedules)
     @example(EVERYTHING)
