@@ -59,10 +59,12 @@ def assert_close(actual, expected, rtol, atol):
     assert excess <= 0, f"max |diff| {(actual - expected).abs().max().item():.3g} beyond tolerance"
 
 
-def write_model_dir(path, variant: str, seed: int = 0):
-    """A tiny random model saved by transformers, plus SmolLM2's tokenizer.json."""
+def write_model_dir(path, variant: str, seed: int = 0, shape: dict | None = None):
+    """A tiny random model saved by transformers, plus SmolLM2's tokenizer.json (``shape``:
+    config fields that replace the tiny ones)."""
     config_cls, model_cls, extra = VARIANTS[variant]
-    config = getattr(transformers, config_cls)(**SHAPE, **extra, bos_token_id=1, eos_token_id=2)
+    fields = {**SHAPE, **extra, **(shape or {})}
+    config = getattr(transformers, config_cls)(**fields, bos_token_id=1, eos_token_id=2)
     torch.manual_seed(seed)
     model = getattr(transformers, model_cls)(config).eval()
     with torch.no_grad():       # biases and norms start at zero or one: make them matter
@@ -72,7 +74,7 @@ def write_model_dir(path, variant: str, seed: int = 0):
             if name.endswith(("q_proj.weight", "k_proj.weight")):   # peaked attention: the
                 tensor.mul_(8.0)                  # soft-caps and rope factors change it
             if name.endswith("qkv_proj.weight"):
-                tensor[:SHAPE["hidden_size"] * 3 // 2].mul_(8.0)      # q and k rows (Phi-3)
+                tensor[:fields["hidden_size"] * 3 // 2].mul_(8.0)     # q and k rows (Phi-3)
     model.save_pretrained(path, max_shard_size="2MB" if variant == "llama" else "1GB")
     gguf_tokenizer("default").backend.save(str(path / "tokenizer.json"))
     (path / "tokenizer_config.json").write_text(json.dumps(

@@ -7,10 +7,17 @@ SentencePiece does under llama.cpp's rules (``SpmReference``), and as transforme
 tokenizer of the folder does, except where that one itself departs from SentencePiece: its
 ``Metaspace`` pre-tokenizer adds no dummy prefix to a stretch of text that already starts with
 a space (``" hi"``: SentencePiece ``▁▁hi``, transformers ``▁hi``).
+
+No SentencePiece model is trained, loaded or run in this process, nor any transformers
+tokenizer (the sentencepiece wheel brings an OpenMP runtime of its own beside torch's):
+``spm.build`` trains, writes the folders and records both references' answers for the texts
+below in one subprocess; the last test checks this.
 """
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
@@ -30,29 +37,61 @@ TEXTS = [
     "<start_of_turn>user\nhi<end_of_turn>\n<start_of_turn>model\n", "<bos><eos> <pad>",
     "<unk> <mask>", "<end_of_turn><end_of_turn>", "x" * 40 + " " * 9 + "🤖",
 ]
+LONG_TEXT = "\n".join(spm.corpus(seed=1, lines=120)) + " 🤖 <tool>"
+CHATS = [[{"role": "user", "content": "hi 🤖"}, {"role": "assistant", "content": " ok"}]]
 
 
 @dataclass
 class Case:
     style: str
     ours: Tokenizer
-    hf: object                    # transformers' fast tokenizer of the HF folder
-    ref: spm.SpmReference
+    hf: spm.HfReference           # transformers' fast tokenizer of the HF folder, recorded
+    ref: spm.SpmReference         # SentencePiece under llama.cpp's rules, recorded
     meta: dict
+
+
+def _openmp_runtimes() -> set[str]:
+    """The OpenMP runtimes (libgomp, libiomp) mapped in this process (Linux; else none)."""
+    if not sys.platform.startswith("linux"):
+        return set()
+    return {line.split()[-1] for line in Path("/proc/self/maps").read_text().splitlines()
+            if "libgomp" in line or "libiomp" in line}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def sentencepiece_watch():
+    """Before the module's other fixtures: the modules and OpenMP runtimes loaded so far, and
+    a list that records every SentencePiece model trained or loaded in this process while the
+    module runs (where sentencepiece is already imported: its trainer and processor are
+    wrapped; a later import shows up as a new module)."""
+    calls = []
+
+    def recorded(name, real):
+        def call(*args, **kwargs):
+            calls.append(name)
+            return real(*args, **kwargs)
+        return call
+
+    with pytest.MonkeyPatch.context() as mp:
+        sp = sys.modules.get("sentencepiece")
+        if sp is not None:
+            mp.setattr(sp.SentencePieceProcessor, "__init__",
+                       recorded("SentencePieceProcessor", sp.SentencePieceProcessor.__init__))
+            mp.setattr(sp.SentencePieceTrainer, "train",
+                       staticmethod(recorded("SentencePieceTrainer.train", sp.SentencePieceTrainer.train)))
+        yield set(sys.modules), _openmp_runtimes(), calls
 
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
-    return spm.build(tmp_path_factory.mktemp("spm"))
+    return spm.build(tmp_path_factory.mktemp("spm"), texts=TEXTS + [LONG_TEXT], chats=CHATS)
 
 
 @pytest.fixture(scope="module", params=["llama", "gemma"])
 def case(request, built) -> Case:
-    from transformers import AutoTokenizer
     fixture = built[request.param]
     meta = GGUFFile(fixture.gguf, load_tensors=False).metadata
-    return Case(request.param, tokenizer_from_gguf(meta), AutoTokenizer.from_pretrained(str(fixture.hf_dir)),
-                spm.SpmReference(fixture.spm_path), meta)
+    return Case(request.param, tokenizer_from_gguf(meta), fixture.hf, fixture.ref, meta)
 
 
 def _metaspace_departs(case: Case, text: str) -> bool:
@@ -87,9 +126,12 @@ def test_ids_match_the_hf_fast_tokenizer(case, text):
 
 @pytest.mark.parametrize("text", TEXTS)
 def test_decode_matches_hf_and_round_trips(case, text):
+    """transformers decoded the SentencePiece ids (the ids ours must make, checked above) in
+    the build subprocess; ours decodes them the same, and its own ids back to the text."""
+    ref_ids = case.ref.encode(text)
+    assert case.ours.decode(ref_ids) == case.hf.decode(ref_ids)
+    assert case.ours.decode(ref_ids, skip_special_tokens=True) == case.hf.decode(ref_ids, skip_special_tokens=True)
     ids = case.ours.encode(text)
-    assert case.ours.decode(ids) == case.hf.decode(ids)
-    assert case.ours.decode(ids, skip_special_tokens=True) == case.hf.decode(ids, skip_special_tokens=True)
     if not (case.style == "llama" and _has_added(case, text)):
         # with a dummy prefix, the text after an added token comes back with its prefix space
         assert case.ours.decode(ids) == text
@@ -137,7 +179,7 @@ def test_add_space_prefix_is_read_and_defaults_to_true(case):
 
 
 def test_chat_template_renders_and_encodes_without_an_extra_bos(case):
-    messages = [{"role": "user", "content": "hi 🤖"}, {"role": "assistant", "content": " ok"}]
+    messages = CHATS[0]
     text = case.ours.apply_chat_template(messages, add_generation_prompt=False)
     assert text == case.hf.apply_chat_template(messages, add_generation_prompt=False, tokenize=False)
     ids = case.ours.encode(text)
@@ -146,7 +188,7 @@ def test_chat_template_renders_and_encodes_without_an_extra_bos(case):
 
 
 def test_long_text_takes_the_batch_path_with_the_same_ids(case):
-    text = "\n".join(spm.corpus(seed=1, lines=120)) + " 🤖 <tool>"
+    text = LONG_TEXT
     assert len(text) > 4096
     assert case.ours.encode(text) == case.ref.encode(text) == case.ours.encode_batch([text])[0]
 
@@ -165,3 +207,16 @@ def test_merges_never_build_a_control_piece():
     assert ours.encode("<ab>") == [3]
     assert ours.encode_plain("<ab>") == [8, 9]                  # "<a" "b>"
     assert ours.decode(ours.encode_plain("<ab>")) == "<ab>"
+
+
+def test_sentencepiece_never_works_in_this_process(sentencepiece_watch):
+    """Last in the module: no test or fixture above trained, loaded or ran SentencePiece (nor
+    transformers' tokenizers, which import it) in this process, and no OpenMP runtime got
+    mapped (the wheel bundles its own libgomp). Relative to the module's start: the gguf
+    package (radixgate's GGUF reader imports it) imports sentencepiece wherever it is
+    installed, so the module may be loaded, and its libgomp mapped, before any test runs."""
+    modules, runtimes, calls = sentencepiece_watch
+    assert calls == []
+    assert sorted(m for m in set(sys.modules) - modules
+                  if "sentencepiece" in m or m.startswith("transformers") and "tokeniz" in m) == []
+    assert _openmp_runtimes() - runtimes == set()

@@ -1,20 +1,31 @@
 """Tiny SentencePiece models for the GGUF tokenizer tests, built offline in a temp folder.
 
-``build(folder)`` trains a small SentencePiece BPE model (byte fallback, user-defined and
-control symbols) on text made here, writes an HF model folder around it (``tokenizer.model``,
-the ``tokenizer.json`` transformers makes from it, ``tokenizer_config.json`` and a 1-layer
-random model), and converts that folder with llama.cpp's own converter; ``SpmReference``
-encodes as llama.cpp would, with the real SentencePiece model. Two styles:
+``build(folder, texts, chats)`` trains a small SentencePiece BPE model (byte fallback,
+user-defined and control symbols) on text made here, writes an HF model folder around it
+(``tokenizer.model``, the ``tokenizer.json`` transformers makes from it,
+``tokenizer_config.json`` and a 1-layer random model), converts that folder with llama.cpp's
+own converter, and records what the references make of the given texts: ``SpmReference``
+(how llama.cpp encodes, with the real SentencePiece model) and ``HfReference`` (transformers'
+fast tokenizer of the folder). Two styles:
 
 * ``"llama"``: Llama 2 / Mistral v0.x: ``<unk> <s> </s>``, a dummy prefix space.
 * ``"gemma"``: Gemma's id layout (``<pad> <eos> <bos> <unk> <mask> <2mass> [@BOS@]``,
   ``<unused0..98>``, then ``<start_of_turn>`` = 106 and ``<end_of_turn>`` = 107, the ids the
   converter hardcodes), no dummy prefix, and a user-defined ``▁▁`` piece.
+
+Everything that needs ``sentencepiece`` (training, transformers' Llama/Gemma tokenizers, the
+reference encodings) runs in one subprocess, ``python -m tests.support.spm build FOLDER``
+(the request as JSON on stdin, the answers as JSON files in FOLDER), never in the test
+process: the sentencepiece wheel brings an OpenMP runtime of its own beside torch's.
 """
 from __future__ import annotations
 
 import json
+import os
 import random
+import subprocess
+import sys
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +33,7 @@ from pathlib import Path
 from tests.support.convert import convert
 
 SPACE = "\u2581"
+ROOT = Path(__file__).resolve().parents[2]
 
 _STYLES = {
     "llama": dict(
@@ -46,18 +58,6 @@ _TEMPLATES = {
 }
 
 
-@dataclass(frozen=True)
-class SpmFixture:
-    """One converted tiny model: its HF folder and the GGUF file made from it."""
-    style: str
-    hf_dir: Path
-    gguf: Path
-
-    @property
-    def spm_path(self) -> Path:
-        return self.hf_dir / "tokenizer.model"
-
-
 def corpus(seed: int = 0, lines: int = 500) -> list[str]:
     """~28 KB of varied lines: real and made-up words, capitals, digits, runs of spaces, tabs,
     accented letters (no emoji: those must come out through byte fallback)."""
@@ -80,6 +80,8 @@ def corpus(seed: int = 0, lines: int = 500) -> list[str]:
         out.append(line)
     return out
 
+
+# --- the HF folders: written in the build subprocess only (sentencepiece, transformers) ---
 
 def train(folder: Path, style: str) -> Path:
     """Train the style's SentencePiece BPE model into ``folder/tokenizer.model``."""
@@ -152,7 +154,8 @@ def _save_model(hf_dir: Path, style: str, tok) -> None:
 
 
 def write_hf_folder(hf_dir: Path, style: str) -> Path:
-    """tokenizer.model + tokenizer.json + tokenizer_config.json + a tiny model in ``hf_dir``."""
+    """tokenizer.model + tokenizer.json + tokenizer_config.json + a tiny model in ``hf_dir``.
+    Subprocess only (imports sentencepiece)."""
     train(hf_dir, style)
     tok = hf_tokenizer(hf_dir, style)
     tok.save_pretrained(str(hf_dir))
@@ -161,37 +164,100 @@ def write_hf_folder(hf_dir: Path, style: str) -> Path:
     return hf_dir
 
 
-def build(folder: Path, styles=tuple(_STYLES)) -> dict[str, SpmFixture]:
-    """Each style's HF folder under ``folder`` and its f32 GGUF from llama.cpp's converter.
-    Each conversion (~8 s: a subprocess that imports torch) starts as soon as its folder is
-    written, and they run side by side."""
-    dirs, jobs = {}, {}
-    with ThreadPoolExecutor(len(styles)) as pool:
+# --- in the test process: no sentencepiece, no transformers tokenizers ---
+
+@dataclass(frozen=True)
+class SpmFixture:
+    """One converted tiny model: its HF folder, the GGUF file made from it, and what the two
+    references made of the texts ``build`` was given."""
+    style: str
+    hf_dir: Path
+    gguf: Path
+    ref: "SpmReference"
+    hf: "HfReference"
+
+    @property
+    def spm_path(self) -> Path:
+        return self.hf_dir / "tokenizer.model"
+
+
+def build(folder: Path, texts=(), chats=(), styles=tuple(_STYLES)) -> dict[str, SpmFixture]:
+    """Each style's HF folder under ``folder``, its f32 GGUF from llama.cpp's converter, and
+    the references' answers for ``texts`` and for the chats (message lists, rendered without
+    a generation prompt; their rendered texts are encoded too). One subprocess writes the
+    folders and computes the answers; each conversion (~8 s: a subprocess that imports
+    torch) starts as soon as its folder is written, and they run side by side."""
+    folder = Path(folder)
+    request = json.dumps({"styles": list(styles), "texts": list(texts), "chats": list(chats)})
+    log = folder / "spm-build.log"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])}
+    jobs = {}
+    with ThreadPoolExecutor(len(styles)) as pool, open(log, "w") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "tests.support.spm", "build", str(folder)],
+                                cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=err, text=True)
+        watchdog = threading.Timer(300, proc.kill)
+        watchdog.start()
+        try:
+            proc.stdin.write(request)
+            proc.stdin.close()
+            for line in proc.stdout:
+                if line.startswith("ready "):
+                    style = line.split()[1]
+                    jobs[style] = pool.submit(convert, folder / f"{style}-hf", folder / f"{style}.gguf", "f32")
+            rc = proc.wait()
+        finally:
+            watchdog.cancel()
+        if rc:
+            raise RuntimeError(f"python -m tests.support.spm build failed ({rc}):\n{log.read_text()[-3000:]}")
+        out = {}
         for style in styles:
-            dirs[style] = write_hf_folder(folder / f"{style}-hf", style)
-            jobs[style] = pool.submit(convert, dirs[style], folder / f"{style}.gguf", "f32")
-        return {style: SpmFixture(style, dirs[style], jobs[style].result()) for style in styles}
+            answers = json.loads((folder / f"{style}-ref.json").read_text())
+            out[style] = SpmFixture(style, folder / f"{style}-hf", jobs[style].result(),
+                                    SpmReference(answers["spm"]), HfReference(answers["hf"]))
+        return out
+
+
+class RecordedProcessor:
+    """The few ``SentencePieceProcessor`` answers the tests read, recorded from the model."""
+
+    def __init__(self, info: dict):
+        self._info, self._pieces = info, info["pieces"]
+
+    def vocab_size(self) -> int:
+        return len(self._pieces)
+
+    def bos_id(self) -> int:
+        return self._info["bos_id"]
+
+    def eos_id(self) -> int:
+        return self._info["eos_id"]
+
+    def unk_id(self) -> int:
+        return self._info["unk_id"]
+
+    def id_to_piece(self, i: int) -> str:
+        return self._pieces[i]
+
+    def piece_to_id(self, piece: str) -> int:
+        return self._pieces.index(piece)
 
 
 class SpmReference:
     """What llama.cpp makes of a text, with the real SentencePiece model: added tokens
     (control and unknown ones only with ``parse_special``; user-defined always) are cut out
     of the raw text first, then each stretch between them is encoded by SentencePiece on its
-    own (so each gets the dummy prefix, where the model has one)."""
+    own (so each gets the dummy prefix, where the model has one). The encodings were made in
+    the build subprocess (``_spm_answers``); ``encode`` answers only the texts recorded there."""
 
-    def __init__(self, model_path: Path):
-        import sentencepiece as spm
-        from sentencepiece import sentencepiece_model_pb2
-        proto = sentencepiece_model_pb2.ModelProto()
-        proto.ParseFromString(Path(model_path).read_bytes())
-        self.sp = spm.SentencePieceProcessor(model_file=str(model_path))
-        kinds = proto.SentencePiece.Type
-        self.special = {p.piece: i for i, p in enumerate(proto.pieces)
-                        if p.type in (kinds.CONTROL, kinds.UNKNOWN)}
+    def __init__(self, answers: dict):
+        self.sp = RecordedProcessor(answers["sp"])
+        self.special: dict[str, int] = answers["special"]
         # llama.cpp's converter writes user-defined pieces with real spaces ("▁▁" -> "  ")
-        self.user = {p.piece.replace(SPACE, " "): i for i, p in enumerate(proto.pieces)
-                     if p.type == kinds.USER_DEFINED}
-        self.add_dummy_prefix = proto.normalizer_spec.add_dummy_prefix
+        self.user: dict[str, int] = answers["user"]
+        self.add_dummy_prefix: bool = answers["add_dummy_prefix"]
+        self._ids = {True: answers["ids"], False: answers["ids_plain"]}
 
     def added(self, parse_special: bool = True) -> dict[str, int]:
         return {**self.user, **(self.special if parse_special else {})}
@@ -200,10 +266,44 @@ class SpmReference:
         return split_on_added(text, list(self.added(parse_special)))
 
     def encode(self, text: str, parse_special: bool = True) -> list[int]:
-        added, ids = self.added(parse_special), []
-        for fragment in self.fragments(text, parse_special):
-            ids += [added[fragment]] if fragment in added else self.sp.encode(fragment)
-        return ids
+        try:
+            return self._ids[parse_special][text]
+        except KeyError:
+            raise KeyError(f"{text!r} was not given to spm.build: no SentencePiece encoding") from None
+
+
+class HfReference:
+    """transformers' fast tokenizer of the HF folder (``AutoTokenizer``), as recorded in the
+    build subprocess (``_hf_answers``): ``encode`` of the texts, ``decode`` of each text's
+    ``SpmReference`` ids, the chats' renderings."""
+
+    def __init__(self, answers: dict):
+        self._answers = answers
+        self.bos_token, self.eos_token = answers["bos_token"], answers["eos_token"]
+
+    def __len__(self) -> int:
+        return self._answers["len"]
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        assert not add_special_tokens, "only add_special_tokens=False is recorded"
+        return self._lookup("ids", text)
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+        return self._lookup("skip" if skip_special_tokens else "decode", _ids_key(ids))
+
+    def apply_chat_template(self, messages, add_generation_prompt: bool = False, tokenize: bool = True) -> str:
+        assert not tokenize and not add_generation_prompt, "only rendered text, no generation prompt"
+        return self._lookup("chat", json.dumps(messages))
+
+    def _lookup(self, table: str, key: str):
+        try:
+            return self._answers[table][key]
+        except KeyError:
+            raise KeyError(f"{key!r} is not among transformers' recorded {table!r} answers") from None
+
+
+def _ids_key(ids) -> str:
+    return ",".join(map(str, ids))
 
 
 def split_on_added(text: str, added: list[str]) -> list[str]:
@@ -221,3 +321,66 @@ def split_on_added(text: str, added: list[str]) -> list[str]:
         i = start = i + len(hit)
     pieces.append(text[start:])
     return [p for p in pieces if p]
+
+
+# --- the references' answers: computed in the build subprocess only ---
+
+def _spm_answers(model_path: Path, texts: list[str]) -> dict:
+    """The real SentencePiece model's pieces and its llama.cpp-rule encodings of ``texts``."""
+    import sentencepiece as spm
+    from sentencepiece import sentencepiece_model_pb2
+    proto = sentencepiece_model_pb2.ModelProto()
+    proto.ParseFromString(Path(model_path).read_bytes())
+    sp = spm.SentencePieceProcessor(model_file=str(model_path))
+    kinds = proto.SentencePiece.Type
+    special = {p.piece: i for i, p in enumerate(proto.pieces) if p.type in (kinds.CONTROL, kinds.UNKNOWN)}
+    user = {p.piece.replace(SPACE, " "): i for i, p in enumerate(proto.pieces)
+            if p.type == kinds.USER_DEFINED}
+
+    def encode(text: str, parse_special: bool) -> list[int]:
+        added, ids = {**user, **(special if parse_special else {})}, []
+        for fragment in split_on_added(text, list(added)):
+            ids += [added[fragment]] if fragment in added else sp.encode(fragment)
+        return ids
+
+    return {"special": special, "user": user,
+            "add_dummy_prefix": proto.normalizer_spec.add_dummy_prefix,
+            "sp": {"pieces": [sp.id_to_piece(i) for i in range(sp.vocab_size())],
+                   "bos_id": sp.bos_id(), "eos_id": sp.eos_id(), "unk_id": sp.unk_id()},
+            "ids": {t: encode(t, True) for t in texts},
+            "ids_plain": {t: encode(t, False) for t in texts}}
+
+
+def _hf_answers(hf, texts: list[str], chats: list, ids: dict[str, list[int]]) -> dict:
+    """What ``hf`` (transformers' ``AutoTokenizer`` of the written folder) makes of ``texts``,
+    of the SentencePiece ids ``ids`` and of ``chats``."""
+    return {"len": len(hf), "bos_token": hf.bos_token, "eos_token": hf.eos_token,
+            "ids": {t: hf.encode(t, add_special_tokens=False) for t in texts},
+            "decode": {_ids_key(i): hf.decode(i) for i in ids.values()},
+            "skip": {_ids_key(i): hf.decode(i, skip_special_tokens=True) for i in ids.values()},
+            "chat": {json.dumps(m): hf.apply_chat_template(m, add_generation_prompt=False, tokenize=False)
+                     for m in chats}}
+
+
+def _build_main(folder: Path, request: dict) -> None:
+    """Write each style's folder (``ready STYLE`` on stdout when done, so that its conversion
+    can start), then each style's answers to ``folder/STYLE-ref.json``."""
+    styles, chats = request["styles"], request["chats"]
+    for style in styles:
+        write_hf_folder(folder / f"{style}-hf", style)
+        print("ready", style, flush=True)
+    from transformers import AutoTokenizer
+    for style in styles:
+        hf_dir = folder / f"{style}-hf"
+        hf = AutoTokenizer.from_pretrained(str(hf_dir))
+        rendered = [hf.apply_chat_template(m, add_generation_prompt=False, tokenize=False) for m in chats]
+        texts = list(dict.fromkeys(request["texts"] + rendered))
+        spm_answers = _spm_answers(hf_dir / "tokenizer.model", texts)
+        hf_answers = _hf_answers(hf, texts, chats, spm_answers["ids"])
+        (folder / f"{style}-ref.json").write_text(json.dumps({"spm": spm_answers, "hf": hf_answers}))
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] != ["build"] or len(sys.argv) != 3:
+        sys.exit("usage: python -m tests.support.spm build FOLDER < request.json")
+    _build_main(Path(sys.argv[2]), json.loads(sys.stdin.read()))
