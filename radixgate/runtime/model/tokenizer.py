@@ -1,7 +1,7 @@
 """Tokenizer: a ``tokenizers.Tokenizer`` plus the model's special tokens and chat template.
 
-Built from a GGUF file's ``tokenizer.ggml.*`` metadata (byte-level BPE, ``gpt2`` model) or
-from an HF ``tokenizer.json`` (see ``tokenizer_build``). ``encode`` never adds BOS or other
+Built from a GGUF file's ``tokenizer.ggml.*`` metadata (byte-level BPE, ``gpt2`` model; or
+SentencePiece BPE, ``llama`` model: tokenizer_spm.py) or from an HF ``tokenizer.json``. ``encode`` never adds BOS or other
 special tokens, but special tokens written literally in the text (``<|im_start|>``) become
 their ids, as HF tokenizers do for added tokens.
 """
