@@ -31,6 +31,7 @@ VARIANTS = {
     "mistral": ("MistralConfig", "MistralForCausalLM", dict(sliding_window=None)),
     "mistral-window": ("MistralConfig", "MistralForCausalLM", dict(sliding_window=8)),
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(head_dim=8, tie_word_embeddings=True)),
+    "qwen3-bias": ("Qwen3Config", "Qwen3ForCausalLM", dict(head_dim=8, attention_bias=True)),
     "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", dict(
         head_dim=8, query_pre_attn_scalar=16, sliding_window=8, attn_logit_softcapping=1.0,
         final_logit_softcapping=2.0)),
@@ -110,7 +111,7 @@ def test_config_mapping(model_pair):
     assert dataclasses.replace(ours.config, eos_token_ids=cfg.eos_token_ids,
                                rope_scaling=cfg.rope_scaling) == cfg
     assert (cfg.num_layers, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim) == (2, 4, 2, 8)
-    assert cfg.attention_bias == (variant == "qwen2")
+    assert cfg.attention_bias == (variant in ("qwen2", "qwen3-bias"))
     assert cfg.arch == variant.split("-")[0]
     if variant == "llama":
         assert cfg.rope_theta == 5000.0 and cfg.rope_scaling["rope_type"] == "llama3"
@@ -118,7 +119,7 @@ def test_config_mapping(model_pair):
         assert (path / "model.safetensors.index.json").is_file()
     if variant == "qwen2":
         assert ours.model.layers[0].qkv.bias is not None and cfg.rope_theta == 1e6
-    assert cfg.qk_norm == (variant in ("qwen3", "gemma3"))
+    assert cfg.qk_norm == (variant in ("qwen3", "qwen3-bias", "gemma3"))
     assert cfg.layer_windows == {"mistral-window": (8, 8), "gemma2": (8, 0),
                                  "gemma3": (8, 0)}.get(variant, ())
     gemma = variant.startswith("gemma")
@@ -159,3 +160,50 @@ def test_unsupported_architecture_is_rejected(tmp_path):
                                                       "model_type": "gpt2"}))
     with pytest.raises(NotImplementedError, match="Llama, Mistral, Qwen2, Qwen3, Gemma 2"):
         read_hf_config(tmp_path)
+
+
+def hub_config(model_type: str, **fields) -> dict:
+    """A config.json as the hub has it (no ``layer_types``: transformers fills them in)."""
+    return {"model_type": model_type, "vocab_size": 256, "hidden_size": 64,
+            "intermediate_size": 128, "num_hidden_layers": 6, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "head_dim": 16, "max_position_embeddings": 8192, **fields}
+
+
+@pytest.mark.parametrize("config, windows, local_theta", [
+    (hub_config("gemma2", sliding_window=4096), (4096, 0) * 3, 0.0),
+    (hub_config("gemma3_text", sliding_window=512, sliding_window_pattern=3, rope_theta=1e6),
+     (512, 512, 0) * 2, 10000.0),
+    (hub_config("gemma3_text", sliding_window=512), (512,) * 5 + (0,), 10000.0),
+    (hub_config("qwen3", sliding_window=4096, use_sliding_window=True, max_window_layers=4),
+     (0,) * 4 + (4096,) * 2, 0.0),
+    (hub_config("qwen3", sliding_window=4096), (), 0.0),
+    (hub_config("phi3", sliding_window=262144, max_position_embeddings=131072), (), 0.0),
+    (hub_config("mistral", sliding_window=4096), (4096,) * 6, 0.0)])
+def test_hub_configs_without_layer_types_get_transformers_layer_pattern(config, windows,
+                                                                        local_theta):
+    from radixgate.runtime.model.loader_hf import config_from_hf
+    cfg = config_from_hf(config)
+    assert (cfg.layer_windows, cfg.rope_local_theta) == (windows, local_theta)
+
+
+@pytest.mark.parametrize("fields, match", [
+    ({"layer_types": ["chunked_attention"] * 6}, "layer types"),
+    ({"use_bidirectional_attention": True}, "bidirectional"),
+    ({"rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 1e6},
+                          "sliding_attention": {"rope_type": "linear", "factor": 2.0}}},
+     "sliding layers")])
+def test_configs_the_model_cannot_run_are_refused(fields, match):
+    from radixgate.runtime.model.loader_hf import config_from_hf
+    with pytest.raises(NotImplementedError, match=match):
+        config_from_hf(hub_config("gemma3_text", sliding_window=512, **fields))
+
+
+def test_gemmas_norm_scales_in_float32_before_casting():
+    """HF's Gemma RMSNorm: ``(x32 * (1 + w)).to(dtype)``, the multiplier in float32 (in bf16
+    1 + 1e-3 rounds to 1)."""
+    from radixgate.runtime.model.model import rms_norm
+    x = torch.randn(4, 64).to(torch.bfloat16)
+    w = 1.0 + torch.full((64,), 1e-3)
+    x32 = x.float()
+    expected = (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + 1e-6) * w).to(torch.bfloat16)
+    assert torch.equal(rms_norm(x, w, 1e-6), expected)

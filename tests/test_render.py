@@ -210,3 +210,22 @@ def test_a_template_without_a_system_role_gets_the_system_text_in_the_first_user
     _, alone = anthropic(gemma_like, system="Be brief.", messages=[
         {"role": "assistant", "content": "Hello"}])           # no user turn to join: one alone
     assert alone.text.startswith(gemma_like.bos_token + "<start_of_turn>user\nBe brief.<end")
+
+
+def test_a_continuation_on_a_template_without_a_system_role_renders(tokenizer):
+    """The Responses API stores the first turn's roles (system first); with a template that
+    has no system role the first turn folded it, so the continuation learns its glue without
+    it."""
+    from radixgate.gateway.render import render_continuation
+    from radixgate.runtime.model.tokenizer import Tokenizer
+    gemma_like = Tokenizer(tokenizer.backend, bos_token_id=tokenizer.bos_token_id,
+                           eos_token_ids=tokenizer.eos_token_ids, chat_template=NO_SYSTEM_TEMPLATE,
+                           special_token_ids=tokenizer.special_token_ids)
+    first = Conversation(system=(Piece("Be brief."),), messages=(ChatMessage("user", (Piece("Hi"),)),))
+    base = render_prompt(gemma_like, first).tokens + gemma_like.encode("Hello")
+    more = Conversation(messages=(ChatMessage("user", (Piece("Bye"),)),))
+    r = render_continuation(gemma_like, base, ("system", "user"), more)
+    whole = gemma_like.apply_chat_template(
+        [{"role": "user", "content": "Be brief.\n\nHi"}, {"role": "assistant", "content": "Hello"},
+         {"role": "user", "content": "Bye"}])
+    assert gemma_like.decode(r.tokens) == gemma_like.decode(gemma_like.encode(whole))

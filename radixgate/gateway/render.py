@@ -168,6 +168,8 @@ def render_continuation(tokenizer: ChatTokenizer, base: list[int], roles: Sequen
     ``roles``: the earlier turn's template roles (the glue is learned from them, the answer
     and the new messages). ``budget.max_tokens`` bounds the whole prompt."""
     new = list(conversation.messages)
+    if roles and roles[0] == "system" and not accepts_system_role(tokenizer):
+        roles = roles[1:]                    # the first turn folded its system text (fold_system)
     history = [ChatMessage(role, ()) for role in roles] + [ChatMessage("assistant", ())] + new
     counter = _RenderCounter(tokenizer, budget.on_template_render)
     texts, without = _message_texts(counter, history)

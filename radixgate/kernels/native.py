@@ -113,7 +113,11 @@ def shares_torchs_openmp() -> bool:
     ours = None if lib is None else _gomp_entry(lib)
     if ours is None:                         # no kernels, or built without OpenMP: no pool
         return True
-    torch_cpu = ctypes.CDLL(str(Path(torch.__file__).parent / "lib" / "libtorch_cpu.so"))
+    try:
+        torch_cpu = ctypes.CDLL(str(Path(torch.__file__).parent / "lib" / "libtorch_cpu.so"))
+    except OSError:                          # not torch's usual layout: nothing to compare
+        log.warning("native kernels: torch's CPU library not found: one thread")
+        return False
     if ours != _gomp_entry(torch_cpu):
         log.warning("native kernels: their OpenMP runtime is not torch's: one thread")
         return False

@@ -6,7 +6,8 @@ Same contract and KV layout as ``reference_paged_attention`` (docs/ARCHITECTURE.
 - ``window`` W > 0: a query at position p sees the keys at p - W + 1 ... p (HF's sliding
   window: W keys, its own included). Only the blocks some query's window reaches are read.
 - ``softcap`` c > 0: every score s becomes ``c * tanh(s / c)`` before the mask and softmax.
-Scores and softmax are float32 whatever the activations' dtype; the result is in q's dtype.
+Scores and softmax are float32 whatever the activations' dtype, computed for tiles of query
+rows whose scores stay under ``SCORE_BYTES``; the result is in q's dtype.
 """
 from __future__ import annotations
 
@@ -33,8 +34,19 @@ def window_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         start = max(0, first - window + 1) if window > 0 else 0
         k, v = (_positions(cache, scales, block_tables[b], start, total, q.dtype)
                 for cache, scales in ((k_cache, k_scale), (v_cache, v_scale)))
-        out[begin:end] = _attend(q[begin:end], k, v, first, start, scale, window, softcap)
+        rows = _rows_per_tile(q.shape[1], k.shape[0])
+        for r in range(begin, end, rows):              # bounded scores: [Hq, rows, L] each
+            last = min(r + rows, end)
+            out[r:last] = _attend(q[r:last], k, v, first + r - begin, start, scale, window,
+                                  softcap)
     return out
+
+
+SCORE_BYTES = 64 << 20            # float32 scores of one tile of query rows, at most
+
+
+def _rows_per_tile(num_heads: int, keys: int) -> int:
+    return max(1, SCORE_BYTES // (4 * num_heads * max(keys, 1)))
 
 
 def _positions(cache: torch.Tensor, scales: torch.Tensor | None, table: torch.Tensor,
@@ -59,15 +71,14 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, first: int, start
     group = num_heads // num_kv_heads
     qg = q.float().view(q_len, num_kv_heads, group, head_dim).permute(1, 2, 0, 3)  # [Hkv, G, Lq, D]
     kf, vf = k.float().permute(1, 0, 2), v.float().permute(1, 0, 2)           # [Hkv, L, D]
-    scores = torch.matmul(qg, kf.unsqueeze(1).transpose(-1, -2)) * scale    # [Hkv, G, Lq, L]
+    scores = torch.matmul(qg, kf.unsqueeze(1).transpose(-1, -2)).mul_(scale)  # [Hkv, G, Lq, L]
     if softcap > 0:
-        scores = torch.tanh(scores / softcap) * softcap
+        scores.div_(softcap).tanh_().mul_(softcap)
     query_pos = torch.arange(first, first + q_len)[:, None]
     key_pos = torch.arange(start, start + k.shape[0])[None, :]
-    visible = key_pos <= query_pos
+    hidden = key_pos > query_pos
     if window > 0:
-        visible &= key_pos > query_pos - window
-    scores = scores.masked_fill(~visible, float("-inf"))
-    probs = torch.softmax(scores, dim=-1)
+        hidden |= key_pos <= query_pos - window
+    probs = torch.softmax(scores.masked_fill_(hidden, float("-inf")), dim=-1)
     out = torch.matmul(probs, vf.unsqueeze(1))                              # [Hkv, G, Lq, D]
     return out.permute(2, 0, 1, 3).reshape(q_len, num_heads, head_dim).to(q.dtype)

@@ -148,7 +148,8 @@ def config_from_gguf(meta: dict, tensors=()) -> ModelConfig:
     bos = meta.get("tokenizer.ggml.bos_token_id")
     gemma = arch in _GEMMA
     windows = _layer_windows(meta, arch, num_layers)
-    local_theta = g("rope.freq_base_swa", _DEFAULT_LOCAL_THETA.get(arch)) if windows else None
+    local_theta = g("rope.freq_base_swa", _DEFAULT_LOCAL_THETA.get(arch)) \
+        if windows and arch in _DEFAULT_LOCAL_THETA else None           # gemma3's alone
     # llama.cpp scales Gemma's queries by head_dim ** -0.5, except the 27B models (by layer
     # count) by (hidden / heads) ** -0.5: HF's query_pre_attn_scalar, which no key carries.
     query_scale = 0.0

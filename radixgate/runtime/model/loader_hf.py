@@ -62,10 +62,13 @@ def _rope(cfg: dict) -> tuple[float, dict | None, float]:
     rope = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
     local = 0.0
     if "full_attention" in rope:
-        local = float((rope.get("sliding_attention") or {}).get("rope_theta") or 0.0)
+        sliding = rope.get("sliding_attention") or {}
+        if sliding.get("rope_type", "default") != "default":
+            raise NotImplementedError("a scaled rope on the sliding layers is not supported")
+        local = float(sliding.get("rope_theta") or 10000.0)
         rope = dict(rope["full_attention"])
-    elif cfg.get("rope_local_base_freq"):
-        local = float(cfg["rope_local_base_freq"])
+    elif cfg.get("rope_local_base_freq") or cfg.get("model_type") == "gemma3_text":
+        local = float(cfg.get("rope_local_base_freq") or 10000.0)     # HF's default
     if float(rope.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0))) != 1.0:
         raise NotImplementedError("partial rotary embeddings are not supported")
     theta = float(cfg.get("rope_theta") or rope.get("rope_theta") or 10000.0)
@@ -91,15 +94,42 @@ def _longrope(cfg: dict, scaling: dict) -> dict:
             "original_max_position_embeddings": original, "attention_factor": float(attention)}
 
 
+_LAYER_TYPES = ("sliding_attention", "full_attention")
+
+
+def _default_layer_types(cfg: dict, layers: int) -> list[str]:
+    """What transformers fills in where a hub config.json has no ``layer_types``: Gemma 2
+    alternates (layer 0 windowed), Gemma 3 makes every ``sliding_window_pattern``-th layer
+    global (6), Qwen windows layers from ``max_window_layers`` on, Mistral and Phi-3 all."""
+    kind = cfg.get("model_type")
+    if kind == "gemma2":
+        windowed = [i % 2 == 0 for i in range(layers)]
+    elif kind == "gemma3_text":
+        period = int(cfg.get("sliding_window_pattern") or cfg.get("_sliding_window_pattern") or 6)
+        windowed = [(i + 1) % period != 0 for i in range(layers)]
+    elif kind in ("qwen2", "qwen3"):
+        windowed = [i >= int(cfg.get("max_window_layers") or 0) for i in range(layers)]
+    else:
+        windowed = [True] * layers
+    return [_LAYER_TYPES[0] if w else _LAYER_TYPES[1] for w in windowed]
+
+
 def _windows(cfg: dict, layers: int) -> tuple[int, ...]:
     """Per layer the sliding window (0: global), from ``sliding_window`` and ``layer_types``
-    (no ``layer_types``: Mistral's window on every layer); () when every layer is global."""
-    window = cfg.get("sliding_window")
-    if not window or (cfg.get("model_type") in ("qwen2", "qwen3")
-                      and not cfg.get("use_sliding_window")):
+    (or transformers' defaults for them); () when every layer is global. A window as long as
+    the context (Phi-3 128k's 262,144) is no window."""
+    window = int(cfg.get("sliding_window") or 0)
+    if window <= 0 or window >= int(cfg.get("max_position_embeddings") or 0) or (
+            cfg.get("model_type") in ("qwen2", "qwen3") and not cfg.get("use_sliding_window")):
         return ()
-    types = cfg.get("layer_types") or ["sliding_attention"] * layers
-    windows = tuple(int(window) if t == "sliding_attention" else 0 for t in types)
+    if cfg.get("use_bidirectional_attention"):
+        raise NotImplementedError("bidirectional attention is not supported")
+    types = cfg.get("layer_types") or _default_layer_types(cfg, layers)
+    unknown = set(types) - set(_LAYER_TYPES)
+    if unknown or len(types) != layers:
+        raise NotImplementedError(f"layer types {sorted(unknown) or types} are not supported "
+                                  f"(sliding_attention, full_attention per layer)")
+    windows = tuple(window if t == _LAYER_TYPES[0] else 0 for t in types)
     return windows if any(windows) else ()
 
 

@@ -34,11 +34,15 @@ NATIVE_SILU_MAX_ROWS = 16    # one thread: past that torch's two-thread silu win
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """HF LlamaRMSNorm: normalise in fp32, cast back, scale (float32: torch's fused op)."""
+    """HF LlamaRMSNorm: normalise in fp32, cast back, scale (float32: torch's fused op). A
+    float32 ``weight`` on lower-precision ``x`` is Gemma's norm: scaled in fp32, then cast
+    (its ``1 + w`` multiplier is kept in float32: in bf16 a small w would round away)."""
     if x.dtype == torch.float32 and weight.dtype == torch.float32:
         return torch.rms_norm(x, weight.shape, weight, eps)
     x32 = x.to(torch.float32)
     x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    if weight.dtype == torch.float32:
+        return (x32 * weight).to(x.dtype)
     return weight * x32.to(x.dtype)
 
 
@@ -68,7 +72,7 @@ class LlamaModel:
                  dtype: torch.dtype = torch.float32, weights_dtype: str = "float32"):
         self.config, self.device, self.dtype = config, torch.device(device), dtype
         self.weights_dtype = weights_dtype
-        self.norm = self._vector(weights["model.norm.weight"])           # [H]
+        self.norm = self._norm_vector(weights["model.norm.weight"])      # [H]
         tied = config.tie_word_embeddings or "lm_head.weight" not in weights
         self.tied = tied
         self.embed, self.logits_proj = build_embedding_and_head(
@@ -83,9 +87,7 @@ class LlamaModel:
         self.local_inv_freq = None if local is None else local.to(self.device)
         self.rope_factor = rope_attention_factor(config)
         self.scale = config.attention_scale
-        self.plain = not (config.sandwich_norms or config.qk_norm or config.layer_windows
-                          or config.attn_softcap or config.final_softcap
-                          or config.embed_scale != 1.0 or config.hidden_act != "silu")
+        self.plain = config.plain_llama
         self.q_size = config.num_heads * config.head_dim
         self.kv_size = config.num_kv_heads * config.head_dim
         # residual add + norm in one native call where the norms are float32 on the CPU
@@ -99,16 +101,22 @@ class LlamaModel:
     def check_deterministic(self) -> None:
         """Raise ValueError where deterministic steps cannot hold (``ForwardBatch.deterministic``,
         docs/ARCHITECTURE.md section 5c): no native kernels, activations not float32 on the CPU."""
+        if not self.plain:
+            raise ValueError(f"deterministic mode covers the Llama/Qwen2 layer only, not "
+                             f"{self.config.arch}'s (windows, soft-caps, extra norms)")
         if not (native.usable() and self.device.type == "cpu" and self.dtype == torch.float32
                 and self.fused_norms):
             raise ValueError("deterministic mode needs the native CPU kernels (a C compiler, "
                              "RADIXGATE_NATIVE not 0) and float32 activations on the CPU")
-        if not self.plain:
-            raise ValueError(f"deterministic mode covers the Llama/Qwen2 layer only, not "
-                             f"{self.config.arch}'s (windows, soft-caps, extra norms)")
 
     def _vector(self, source) -> torch.Tensor:
         return dense(source).to(device=self.device, dtype=self.dtype).contiguous()
+
+    def _norm_vector(self, source) -> torch.Tensor:
+        """A norm weight: in the activations' dtype, or float32 for Gemma (``rms_norm``)."""
+        if not self.config.sandwich_norms:
+            return self._vector(source)
+        return dense(source).to(device=self.device, dtype=torch.float32).contiguous()
 
     def _linear(self, parts, bias=None) -> Linear:
         return build_linear(parts, self.weights_dtype, self.device, bias)
@@ -126,19 +134,24 @@ class LlamaModel:
         gate_up = [weights[p + "mlp.gate_up_proj.weight"]] if p + "mlp.gate_up_proj.weight" \
             in weights else [weights[p + "mlp.gate_proj.weight"], weights[p + "mlp.up_proj.weight"]]
         sandwich = cfg.sandwich_norms
-        optional = lambda name: self._vector(weights[p + name]) if name else None  # noqa: E731
+
+        def norm(name: str, wanted: bool = True) -> torch.Tensor | None:
+            return self._norm_vector(weights[p + name]) if wanted else None
+
+        o_bias = weights.get(p + "self_attn.o_proj.bias")
         return DecoderLayer(
-            attn_norm=self._vector(weights[p + "input_layernorm.weight"]),
+            attn_norm=norm("input_layernorm.weight"),
             qkv=self._linear(qkv, bias),
-            o_proj=self._linear([weights[p + "self_attn.o_proj.weight"]]),
-            mlp_norm=self._vector(weights[p + ("pre_feedforward_layernorm.weight" if sandwich
-                                               else "post_attention_layernorm.weight")]),
+            o_proj=self._linear([weights[p + "self_attn.o_proj.weight"]],
+                                None if o_bias is None else self._vector(o_bias)),
+            mlp_norm=norm("pre_feedforward_layernorm.weight" if sandwich
+                          else "post_attention_layernorm.weight"),
             gate_up=self._linear(gate_up),
             down=self._linear([weights[p + "mlp.down_proj.weight"]]),
-            q_norm=optional(cfg.qk_norm and "self_attn.q_norm.weight"),
-            k_norm=optional(cfg.qk_norm and "self_attn.k_norm.weight"),
-            attn_out_norm=optional(sandwich and "post_attention_layernorm.weight"),
-            mlp_out_norm=optional(sandwich and "post_feedforward_layernorm.weight"),
+            q_norm=norm("self_attn.q_norm.weight", cfg.qk_norm),
+            k_norm=norm("self_attn.k_norm.weight", cfg.qk_norm),
+            attn_out_norm=norm("post_attention_layernorm.weight", sandwich),
+            mlp_out_norm=norm("post_feedforward_layernorm.weight", sandwich),
             window=cfg.window(i))
 
     @torch.inference_mode()
@@ -177,9 +190,7 @@ class LlamaModel:
             h = native.add_rms_norm(x, None, self.norm, eps)
         else:
             h = rms_norm(x, self.norm, eps)
-        if det:
-            return self.logits_proj.native(h, True).float()              # [n, V]
-        logits = self.logits_proj(h).float()
+        logits = (self.logits_proj.native(h, True) if det else self.logits_proj(h)).float()
         cap = self.config.final_softcap
         return torch.tanh(logits / cap) * cap if cap else logits
 

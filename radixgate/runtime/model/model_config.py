@@ -74,6 +74,13 @@ class ModelConfig:
         return self.layer_windows[layer] if self.layer_windows else 0
 
     @property
+    def plain_llama(self) -> bool:
+        """No relative's feature on: the layer the fused and deterministic paths cover."""
+        return not (self.sandwich_norms or self.qk_norm or self.layer_windows
+                    or self.attn_softcap or self.final_softcap or self.embed_scale != 1.0
+                    or self.hidden_act != "silu")
+
+    @property
     def attention_scale(self) -> float:
         return self.query_scale or self.head_dim ** -0.5
 
