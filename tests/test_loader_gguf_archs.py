@@ -335,3 +335,39 @@ def test_model_from_the_gguf_matches_transformers(files, loaded, arch):
     ours = model.forward(batch, kv)
     excess = ((ours - expected).abs() - (1e-4 + 1e-4 * expected.abs())).max().item()
     assert excess <= 0, f"max |diff| {(ours - expected).abs().max().item():.3g}"
+
+
+def test_a_q8_0_gemma_serves_as_it_would_be_loaded_and_caches_exactly(files):
+    """The quantized path on a relative: the q8_0 Gemma 2 file through ``load_model`` (weights
+    kept int8, products in bf16) stays near transformers' float logits, and an engine's greedy
+    answers agree with the prefix cache on and off."""
+    from transformers import AutoModelForCausalLM
+    from radixgate.runtime.engine.engine import Engine
+    from radixgate.runtime.model.loader import load_model
+    from tests.support.engine import engine_config
+    from tests.support.engine_compare import assert_clean, compare_greedy, greedy
+    ours = load_model(str(files["q8_0"]), device="cpu", max_model_len=128, weights_dtype="int8")
+    assert ours.weights_dtype == "int8" and ours.config.layer_windows
+    ids = list(range(40, 72))
+    reference = AutoModelForCausalLM.from_pretrained(files[Q8_ARCH][0], dtype=torch.float32)
+    with torch.inference_mode():
+        expected = reference.eval()(torch.tensor([ids])).logits[0, -1]
+    engines = [Engine(ours, engine_config(num_blocks=32, enable_prefix_cache=cache,
+                                          record_logits=True, adapt_threads=False)).start()
+               for cache in (True, False)]
+    try:
+        cached, plain = engines
+        cached.generate(greedy(ids[:20] + [5], max_tokens=1))
+        got = cached.generate(greedy(ids, max_tokens=4))
+        ref = plain.generate(greedy(ids, max_tokens=4))
+        assert got.usage.cache_read_tokens >= 16
+        # int8 weights: an 11-row extend goes through the int8 op, a 32-row prefill through
+        # the wide GEMM (linear.INT8_OP_MAX_ROWS), so the logits differ by their rounding
+        # (0.08 of 14 here; 0.0 with float32 weights)
+        compare_greedy(cached, got, plain, ref, logit_tol=0.2)
+        first = plain.debug_trace(ref.request_id).logits[0]
+        assert (first - expected).abs().max() < 0.05 * expected.abs().max()
+        assert_clean(cached)
+    finally:
+        for engine in engines:
+            engine.shutdown(grace_s=0)
