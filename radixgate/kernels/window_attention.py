@@ -7,11 +7,13 @@ Same contract and KV layout as ``reference_paged_attention`` (docs/ARCHITECTURE.
   window: W keys, its own included). Only the blocks some query's window reaches are read.
 - ``softcap`` c > 0: every score s becomes ``c * tanh(s / c)`` before the mask and softmax.
 Scores and softmax are float32 whatever the activations' dtype, computed for tiles of query
-rows whose scores stay under ``SCORE_BYTES``; the result is in q's dtype.
+rows whose scores stay under ``SCORE_BYTES`` (a window without soft-caps: torch's SDPA with the
+window's mask); the result is in q's dtype.
 """
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from radixgate.kernels.checks import check_attention_inputs
 from radixgate.kernels.reference import dequantize_kv
@@ -68,17 +70,22 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, first: int, start
     q [Lq, Hq, D], k and v [L, Hkv, D] -> [Lq, Hq, D]."""
     q_len, num_heads, head_dim = q.shape
     num_kv_heads = k.shape[1]
-    group = num_heads // num_kv_heads
-    qg = q.float().view(q_len, num_kv_heads, group, head_dim).permute(1, 2, 0, 3)  # [Hkv, G, Lq, D]
-    kf, vf = k.float().permute(1, 0, 2), v.float().permute(1, 0, 2)           # [Hkv, L, D]
-    scores = torch.matmul(qg, kf.unsqueeze(1).transpose(-1, -2)).mul_(scale)  # [Hkv, G, Lq, L]
-    if softcap > 0:
-        scores.div_(softcap).tanh_().mul_(softcap)
     query_pos = torch.arange(first, first + q_len)[:, None]
     key_pos = torch.arange(start, start + k.shape[0])[None, :]
     hidden = key_pos > query_pos
     if window > 0:
         hidden |= key_pos <= query_pos - window
+    if softcap <= 0:                                  # a window only: SDPA with its mask
+        out = F.scaled_dot_product_attention(
+            q.float().transpose(0, 1)[None], k.float().transpose(0, 1)[None],
+            v.float().transpose(0, 1)[None], attn_mask=~hidden, scale=scale,
+            enable_gqa=num_heads != num_kv_heads)                         # [1, Hq, Lq, D]
+        return out[0].transpose(0, 1).to(q.dtype)
+    group = num_heads // num_kv_heads
+    qg = q.float().view(q_len, num_kv_heads, group, head_dim).permute(1, 2, 0, 3)  # [Hkv, G, Lq, D]
+    kf, vf = k.float().permute(1, 0, 2), v.float().permute(1, 0, 2)           # [Hkv, L, D]
+    scores = torch.matmul(qg, kf.unsqueeze(1).transpose(-1, -2)).mul_(scale)  # [Hkv, G, Lq, L]
+    scores.div_(softcap).tanh_().mul_(softcap)
     probs = torch.softmax(scores.masked_fill_(hidden, float("-inf")), dim=-1)
     out = torch.matmul(probs, vf.unsqueeze(1))                              # [Hkv, G, Lq, D]
     return out.permute(2, 0, 1, 3).reshape(q_len, num_heads, head_dim).to(q.dtype)
