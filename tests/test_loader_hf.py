@@ -207,3 +207,12 @@ def test_gemmas_norm_scales_in_float32_before_casting():
     x32 = x.float()
     expected = (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + 1e-6) * w).to(torch.bfloat16)
     assert torch.equal(rms_norm(x, w, 1e-6), expected)
+
+
+@pytest.mark.parametrize("variant", ["gemma2", "qwen3"])
+def test_the_deterministic_mode_refuses_a_relatives_layer(tmp_path, variant):
+    """Windows, soft-caps, q/k and extra norms have no row-invariant path (ARCHITECTURE 5c)."""
+    write_model_dir(tmp_path, variant)
+    ours = load_model(str(tmp_path), device="cpu", weights_dtype="float32")
+    with pytest.raises(ValueError, match="covers the Llama/Qwen2 layer only"):
+        ours.model.check_deterministic()

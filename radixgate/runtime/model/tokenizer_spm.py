@@ -27,8 +27,10 @@ SPACE = "\u2581"
 
 def bpe_merges(tokens: Sequence[str], scores: Sequence[float], types: Sequence[int]) -> list[tuple[str, str]]:
     """Every ``(left, right)`` pair of normal pieces that joins into a normal piece, best joined
-    piece first (highest score; the lower id on ties). Control, byte, unused and user-defined
-    pieces are never the result of a merge, as in SentencePiece."""
+    piece first (highest score; the lower id on ties, where SentencePiece and llama.cpp take
+    the leftmost pair in the text: the same wherever scores are distinct, as in Llama 2's and
+    Gemma's files). Control, byte, unused and user-defined pieces are never the result of a
+    merge, as in SentencePiece."""
     normal = {t for t, k in zip(tokens, types) if k == NORMAL}
     ranked = []
     for i, (piece, score, kind) in enumerate(zip(tokens, scores, types)):
