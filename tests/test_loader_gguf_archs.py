@@ -15,7 +15,8 @@ from radixgate.runtime.model.gguf_file import GGUFFile
 from radixgate.runtime.model.gguf_quants import dequantize
 from radixgate.runtime.model.loader_gguf import (config_from_gguf, read_gguf_config,
                                                  read_gguf_weights, weights_from_gguf)
-from tests.support.archs import BUILDERS, build, convert_many, hf_config, hf_tensors
+from tests.support.archs import BUILDERS, build, hf_config, hf_tensors
+from tests.support.convert import convert_many
 
 ARCHS = tuple(BUILDERS)
 GEMMA = ("gemma2", "gemma3")

@@ -138,11 +138,10 @@ def accepts_system_role(tokenizer: ChatTokenizer) -> bool:
     key = getattr(tokenizer, "chat_template", None) or ""
     if key not in _SYSTEM_ROLE:
         try:
-            tokenizer.apply_chat_template([{"role": "system", "content": "s"},
-                                           {"role": "user", "content": "u"}],
-                                          add_generation_prompt=False)
+            _apply(tokenizer, [{"role": "system", "content": "s"},
+                               {"role": "user", "content": "u"}], add_generation_prompt=False)
             _SYSTEM_ROLE[key] = True
-        except Exception:  # noqa: BLE001  jinja2 raise_exception(...) and friends
+        except TemplateError:
             _SYSTEM_ROLE[key] = False
     return _SYSTEM_ROLE[key]
 

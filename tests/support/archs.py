@@ -148,27 +148,3 @@ def hf_tensors(hf_dir: Path) -> dict[str, torch.Tensor]:
     for f in sorted(Path(hf_dir).glob("*.safetensors")):
         out.update({k: v.float() for k, v in load_file(f).items()})
     return out
-
-
-# One process for several conversions: importing torch + transformers + the converter is
-# ~5 of the ~7 s a conversion takes on 2 cores.
-_DRIVER = """
-import runpy, sys
-from pathlib import Path
-script, jobs = sys.argv[1], sys.argv[2:]
-sys.path.insert(0, str(Path(script).parent))
-main = runpy.run_path(script, run_name="convert_hf_to_gguf")["main"]
-for i in range(0, len(jobs), 3):
-    sys.argv = [script, jobs[i], "--outfile", jobs[i + 1], "--outtype", jobs[i + 2]]
-    main()
-"""
-
-
-def convert_many(jobs: list[tuple[Path, Path, str]]) -> None:
-    """``tests.support.convert.convert`` for each (hf_dir, out, outtype), in one process."""
-    from tests.support.convert import converter
-    args = [str(x) for job in jobs for x in job]
-    result = subprocess.run([sys.executable, "-c", _DRIVER, str(converter()), *args],
-                            capture_output=True, text=True, timeout=600)
-    if result.returncode:
-        raise RuntimeError(f"convert_hf_to_gguf.py failed:\n{result.stderr[-3000:]}")

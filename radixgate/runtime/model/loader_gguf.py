@@ -11,7 +11,6 @@ Archs: ``llama`` (Llama, and Mistral: HF's MistralForCausalLM converts to ``llam
 ``ffn_up`` keep HF's fused names ``qkv_proj`` / ``gate_up_proj``."""
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -19,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 from gguf import GGMLQuantizationType as QT
 
-from radixgate.runtime.model.model_config import ModelConfig
+from radixgate.runtime.model.model_config import ModelConfig, longrope_default_attention_factor
 from radixgate.runtime.model.gguf_file import GGUFFile, TensorInfo
 from radixgate.runtime.model.gguf_quants import BLOCK_LAYOUT, GroupCodes, dequantize, group_codes
 from radixgate.runtime.model.tokenizer import Tokenizer
@@ -97,8 +96,7 @@ def _longrope(meta: dict, arch: str, tensors) -> dict | None:
     original = int(meta.get(f"{arch}.rope.scaling.original_context_length", max_pos))
     factor = meta.get(f"{arch}.rope.scaling.attn_factor")
     if factor is None:      # transformers' _compute_longrope_parameters default
-        ratio = max_pos / original
-        factor = math.sqrt(1 + math.log(ratio) / math.log(original)) if ratio > 1 else 1.0
+        factor = longrope_default_attention_factor(max_pos / original, original)
     return {"rope_type": "longrope", "short_factor": [_decimal(x) for x in short_f],
             "long_factor": [_decimal(x) for x in long_f],
             "original_max_position_embeddings": original, "attention_factor": _decimal(factor)}

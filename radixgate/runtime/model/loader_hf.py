@@ -6,14 +6,13 @@ Phi-3 (fused projections, longrope)."""
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file
 from tokenizers import Tokenizer as HFTokenizer
 
-from radixgate.runtime.model.model_config import ModelConfig
+from radixgate.runtime.model.model_config import ModelConfig, longrope_default_attention_factor
 from radixgate.runtime.model.tokenizer import Tokenizer
 from radixgate.runtime.model.tokenizer_gguf import END_MARKERS
 
@@ -88,7 +87,7 @@ def _longrope(cfg: dict, scaling: dict) -> dict:
     factor = float(scaling.get("factor") or float(cfg["max_position_embeddings"]) / original)
     attention = scaling.get("attention_factor")
     if attention is None:
-        attention = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
+        attention = longrope_default_attention_factor(factor, original)
     return {"rope_type": "longrope", "short_factor": list(scaling["short_factor"]),
             "long_factor": list(scaling["long_factor"]),
             "original_max_position_embeddings": original, "attention_factor": float(attention)}

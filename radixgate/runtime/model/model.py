@@ -87,7 +87,6 @@ class LlamaModel:
         self.local_inv_freq = None if local is None else local.to(self.device)
         self.rope_factor = rope_attention_factor(config)
         self.scale = config.attention_scale
-        self.plain = config.plain_llama
         self.q_size = config.num_heads * config.head_dim
         self.kv_size = config.num_kv_heads * config.head_dim
         # residual add + norm in one native call where the norms are float32 on the CPU
@@ -101,7 +100,7 @@ class LlamaModel:
     def check_deterministic(self) -> None:
         """Raise ValueError where deterministic steps cannot hold (``ForwardBatch.deterministic``,
         docs/ARCHITECTURE.md section 5c): no native kernels, activations not float32 on the CPU."""
-        if not self.plain:
+        if not self.config.plain_llama:
             raise ValueError(f"deterministic mode covers the Llama/Qwen2 layer only, not "
                              f"{self.config.arch}'s (windows, soft-caps, extra norms)")
         if not (native.usable() and self.device.type == "cpu" and self.dtype == torch.float32

@@ -1,6 +1,7 @@
 """Model hyper-parameters as a frozen dataclass (no torch, no file access)."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from radixgate.radix_cache.kv_dtypes import kv_bytes_per_token
@@ -98,3 +99,9 @@ class ModelConfig:
         mlp = 3 * h * self.intermediate_size + (2 * h if self.sandwich_norms else 0)
         emb = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
         return self.num_layers * (attn + mlp + 2 * h) + emb + h
+
+
+def longrope_default_attention_factor(factor: float, original: int) -> float:
+    """HF's longrope attention factor where a checkpoint gives none: sqrt(1 + ln(factor) /
+    ln(original)) for a context ``factor`` times the original one, 1 when not longer."""
+    return math.sqrt(1 + math.log(factor) / math.log(original)) if factor > 1.0 else 1.0
