@@ -5,7 +5,8 @@ Each random model (tests/test_loader_hf.py's builders) serves a shared system pr
 windows long, then suffixes that branch from it, one by one and concurrently, in an engine
 with the prefix cache and one without: the cached engine reuses the prefix and every greedy
 run agrees with the uncached one (docs/ARCHITECTURE.md section 7's near-tie rule), blocks
-conserved. Chunked prefill (16 tokens) splits the prompts at window-crossing points."""
+conserved (both pools, where the window layers have one). Chunked prefill (16 tokens) splits
+the prompts at window-crossing points."""
 import pytest
 
 from radixgate.runtime.engine.engine import Engine
@@ -29,8 +30,11 @@ def loaded(request, tmp_path_factory):
 
 
 def engine(model, cache: bool) -> Engine:
+    """16-token steps over a 512-token context: the window models get a window pool of their
+    own (the auto ratio, 2 (W + 16) / 512 of the main one, at least one sequence's need)."""
     return Engine(model, engine_config(num_blocks=64, enable_prefix_cache=cache,
                                        record_logits=True, prefill_chunk=16,
+                                       max_step_tokens=16, solo_step_tokens=16,
                                        adapt_threads=False)).start()
 
 
@@ -59,6 +63,7 @@ def hit_rate(path, shape=None) -> float:
     write_model_dir(path, "gemma2", shape=shape)
     model = load_model(str(path), device="cpu", weights_dtype="float32", max_model_len=512)
     served = engine(model, True)
+    assert (served.core.kv.window is not None) == (shape is None)   # a pool of its own
     try:
         read = total = 0
         for turn in range(2):

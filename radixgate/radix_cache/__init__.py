@@ -11,6 +11,7 @@ from .policy import CreditPolicy, EvictionPolicy, LRUPolicy
 from .pool import BlockPool, BlockPoolError, OutOfBlocks
 from .results import InsertResult, MatchResult, NamespaceStats, PrefixInfo, Probe, TreeStats
 from .tree import RadixTree
+from .window_slots import WindowSlots
 
 # The namespace of published prefixes (``Engine.publish``), which tenants that opt in also
 # match against; no tenant may take its name.
@@ -20,5 +21,5 @@ __all__ = [
     "BlockPool", "BlockPoolError", "CacheConfig", "CacheEvent", "CreditParams", "CreditPolicy",
     "EvictionPolicy", "InsertResult", "IntegrityError", "LockHandle", "LRUPolicy", "MatchResult",
     "NamespaceStats", "OutOfBlocks", "PrefixInfo", "Probe", "PUBLIC_NAMESPACE", "RadixTree",
-    "TreeStats", "make_policy", "token_array",
+    "TreeStats", "WindowSlots", "make_policy", "token_array",
 ]

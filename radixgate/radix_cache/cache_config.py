@@ -44,7 +44,9 @@ class CacheConfig:
     tier below memory (radixgate/runtime/kv_tier/: evicted blocks go there and come back on a hit;
     both set, or neither; it needs the prefix cache, whole-token matching included);
     enable_prefix_cache / page_rounded_match: the baselines of the benchmarks (no reuse;
-    reuse rounded down to whole blocks).
+    reuse rounded down to whole blocks). window_ratio: for models with sliding-window
+    layers, window-pool blocks per main block (0: auto, ``2 (W + step) / context``; 1: one
+    pool, the window layers counted in full; radixgate/radix_cache/window_plan.py).
     """
 
     kv_cache_gb: float = 4.0
@@ -56,6 +58,7 @@ class CacheConfig:
     disk_gb: float = 0.0
     enable_prefix_cache: bool = True
     page_rounded_match: bool = False
+    window_ratio: float = 0.0
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -64,6 +67,9 @@ class CacheConfig:
             raise ValueError(f"cache.kv_dtype must be one of {KV_DTYPES}, got {self.kv_dtype!r}")
         if self.block_size < 1 or self.kv_cache_gb <= 0 or self.disk_gb < 0:
             raise ValueError("cache.block_size >= 1, kv_cache_gb > 0 and disk_gb >= 0 required")
+        if not 0.0 <= self.window_ratio <= 1.0:
+            raise ValueError(f"cache.window_ratio must lie in [0, 1] (0: auto), "
+                             f"got {self.window_ratio}")
         if bool(self.disk_dir) != (self.disk_gb > 0):
             raise ValueError("cache.disk_dir and cache.disk_gb go together: a folder and a "
                              f"budget > 0 for the disk tier (got {self.disk_dir!r}, "

@@ -8,7 +8,7 @@ it back on the free list. Misuse (double free, incref of a free block, unknown i
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 
 class OutOfBlocks(Exception):
@@ -32,6 +32,7 @@ class BlockPool:
         self._refcounts = [0] * num_blocks
         # Stack: allocate pops from the end, so a fresh pool hands out 0, 1, 2, ...
         self._free = list(range(num_blocks - 1, -1, -1))
+        self.on_free: Callable[[int], None] | None = None   # called with each block freed
 
     def num_free(self) -> int:
         return len(self._free)
@@ -71,6 +72,8 @@ class BlockPool:
         self._refcounts[block] = count - 1
         if count == 1:
             self._free.append(block)
+            if self.on_free is not None:
+                self.on_free(block)
             return True
         return False
 
@@ -94,7 +97,7 @@ class BlockPool:
         """``decref`` each block; returns how many went back to the free list. On a bad
         block it raises, with the blocks before it already released."""
         refcounts, num_blocks, free = self._refcounts, self.num_blocks, self._free
-        freed = 0
+        on_free, freed = self.on_free, 0
         for block in blocks:
             if type(block) is not int or not 0 <= block < num_blocks or refcounts[block] == 0:
                 self.decref(block)          # raises the precise error
@@ -103,6 +106,8 @@ class BlockPool:
             if count == 1:
                 free.append(block)
                 freed += 1
+                if on_free is not None:
+                    on_free(block)
         return freed
 
     def refcount(self, block: int) -> int:

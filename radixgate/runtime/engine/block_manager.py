@@ -75,6 +75,10 @@ class BlockManager:
         self.enable_prefix_cache = enable_prefix_cache
         self.page_rounded = page_rounded
         self.probes: dict[int, SeqProbe] = {}     # id(seq) -> its probe (this step's)
+        self.window = getattr(kv, "window", None)  # radix_cache.WindowSlots, or None
+        if self.window is not None:
+            pool.on_free = self.window.on_main_free
+            self.window.protected = self._pinned_window_blocks
 
     # -- probing ------------------------------------------------------------------------
     def probe(self, seq: Sequence) -> SeqProbe:
@@ -166,14 +170,22 @@ class BlockManager:
         B = self.block_size
         matched = found.length if found is not None else 0
         reuse = self.reuse_length(matched, len(seq.tokens))
+        if self.window is not None and found is not None:
+            reuse = self._usable_reuse(found.blocks, reuse)
         keep = _ceil_div(reuse, B)
         partial = reuse % B
         need = self.blocks_to_allocate(reuse, len(seq.tokens))
         table = list(found.blocks[:keep]) if found is not None else []
         if found is not None:
             self.pool.decref_many(found.blocks[keep:])
+        held: list[int] = []
         try:
             if not self._room_for(need):
+                self._give_back(table, found)
+                return False
+            held = self._hold_window(table, reuse, reuse)   # before any window eviction
+            if not self._window_room(partial > 0):
+                self._drop_window(held)
                 self._give_back(table, found)
                 return False
             if partial:
@@ -181,13 +193,98 @@ class BlockManager:
                 need -= 1
             table += self.pool.allocate(need)
         except BaseException:
+            self._drop_window(held)
             self._give_back(table, found)
             raise
         seq.block_table = table
+        seq.window_held = dict.fromkeys(range(keep - len(held), keep))
         seq.num_computed = reuse
         seq.lock_handle = found.handle if found is not None else None
         self.hit_tokens["memory"] += reuse
         return True
+
+    # -- the window layers' pool (docs/ARCHITECTURE.md section 9b) ------------------------
+    def _usable_reuse(self, blocks: list[int], reuse: int) -> int:
+        """``reuse`` backed off to where the window layers hold what it needs (page-rounded
+        again when the cache matches whole blocks only)."""
+        while True:
+            usable = self.window.usable_reuse(blocks, reuse)
+            if self.page_rounded:
+                usable -= usable % self.block_size
+            if usable == reuse:
+                return reuse
+            reuse = usable
+
+    def _window_room(self, fresh: int) -> bool:
+        return self.window is None or self.window.make_room(int(fresh))
+
+    def _hold_window(self, table: list[int], first: int, end: int) -> list[int]:
+        """Hold the window data queries at ``first .. end - 1`` read from ``table`` (blocks
+        that have it: a reuse checked by ``_usable_reuse``); returns the blocks held."""
+        if self.window is None:
+            return []
+        held = self.window.needed(table, first, end)
+        self.window.hold(held)
+        self.window.touch(held)
+        return held
+
+    def _drop_window(self, blocks: list[int]) -> None:
+        if self.window is not None and blocks:
+            self.window.drop(blocks)
+
+    def reserve_window(self, seq: Sequence, end: int) -> bool:
+        """Before a step computes seq's positions up to ``end``: give up the window data its
+        window has passed and hold the blocks the step reads and writes (fresh window ids
+        for new blocks, tombstoning the tree's least useful window data when short). False
+        when the window pool cannot make room (nothing changes then)."""
+        window, B = self.window, self.block_size
+        if window is None:
+            return True
+        held, table = seq.window_held, seq.block_table
+        lo = max(0, seq.num_computed - window.window + 1) // B
+        passed = [i for i in held if i < lo]
+        if passed:
+            window.drop([table[i] for i in passed])
+            for i in passed:
+                del held[i]
+        wanted = [i for i in range(lo, _ceil_div(end, B)) if i not in held]
+        if not wanted:
+            return True
+        blocks = [table[i] for i in wanted]
+        present = [b for b in blocks if window.has(b)]
+        window.hold(present)                  # first: eviction must not take them
+        fresh = [b for b in blocks if b not in set(present)]
+        if not window.make_room(len(fresh)):
+            window.drop(present)
+            return False
+        window.hold(fresh)
+        held.update(dict.fromkeys(wanted))
+        return True
+
+    def _keep_window(self, seq: Sequence, n: int, node=None) -> None:
+        """The tree now caches seq's first ``n`` tokens: it keeps the window data of the
+        blocks it holds for them that seq holds (the rest has none, or is kept already)."""
+        if self.window is None or n == 0 or not seq.window_held:
+            return
+        if node is None:
+            node = self.tree.probe(seq.namespace, seq.tokens[:n]).node
+        if node is None:
+            return
+        blocks = node.path_blocks(self.block_size)[:_ceil_div(n, self.block_size)]
+        self.window.keep(blocks[i] for i in seq.window_held if i < len(blocks))
+
+    def _release_window(self, seq: Sequence) -> None:
+        held, seq.window_held = seq.window_held, {}
+        self._drop_window([seq.block_table[i] for i in held])
+
+    def _pinned_window_blocks(self) -> set[int]:
+        """Blocks whose window data a pinned prefix's end reads (window eviction leaves
+        them: a pinned prefix stays usable)."""
+        protected: set[int] = set()
+        for node in self.tree.pinned_nodes:
+            blocks = node.path_blocks(self.block_size)
+            protected.update(self.window.needed(blocks, node.end, node.end))
+        return protected
 
     # -- the lower tier -----------------------------------------------------------------
     def _tier_run(self, seq: Sequence, found) -> TierRun | None:
@@ -195,6 +292,8 @@ class BlockManager:
         of prefill (None without a tier, a match or such a run)."""
         tier = self.tier
         if tier is None or found is None or not tier.holds_namespace(seq.namespace):
+            return None
+        if self.window is not None:
             return None
         n, B = len(seq.tokens), self.block_size
         if seq.tier_chain is None or seq.tier_chain[0] != n:
@@ -274,15 +373,24 @@ class BlockManager:
         return self.make_room(num_blocks)
 
     def _copy_on_write(self, shared: int, valid_slots: int) -> int:
-        """A private copy of the first ``valid_slots`` slots of a shared block (all layers);
-        the reference to ``shared`` is dropped once the copy is made (kept if it fails)."""
+        """A private copy of the first ``valid_slots`` slots of a shared block (all layers;
+        the window layers' too, the copy holding a fresh window id in place of the shared
+        block's); the reference to ``shared`` is dropped once the copy is made (kept if it
+        fails)."""
         private = self.pool.allocate(1)[0]
+        windowed = self.window is not None and self.window.has(shared)
         try:
+            if windowed:
+                self.window.hold([private])
             self.kv.copy_blocks(torch.tensor([[shared, private]], dtype=torch.int64),
                                 torch.tensor([valid_slots], dtype=torch.int32))
         except BaseException:
+            if windowed and self.window.has(private):
+                self.window.drop([private])
             self.pool.decref(private)
             raise
+        if windowed:
+            self.window.drop([shared])
         self.pool.decref(shared)
         return private
 
@@ -325,6 +433,7 @@ class BlockManager:
             return
         result = self.tree.insert(seq.namespace, seq.tokens[:n],
                                   seq.block_table[:_ceil_div(n, self.block_size)], lock=True)
+        self._keep_window(seq, n, result.handle.node)
         old, seq.lock_handle = seq.lock_handle, result.handle
         if old is not None:
             self.tree.unlock(old)
@@ -336,6 +445,8 @@ class BlockManager:
         if cache and self.enable_prefix_cache and n > 0:
             self.tree.insert(seq.namespace, seq.tokens[:n],
                              seq.block_table[:_ceil_div(n, self.block_size)])
+            self._keep_window(seq, n)
+        self._release_window(seq)
         if seq.lock_handle is not None:
             self.tree.unlock(seq.lock_handle)
         self.pool.decref_many(seq.block_table)

@@ -20,6 +20,7 @@ import time
 import torch
 
 from radixgate.radix_cache import BlockPool, RadixTree, make_policy
+from radixgate.radix_cache.window_plan import min_window_blocks, split_for_count
 from radixgate.runtime.kv_tier.glue import close_tier, open_tier
 from radixgate.runtime.model.batch import build_forward_batch
 from radixgate.runtime.model.kv_cache import KVCache, resolve_kv_dtype
@@ -445,7 +446,7 @@ class EngineCore:
 
     def check_integrity(self) -> dict:
         """Recounts tree and pool (raises IntegrityError); free + held == total; when idle,
-        nothing may be locked."""
+        nothing may be locked. With a window pool its ids are recounted too (per pool)."""
         tables = [seq.block_table for seq in self.scheduler.running]
         self.tree.check_integrity(extra_holders=tables)
         held = self.tree.held_blocks().union(*map(set, tables)) if tables else self.tree.held_blocks()
@@ -454,8 +455,15 @@ class EngineCore:
             raise AssertionError(f"free {free} + held {len(held)} != total {self.pool.num_blocks}")
         if not self.scheduler.running and self.tree.handles:
             raise AssertionError(f"idle engine left {len(self.tree.handles)} locks in the tree")
-        return {"free": free, "held": len(held), "total": self.pool.num_blocks,
-                "locks": len(self.tree.handles), "running": len(self.scheduler.running)}
+        report = {"free": free, "held": len(held), "total": self.pool.num_blocks,
+                  "locks": len(self.tree.handles), "running": len(self.scheduler.running)}
+        window = self.kv.window
+        if window is not None:
+            holds = [[seq.block_table[i] for i in seq.window_held]
+                     for seq in self.scheduler.all_sequences()]
+            window.check(self.tree.held_blocks(), holds)
+            report["window"] = window.stats()
+        return report
 
 
 def internal_error_message(request_id: str) -> str:
@@ -471,16 +479,32 @@ def unfit_message(core: EngineCore, seq: Sequence) -> str:
 
 
 def _make_kv_cache(loaded, config: EngineConfig) -> KVCache:
+    """The KV cache for ``config``: its main pool and, for a model with sliding-window
+    layers, the window layers' own pool (radixgate/radix_cache/window_plan.py)."""
     mc, block_size = loaded.config, config.cache.block_size
     kv_dtype = resolve_kv_dtype(config.cache.kv_dtype, loaded.dtype, loaded.device)
+    context = min(config.max_model_len or loaded.max_model_len, loaded.max_model_len)
+    sizing = dict(context=context, step_tokens=config.solo_budget,
+                  window_ratio=config.cache.window_ratio)
     if config.num_blocks is not None:
+        split = split_for_count(config.num_blocks, mc.layer_windows, block_size=block_size,
+                                context=context, step_tokens=config.solo_budget,
+                                ratio=config.cache.window_ratio,
+                                window_blocks=config.window_blocks)
         kv = KVCache(mc.num_layers, config.num_blocks, block_size, mc.num_kv_heads,
-                     mc.head_dim, kv_dtype, loaded.device)
+                     mc.head_dim, kv_dtype, loaded.device, split)
     else:
         kv = KVCache.from_budget(mc, config.cache.kv_cache_bytes, block_size, kv_dtype,
-                                 loaded.device)
-    log.info("KV cache (%s): %d bytes per token, %d blocks of %d = %d tokens fit", kv.kv_dtype,
-             kv.bytes_per_token, kv.num_blocks, kv.block_size, kv.num_tokens)
+                                 loaded.device, **sizing)
+    if kv.window is not None:
+        least = min_window_blocks(kv.window.window, config.solo_budget, block_size)
+        if kv.num_window_blocks < least:
+            raise ValueError(f"the window layers' pool of {kv.num_window_blocks} blocks is "
+                             f"smaller than one sequence's window and step ({least} blocks)")
+    log.info("KV cache (%s): %d bytes per token, %d blocks of %d = %d tokens fit%s", kv.kv_dtype,
+             kv.bytes_per_token, kv.num_blocks, kv.block_size, kv.num_tokens,
+             f"; window layers {sorted(kv.window_layers)}: {kv.num_window_blocks} blocks "
+             f"(W={kv.window.window})" if kv.window is not None else "")
     return kv
 
 

@@ -39,7 +39,8 @@ class EngineConfig:
     ``radix_cache.CacheConfig``), handed down as it is to the pool, the tree and the block
     manager. KV size: ``num_blocks`` when given (tests), else ``cache.kv_cache_bytes``
     divided by the bytes one block takes (2 x layers x kv_heads x head_dim x dtype bytes x
-    block_size).
+    block_size). ``window_blocks``: the window layers' pool beside ``num_blocks`` (tests;
+    None: ``cache.window_ratio``'s share; radixgate/radix_cache/window_plan.py).
     ``max_step_tokens`` is the per-step token budget shared by decodes and prefill chunks;
     ``prefill_chunk`` caps one request's prefill tokens per step.
     ``solo_step_tokens``: the budget (and chunk cap) of a step in which no sequence decodes,
@@ -76,6 +77,7 @@ class EngineConfig:
 
     cache: CacheConfig = field(default_factory=CacheConfig)
     num_blocks: int | None = None
+    window_blocks: int | None = None
     max_model_len: int | None = None
     max_num_seqs: int = 64
     max_step_tokens: int = 512

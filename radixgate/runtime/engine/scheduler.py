@@ -115,7 +115,23 @@ class Scheduler:
         budget = self._schedule_prefills(plan, budget, cap)
         if not plan.preempted:   # memory is short: admitting now would only thrash
             self._schedule_admissions(plan, budget, cap)
+        if self.blocks.window is not None:
+            self._reserve_windows(plan)
         return plan
+
+    def _reserve_windows(self, plan: StepPlan) -> None:
+        """Each chunk's window data (the window layers' pool, ``BlockManager.reserve_window``),
+        oldest sequence first; while the pool cannot make room, the newest running sequence
+        is preempted (as for main blocks); a sequence short of room while it runs alone never
+        fits (``plan.unfit``)."""
+        for chunk in list(plan.chunks):
+            seq = chunk.seq
+            end = seq.num_computed + chunk.num_tokens + len(chunk.drafts)
+            while seq.status is SeqStatus.RUNNING and not self.blocks.reserve_window(seq, end):
+                alone = len(self.running) == 1
+                self.preempt(self.running[-1], plan)
+                if alone:
+                    plan.unfit = seq
 
     def _schedule_decodes(self, plan: StepPlan, budget: int) -> int:
         for seq in list(self.running):

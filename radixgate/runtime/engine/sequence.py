@@ -52,6 +52,7 @@ class Sequence:
         self.tokens: list[int] = list(request.tokens)
         self.num_prompt = len(request.tokens)
         self.block_table: list[int] = []
+        self.window_held: dict[int, None] = {}   # table indices whose window data it holds
         self.num_computed = 0
         self.lock_handle = None
         self.status = SeqStatus.WAITING

@@ -23,6 +23,8 @@ import torch
 
 from radixgate.kernels import copy_blocks as _copy_blocks
 from radixgate.radix_cache.kv_dtypes import QUANTIZED_KV_DTYPES, kv_bytes_per_token
+from radixgate.radix_cache.window_plan import PoolSplit, split_pool
+from radixgate.radix_cache.window_slots import WindowSlots
 from radixgate.runtime.model.kv_dtypes import KV_DTYPE_NAMES, KV_TORCH_DTYPES, SCALE_DTYPE
 
 log = logging.getLogger(__name__)
@@ -70,23 +72,63 @@ class KVCache:
 
     def __init__(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int,
                  head_dim: int, dtype: torch.dtype | str = torch.float32,
-                 device: str | torch.device = "cpu"):
+                 device: str | torch.device = "cpu", split: PoolSplit | None = None):
         if num_blocks < 1 or block_size < 1:
             raise ValueError(f"need num_blocks >= 1 and block_size >= 1, got {num_blocks}, {block_size}")
         self.num_layers, self.num_blocks, self.block_size = num_layers, num_blocks, block_size
         self.num_kv_heads, self.head_dim = num_kv_heads, head_dim
         self.kv_dtype = kv_dtype_name(dtype)
         self.dtype, self.device = KV_TORCH_DTYPES[self.kv_dtype], torch.device(device)
-        shape = (num_layers, num_blocks, block_size, num_kv_heads, head_dim)
-        self._tensors = [lazy_zeros(shape, self.dtype, self.device) for _ in "kv"]
-        self.k = list(self._tensors[0].unbind(0))      # [num_blocks, block_size, Hkv, D] per layer
-        self.v = list(self._tensors[1].unbind(0))
-        self.k_scale = self.v_scale = [None] * num_layers
+        pooled = split is not None and split.pooled
+        self.window_layers = frozenset(split.window_layers) if pooled else frozenset()
+        # the window pool (radix_cache.WindowSlots) and its map as a tensor (shared memory)
+        self.window = WindowSlots(num_blocks, split.window_blocks, block_size, split.window) \
+            if pooled else None
+        self.window_index = torch.frombuffer(self.window.index, dtype=torch.int32) \
+            if pooled else None
+        groups = [[i for i in range(num_layers) if i not in self.window_layers]]
+        counts = [num_blocks]
+        if pooled:
+            groups.append(sorted(self.window_layers))
+            counts.append(split.window_blocks + 1)       # + the trash block (WindowSlots.trash)
+        self._tensors, self._part_layers = [], []
+        self.k, self.v = [None] * num_layers, [None] * num_layers
+        self.k_scale, self.v_scale = [None] * num_layers, [None] * num_layers
+        for layers, count in zip(groups, counts):
+            self._add_group(layers, count)
+
+    def _add_group(self, layers: list[int], count: int) -> None:
+        """K and V (and the 8-bit dtypes' scales) of ``layers`` over ``count`` blocks (none
+        for no layers: a model whose every layer has a window keeps no main-pool bytes)."""
+        if not layers:
+            return
+        shape = (len(layers), count, self.block_size, self.num_kv_heads, self.head_dim)
+        k, v = (lazy_zeros(shape, self.dtype, self.device) for _ in "kv")
+        parts = [k, v]
+        for j, layer in enumerate(layers):
+            self.k[layer], self.v[layer] = k[j], v[j]   # [count, block_size, Hkv, D] each
         if self.quantized:
-            scales = [lazy_zeros(shape[:-1], SCALE_DTYPE, self.device) for _ in "kv"]
-            self._tensors += scales
-            self.k_scale = list(scales[0].unbind(0))   # [num_blocks, block_size, Hkv] per layer
-            self.v_scale = list(scales[1].unbind(0))
+            ks, vs = (lazy_zeros(shape[:-1], SCALE_DTYPE, self.device) for _ in "kv")
+            parts += [ks, vs]
+            for j, layer in enumerate(layers):
+                self.k_scale[layer], self.v_scale[layer] = ks[j], vs[j]
+        self._tensors += parts
+        self._part_layers += [layers] * len(parts)
+
+    @property
+    def num_window_blocks(self) -> int:
+        return 0 if self.window is None else self.window.pool.num_blocks
+
+    def window_view(self, block_tables: torch.Tensor,
+                    slot_mapping: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Main block tables and slots (-1 kept) as the window layers' (through
+        ``window_index``: a tombstone reads the trash block, which nothing in a window reads)."""
+        index, B = self.index_tensor(), self.block_size
+        tables = torch.where(block_tables >= 0, index[block_tables.clamp(min=0).long()],
+                             -1).to(torch.int32)
+        blocks = slot_mapping.clamp(min=0) // B
+        slots = torch.where(slot_mapping >= 0, index[blocks].long() * B + slot_mapping % B, -1)
+        return tables, slots
 
     @property
     def quantized(self) -> bool:
@@ -119,33 +161,52 @@ class KVCache:
     @classmethod
     def from_budget(cls, config, budget_bytes: int, block_size: int = 16,
                     dtype: torch.dtype | str = torch.float32,
-                    device: str | torch.device = "cpu") -> "KVCache":
+                    device: str | torch.device = "cpu", *, context: int = 0,
+                    step_tokens: int = 0, window_ratio: float = 0.0) -> "KVCache":
         """As many blocks as ``budget_bytes`` holds for ``config`` (a ModelConfig) in ``dtype``
-        (scales included); logs bytes per token and how many tokens fit."""
+        (scales included), split with a window pool where the model's window layers allow
+        (``radix_cache.window_plan.split_pool``: ``context`` tokens, ``step_tokens`` a step,
+        ``window_ratio`` 0 auto); logs bytes per token and how many tokens fit."""
         name = kv_dtype_name(dtype)
-        num_blocks = cls.blocks_for_budget(budget_bytes, config.num_layers, config.num_kv_heads,
-                                           config.head_dim, block_size, name)
-        if num_blocks < 1:
+        layer_block = kv_bytes_per_token(1, config.num_kv_heads, config.head_dim, name) * block_size
+        split = split_pool(int(budget_bytes), layer_block, config.num_layers,
+                           config.layer_windows if context else (), block_size=block_size,
+                           context=context, step_tokens=step_tokens, ratio=window_ratio)
+        if split.main_blocks < 1:
             raise ValueError(f"KV budget of {budget_bytes} bytes holds no block of {block_size} tokens")
-        cache = cls(config.num_layers, num_blocks, block_size, config.num_kv_heads,
-                    config.head_dim, name, device)
-        log.info("KV cache: %d bytes/token (%s), %d blocks x %d = %d tokens in %.2f GiB (lazy)",
-                 cache.bytes_per_token, name, num_blocks, block_size, cache.num_tokens,
-                 cache.nbytes / 2**30)
+        cache = cls(config.num_layers, split.main_blocks, block_size, config.num_kv_heads,
+                    config.head_dim, name, device, split)
+        log.info("KV cache: %d bytes/token (%s), %d blocks x %d = %d tokens in %.2f GiB (lazy)%s",
+                 cache.bytes_per_token, name, split.main_blocks, block_size, cache.num_tokens,
+                 cache.nbytes / 2**30, f"; window layers: {split.window_blocks} blocks "
+                 f"(W={split.window})" if split.pooled else "")
         return cache
 
     def copy_blocks(self, pairs: torch.Tensor, num_slots: torch.Tensor) -> None:
         """Copy-on-write: for every layer, slots ``[0, num_slots[i])`` of block ``pairs[i, 0]``
-        into block ``pairs[i, 1]`` (pairs int64 [n, 2], num_slots int32 [n]), scales included."""
+        into block ``pairs[i, 1]`` (pairs int64 [n, 2], num_slots int32 [n]), scales included;
+        the window layers between the blocks' window ids (both must have one)."""
         pairs = pairs.to(self.device, torch.int64)
         num_slots = num_slots.to(self.device, torch.int32)
+        window_pairs = None
+        if self.window is not None:
+            window_pairs = self.index_tensor()[pairs].long()
         for layer, (k_cache, v_cache) in enumerate(zip(self.k, self.v)):
-            _copy_blocks(k_cache, v_cache, pairs, num_slots, **self.layer_scales(layer))
+            which = window_pairs if layer in self.window_layers else pairs
+            _copy_blocks(k_cache, v_cache, which, num_slots, **self.layer_scales(layer))
+
+    def index_tensor(self) -> torch.Tensor:
+        """``window_index`` as it is now on the cache's device (the CPU's shares memory with
+        the map; another device gets a fresh copy)."""
+        if self.device.type == "cpu":
+            return self.window_index
+        return torch.frombuffer(self.window.index, dtype=torch.int32).to(self.device)
 
     # -- whole blocks as bytes (the KV tiers below memory: radixgate/runtime/kv_tier/) ----------------
     def block_parts(self) -> list[torch.Tensor]:
-        """K, V (and the 8-bit dtypes' scales) as bytes, each ``[layers, num_blocks,
-        block_size, bytes per slot]`` (views: writing them writes the cache)."""
+        """K, V (and the 8-bit dtypes' scales) as bytes, each ``[layers, blocks, block_size,
+        bytes per slot]`` (views: writing them writes the cache): the main pool's parts, then
+        the window pool's (indexed by window id) when there is one."""
         return [t.view(torch.uint8).view(t.shape[0], t.shape[1], t.shape[2], -1)
                 for t in self._tensors]
 
@@ -153,21 +214,35 @@ class KVCache:
         """Bytes per (layer, slot) of each of ``block_parts``."""
         return [part.shape[-1] for part in self.block_parts()]
 
+    def part_layers(self) -> list[int]:
+        """How many layers each of ``block_parts`` holds."""
+        return [len(layers) for layers in self._part_layers]
+
+    def _part_ids(self, blocks: list[int]) -> list[list[int]]:
+        """Per part, the ids ``blocks`` have in it (window ids in the window pool's parts: a
+        tombstone gives the trash block, zeros)."""
+        window = [self.window.window_id(b) for b in blocks] if self.window is not None else None
+        return [window if self.window is not None and layers and layers[0] in self.window_layers
+                else blocks for layers in self._part_layers]
+
     def gather_blocks(self, blocks: list[int]) -> list[torch.Tensor]:
         """A copy of ``blocks`` on the CPU, each part ``[len(blocks), layers, block_size,
         bytes per slot]`` (contiguous: ``part[i]`` is block ``blocks[i]``'s bytes)."""
-        index = torch.tensor(blocks, dtype=torch.int64, device=self.device)
-        return [part.index_select(1, index).transpose(0, 1).contiguous().cpu()
-                for part in self.block_parts()]
+        return [part.index_select(1, torch.tensor(ids, dtype=torch.int64, device=self.device))
+                .transpose(0, 1).contiguous().cpu()
+                for part, ids in zip(self.block_parts(), self._part_ids(blocks))]
 
     def write_block(self, block: int, parts: list[torch.Tensor], num_slots: int) -> None:
         """Slots ``[0, num_slots)`` of ``block`` in every layer from ``parts`` (uint8,
-        ``[layers, num_slots, bytes per slot]`` each, ``block_parts`` order)."""
-        for dest, src in zip(self.block_parts(), parts):
+        ``[layers, num_slots, bytes per slot]`` each, ``block_parts`` order); the window
+        layers' parts only when ``block`` has a window id."""
+        for dest, src, (ident,) in zip(self.block_parts(), parts, self._part_ids([block])):
+            if self.window is not None and ident == self.window.trash:
+                continue
             if dest.device.type == "cpu":
                 # numpy, not torch: this runs on the tier's reader thread, and a torch copy
                 # this large goes parallel and gives that thread an OpenMP pool of its own
                 # (radixgate/runtime/engine/cpu_threads.py: the engine's workers then sleep between ops).
-                dest.numpy()[:, block, :num_slots] = src.numpy()
+                dest.numpy()[:, ident, :num_slots] = src.numpy()
             else:
-                dest[:, block, :num_slots].copy_(src)
+                dest[:, ident, :num_slots].copy_(src)

@@ -10,7 +10,7 @@ for ``batch.logits_indices``.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -178,7 +178,7 @@ class LlamaModel:
                               deterministic=batch.deterministic)  # shared by every layer
         rope_native = NATIVE_ROPE_STORE and not kv.quantized and not uses_triton(kv.k[0]) \
             and native.usable(cos, sin, kv.k[0])          # decided once: every layer alike
-        layer_args = ((cos, sin), local, batch, plan, kv, rope_native)
+        layer_args = ((cos, sin), local, self._window_batch(batch, kv), plan, kv, rope_native)
         if self.fused_norms and native.usable(x):
             x = self._layers_fused(x, eps, layer_args)
         else:
@@ -195,9 +195,18 @@ class LlamaModel:
 
     __call__ = forward
 
+    @staticmethod
+    def _window_batch(batch: ForwardBatch, kv: KVCache) -> tuple[ForwardBatch, ForwardBatch]:
+        """(the global layers' batch, the window layers'): the same unless the window layers
+        have a pool of their own (``KVCache.window``), whose tables and slots differ."""
+        if kv.window is None:
+            return batch, batch
+        tables, slots = kv.window_view(batch.block_tables, batch.slot_mapping)
+        return batch, replace(batch, block_tables=tables, slot_mapping=slots, slot_bounds=None)
+
     def _layers(self, x: torch.Tensor, eps: float, layer_args) -> torch.Tensor:
         """The decoder layers in torch ops; residual adds promote bf16 outputs to x's dtype."""
-        det = layer_args[2].deterministic
+        det = layer_args[2][0].deterministic
         for i, layer in enumerate(self.layers):
             h = rms_norm(x, layer.attn_norm, eps)
             out = self._attention(layer, h, i, *layer_args)
@@ -218,7 +227,7 @@ class LlamaModel:
         same bits as that cast); the last add has no norm after it (the final norm runs on
         the logits rows only)."""
         layers, out = self.layers, self.norm_out_dtype
-        det = layer_args[2].deterministic
+        det = layer_args[2][0].deterministic
         h = native.add_rms_norm(x, None, layers[0].attn_norm, eps, out)
         for i, layer in enumerate(layers):
             h = native.add_rms_norm(x, self._attention(layer, h, i, *layer_args),
@@ -227,12 +236,14 @@ class LlamaModel:
             h = native.add_rms_norm(x, self._mlp(layer, h, det), after, eps, out)
         return x
 
-    def _attention(self, layer: DecoderLayer, h, i: int, rope, local_rope, batch: ForwardBatch,
+    def _attention(self, layer: DecoderLayer, h, i: int, rope, local_rope, batches,
                    plan, kv: KVCache, rope_native: bool) -> torch.Tensor:
         """Layer ``i``'s attention block: qkv, q/k norms, rope, K/V stored, paged attention,
         o_proj (``rope_native``: this forward's rope and store go through
-        ``native.rope_store``; ``local_rope``: the window layers' own cos/sin, or None)."""
+        ``native.rope_store``; ``local_rope``: the window layers' own cos/sin, or None;
+        ``batches``: the global and the window layers' views of the step)."""
         cfg = self.config
+        batch = batches[1] if i in kv.window_layers else batches[0]
         k_cache, v_cache, scales = kv.k[i], kv.v[i], kv.layer_scales(i)
         tokens = h.shape[0]
         cos, sin = local_rope if layer.window and local_rope is not None else rope
