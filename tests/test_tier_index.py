@@ -97,7 +97,10 @@ def test_a_record_reads_back_only_with_its_own_address_fingerprint_and_checksum(
     prefix = encode_prefix(SEED[:16].ljust(16, b"\0"), b"d" * 16, b"p" * 16, 4, True, payload)
     data = prefix + b"".join(payload)
     fp = SEED[:16].ljust(16, b"\0")
-    assert bytes(decode(data, fp, b"d" * 16, 4, 96)) == b"".join(payload)
+    body, windowed = decode(data, fp, b"d" * 16, 4, 96)
+    assert bytes(body) == b"".join(payload) and windowed
+    tombstoned = encode_prefix(fp, b"d" * 16, b"p" * 16, 4, True, payload, windowed=False)
+    assert decode(tombstoned + b"".join(payload), fp, b"d" * 16, 4, 96)[1] is False
     flipped = bytearray(data)
     flipped[-1] ^= 1
     for bad, args in ((flipped, (fp, b"d" * 16, 4, 96)), (data[:-3], (fp, b"d" * 16, 4, 96)),

@@ -27,8 +27,9 @@ def loaded(request, tmp_path_factory):
     return load_model(str(path), device="cpu", weights_dtype="float32", max_model_len=512)
 
 
-def engine(model, cache: bool = True, window_blocks: int | None = 6, **fields) -> Engine:
-    config = engine_config(num_blocks=64, window_blocks=window_blocks,
+def engine(model, cache: bool = True, window_blocks: int | None = 6, num_blocks: int = 64,
+           **fields) -> Engine:
+    config = engine_config(num_blocks=num_blocks, window_blocks=window_blocks,
                            enable_prefix_cache=cache, record_logits=True, adapt_threads=False,
                            debug_integrity=True, **STEP, **fields)
     return Engine(model, config).start()
@@ -97,3 +98,41 @@ def test_pinned_prefixes_keep_their_window_data(loaded):
         assert_clean(cached)
     finally:
         cached.shutdown(grace_s=0)
+
+
+def test_the_disk_tier_keeps_window_data_and_tombstones_apart(loaded, tmp_path):
+    """A 200-token prompt goes to the disk tier (its early blocks tombstoned for the window
+    layers: stored without their K/V) and comes back: the whole prompt reuses its end's
+    window data from disk; a prompt leaving it half-way backs off to the nearest point
+    whose window the records hold (here: 0). Answers equal the uncached engine's."""
+    served = engine(loaded, window_blocks=12, num_blocks=24, disk_dir=str(tmp_path),
+                    disk_gb=0.01)
+    plain = engine(loaded, cache=False, window_blocks=None)
+    try:
+        prompt = [(13 * i) % 3000 + 200 for i in range(200)]
+        half = prompt[:100] + [7, 8, 9]
+        served.generate(greedy(prompt, max_tokens=2))
+        for k in range(3):                                  # push it out of memory
+            served.generate(greedy([5000 + 200 * k + i for i in range(180)], max_tokens=2))
+        wait_written(served)
+        again = served.generate(greedy(half, max_tokens=4))      # from disk: back-off
+        back = served.generate(greedy(prompt, max_tokens=4))
+        snap = served.request_snapshot().result(timeout=30)
+        assert snap.hit_tokens["disk"] >= 100, snap.hit_tokens
+        assert back.usage.cache_read_tokens == len(prompt) - 1
+        assert again.usage.cache_read_tokens < 100          # records 0..5 lack window data
+        for got, tokens in ((back, prompt), (again, half)):
+            ref = plain.generate(greedy(tokens, max_tokens=4))
+            compare_greedy(served, got, plain, ref, logit_tol=1e-3)
+        assert_clean(served)
+    finally:
+        served.shutdown(grace_s=0)
+        plain.shutdown(grace_s=0)
+
+
+def wait_written(served: Engine, timeout: float = 30) -> None:
+    import time
+    stop = time.monotonic() + timeout
+    while served.request_snapshot().result(timeout=30).tier.staged_bytes and \
+            time.monotonic() < stop:
+        time.sleep(0.02)

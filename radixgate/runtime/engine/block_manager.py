@@ -293,15 +293,26 @@ class BlockManager:
         tier = self.tier
         if tier is None or found is None or not tier.holds_namespace(seq.namespace):
             return None
-        if self.window is not None:
-            return None
         n, B = len(seq.tokens), self.block_size
         if seq.tier_chain is None or seq.tier_chain[0] != n:
             seq.tier_chain = (n, tier.chain(seq.namespace, seq.tokens))
         run = tier.find(seq.namespace, seq.tokens, found.length // B, seq.tier_chain[1])
         if run is None or min(run.length, n - 1) - min(found.length, n - 1) < B:
             return None
+        if self.window is not None and not self._window_loadable(found, run, n):
+            return None
         return run
+
+    def _window_loadable(self, found, run: TierRun, n: int) -> bool:
+        """With a window pool, a load needs the memory part's end usable (the fallback when
+        loaded records lack window data) and room for the loaded blocks' window data."""
+        start = run.first_index * self.block_size
+        end = min(run.length, n - 1)
+        fresh = _ceil_div(end, self.block_size) - max(
+            run.first_index, max(0, end - self.window.window + 1) // self.block_size)
+        # room first: its evictions may tombstone what the check below needs
+        return (self.window.make_room(fresh)
+                and self.window.usable_reuse(found.blocks, start) == start)
 
     def _admit_loading(self, seq: Sequence, found, run: TierRun) -> bool:
         """``admit`` with ``run`` loaded from the tier: the match's whole blocks before the
@@ -311,19 +322,53 @@ class BlockManager:
         self.tier.touch_run(run)                  # before the evictions that make room
         table = list(found.blocks[:first])
         self.pool.decref_many(found.blocks[first:])
+        held: list[int] = []
         try:
             if not self._room_for(need):
                 self._give_back(table, found)
                 return False
             table += self.pool.allocate(need)
+            held = self._hold_loading_window(seq, table, first, run)
             seq.tier_load = self.tier.load(run, table[first:first + len(run.records)])
         except BaseException:
+            self._drop_window([table[i] for i in held])
+            seq.window_held = {}
             self._give_back(table, found)
             raise
         seq.block_table = table
         seq.num_computed = first * self.block_size
         seq.lock_handle = found.handle
         return True
+
+    def _hold_loading_window(self, seq: Sequence, table: list[int], first: int,
+                             run: TierRun) -> list[int]:
+        """Window data for a load (``_window_loadable`` made the room): what the memory part's
+        end reads, and the blocks the run's end reads (fresh ids the loader fills). Returns
+        the table indices held (``seq.window_held``)."""
+        if self.window is None:
+            return []
+        B, W = self.block_size, self.window.window
+        end = min(run.length, len(seq.tokens) - 1)
+        indices = dict.fromkeys(range(max(0, first * B - W + 1) // B, first))
+        indices.update(dict.fromkeys(i for i in range(max(0, end - W + 1) // B, _ceil_div(end, B))
+                                     if i >= first or self.window.has(table[i])))
+        held = list(indices)
+        self.window.hold([table[i] for i in held])
+        seq.window_held = dict.fromkeys(held)
+        return held
+
+    def _settle_loaded_window(self, seq: Sequence, ticket, reuse: int) -> int:
+        """After a load: window data the records lacked, or that did not load, is let go
+        (tombstones), and the reuse backs off to where the window layers hold what it needs,
+        never below the memory part (usable by ``_window_loadable``)."""
+        first = ticket.run.first_index
+        gone = [first + i for i in ticket.unwindowed] + [
+            i for i in seq.window_held if i >= first + ticket.loaded]
+        for i in dict.fromkeys(gone):
+            if i in seq.window_held:
+                del seq.window_held[i]
+                self.window.drop([seq.block_table[i]])
+        return max(self._usable_reuse(seq.block_table, reuse), first * self.block_size)
 
     def finish_load(self, seq: Sequence) -> bool:
         """False while seq's load runs; once done: what loaded is seq's reuse (inserted and
@@ -336,6 +381,8 @@ class BlockManager:
         seq.tier_load = None
         memory_part = seq.num_computed
         reuse = min(ticket.length, len(seq.tokens) - 1)
+        if self.window is not None:
+            reuse = self._settle_loaded_window(seq, ticket, reuse)
         self.hit_tokens["memory"] += memory_part
         if reuse > memory_part:
             seq.num_computed = reuse
@@ -344,6 +391,7 @@ class BlockManager:
             result = self.tree.insert(seq.namespace, seq.tokens[:reuse],
                                       seq.block_table[:_ceil_div(reuse, self.block_size)],
                                       lock=True)
+            self._keep_window(seq, reuse, result.handle.node)
             old, seq.lock_handle = seq.lock_handle, result.handle
             if old is not None:
                 self.tree.unlock(old)

@@ -33,7 +33,9 @@ def model_fingerprint(loaded, kv) -> bytes:
         "weights_dtype": loaded.weights_dtype,
         "dtype": str(loaded.dtype),
         "kv": [kv.kv_dtype, kv.num_layers, kv.num_kv_heads, kv.head_dim, kv.block_size,
-               kv.slot_bytes()],
+               kv.slot_bytes(), kv.part_layers()],
+        "window_pool": None if kv.window is None else [sorted(kv.window_layers),
+                                                         kv.window.window],
     }
     data = json.dumps(identity, sort_keys=True).encode()
     return hashlib.blake2b(data, digest_size=16).digest()

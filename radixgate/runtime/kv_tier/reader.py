@@ -21,7 +21,9 @@ log = logging.getLogger(__name__)
 @dataclass(slots=True)
 class LoadTicket:
     """One request's load: ``run``'s records into ``blocks``; ``loaded`` of them are in
-    (in order) once ``done`` is set. ``cancel()`` stops it at the next record."""
+    (in order) once ``done`` is set; ``unwindowed``: the indices (into ``blocks``) of those
+    whose record had no window-layer K/V (the window pool had tombstoned them). ``cancel()``
+    stops it at the next record."""
 
     run: TierRun
     blocks: list[int]
@@ -29,6 +31,7 @@ class LoadTicket:
     done: threading.Event = field(default_factory=threading.Event)
     cancelled: bool = False
     loaded: int = 0
+    unwindowed: list[int] = field(default_factory=list)
 
     @property
     def length(self) -> int:
@@ -64,13 +67,16 @@ def run_reader(tier) -> None:
 
 
 def load(tier, ticket: LoadTicket) -> None:
-    for record, block in zip(ticket.run.records, ticket.blocks):
+    for i, (record, block) in enumerate(zip(ticket.run.records, ticket.blocks)):
         if ticket.cancelled:
             return
-        parts = read(tier, record)
-        if parts is None:
+        found = read(tier, record)
+        if found is None:
             return
+        parts, windowed = found
         tier.kv.write_block(block, parts, record.count)
+        if not windowed:
+            ticket.unwindowed.append(i)
         ticket.loaded += 1
         tier.backend.touch(record)
         with tier.lock:
@@ -79,10 +85,11 @@ def load(tier, ticket: LoadTicket) -> None:
             tier.counts["load_bytes"] += record.nbytes
 
 
-def read(tier, record: TierRecord) -> list[torch.Tensor] | None:
-    """The record's parts (``[layers, count, bytes per slot]`` each), or None when it
-    is gone or fails its checks (then it is forgotten, its file deleted). A block still
-    staged for the writer is served from its staged copy."""
+def read(tier, record: TierRecord) -> tuple[list[torch.Tensor], bool] | None:
+    """The record's parts (``[layers, count, bytes per slot]`` each) and whether they hold
+    the window layers' K/V, or None when it is gone or fails its checks (then it is
+    forgotten, its file deleted). A block still staged for the writer is served from its
+    staged copy."""
     staged = tier.staged_copy(record.digest, record.count)
     if staged is not None:
         return staged
@@ -90,7 +97,7 @@ def read(tier, record: TierRecord) -> list[torch.Tensor] | None:
     try:
         if data is None:
             raise FileNotFoundError(record.digest.hex())
-        payload = decode(data, tier.fingerprint, record.digest, record.count,
+        payload, windowed = decode(data, tier.fingerprint, record.digest, record.count,
                          tier.payload_bytes(record.count))
     except (CorruptRecord, FileNotFoundError) as exc:
         reason = "missing" if isinstance(exc, FileNotFoundError) else "corrupt"
@@ -104,8 +111,8 @@ def read(tier, record: TierRecord) -> list[torch.Tensor] | None:
         return None
     flat = torch.frombuffer(payload, dtype=torch.uint8)
     parts, offset = [], 0
-    for slot in tier.slot_bytes:
-        size = tier.num_layers * record.count * slot
-        parts.append(flat[offset:offset + size].view(tier.num_layers, record.count, slot))
+    for layers, slot in zip(tier.part_layers, tier.slot_bytes):
+        size = layers * record.count * slot
+        parts.append(flat[offset:offset + size].view(layers, record.count, slot))
         offset += size
-    return parts
+    return parts, windowed

@@ -88,7 +88,7 @@ class KVTier:
         self.room = threading.Condition(self.lock)
         self.pending: set[bytes] = set()
         self.staged = TierIndex(1 << 62, self.block_size)   # staged, not yet written
-        self.staged_parts: dict[bytes, tuple[list, int]] = {}
+        self.staged_parts: dict[bytes, tuple[list, int, bool]] = {}
         self.staged_bytes = 0
         self.epoch, self.epochs = 0, {}
         self.full_until = 0.0
@@ -97,7 +97,7 @@ class KVTier:
                                      "writes", "write_bytes", "evicted"), 0)
         self.load_s = 0.0
         self.drops = dict.fromkeys(DROP_REASONS, 0)
-        self.num_layers = kv.num_layers
+        self.part_layers = kv.part_layers()
         self.slot_bytes = kv.slot_bytes()
         self._roots: dict[str, bytes] = {}
         self.retention_dirty = False
@@ -129,7 +129,7 @@ class KVTier:
 
     # ---- sizes and addresses ------------------------------------------------------------
     def payload_bytes(self, count: int) -> int:
-        return self.num_layers * count * sum(self.slot_bytes)
+        return count * sum(n * b for n, b in zip(self.part_layers, self.slot_bytes))
 
     def record_bytes(self, count: int) -> int:
         return PREFIX_BYTES + self.payload_bytes(count)
@@ -219,6 +219,8 @@ class KVTier:
             return True
         try:
             parts = self.kv.gather_blocks([b for _, b in fresh])
+            window = self.kv.window
+            windowed = [window is None or window.has(b) for _, b in fresh]
         except BaseException:
             self.release_staged([a.digest for a, _ in fresh], nbytes)
             raise
@@ -226,19 +228,21 @@ class KVTier:
             for i, (a, _) in enumerate(fresh):
                 self.staged.add(TierRecord(a.digest, space, a.parent, a.count,
                                            self.record_bytes(a.count), a.full))
-                self.staged_parts[a.digest] = (parts, i)
-        self.write_queue.put(StagedWrite(space, epoch, [a for a, _ in fresh], parts, nbytes))
+                self.staged_parts[a.digest] = (parts, i, windowed[i])
+        self.write_queue.put(StagedWrite(space, epoch, [a for a, _ in fresh], parts, nbytes,
+                                         windowed))
         return True
 
-    def staged_copy(self, digest: bytes, count: int) -> list | None:
-        """A staged block's parts (``[layers, count, bytes per slot]`` each), or None
-        when it is not staged (written, dropped or purged since)."""
+    def staged_copy(self, digest: bytes, count: int) -> tuple[list, bool] | None:
+        """A staged block's parts (``[layers, count, bytes per slot]`` each) and whether
+        they hold the window layers' K/V, or None when it is not staged (written, dropped or
+        purged since)."""
         with self.lock:
             found = self.staged_parts.get(digest)
         if found is None:
             return None
-        parts, i = found
-        return [part[i, :, :count] for part in parts]
+        parts, i, windowed = found
+        return [part[i, :, :count] for part in parts], windowed
 
     def touch_run(self, run: TierRun) -> None:
         """``run``'s records become the most recently used: call it before evicting memory

@@ -33,6 +33,7 @@ class StagedWrite:
     addresses: list[BlockAddress]
     parts: list[torch.Tensor]      # [n, layers, block_size, bytes per slot] each
     nbytes: int
+    windowed: list[bool]           # per block: the window layers' part holds their K/V
 
 
 @dataclass(slots=True)
@@ -85,7 +86,7 @@ def write_one(tier, job: StagedWrite, i: int, address: BlockAddress) -> None:
     payload = [memoryview(np.ascontiguousarray(part.numpy()[i, :, :address.count])).cast("B")
                for part in job.parts]
     prefix = encode_prefix(tier.fingerprint, record.digest, record.parent, record.count,
-                           record.full, payload)
+                           record.full, payload, job.windowed[i])
     try:
         tier.backend.put(record, prefix, payload)
     except OSError as exc:

@@ -218,12 +218,15 @@ class KVCache:
         """How many layers each of ``block_parts`` holds."""
         return [len(layers) for layers in self._part_layers]
 
+    def _is_window_part(self, layers: list[int]) -> bool:
+        return bool(layers) and layers[0] in self.window_layers
+
     def _part_ids(self, blocks: list[int]) -> list[list[int]]:
         """Per part, the ids ``blocks`` have in it (window ids in the window pool's parts: a
         tombstone gives the trash block, zeros)."""
         window = [self.window.window_id(b) for b in blocks] if self.window is not None else None
-        return [window if self.window is not None and layers and layers[0] in self.window_layers
-                else blocks for layers in self._part_layers]
+        return [window if self._is_window_part(layers) else blocks
+                for layers in self._part_layers]
 
     def gather_blocks(self, blocks: list[int]) -> list[torch.Tensor]:
         """A copy of ``blocks`` on the CPU, each part ``[len(blocks), layers, block_size,
@@ -236,9 +239,10 @@ class KVCache:
         """Slots ``[0, num_slots)`` of ``block`` in every layer from ``parts`` (uint8,
         ``[layers, num_slots, bytes per slot]`` each, ``block_parts`` order); the window
         layers' parts only when ``block`` has a window id."""
-        for dest, src, (ident,) in zip(self.block_parts(), parts, self._part_ids([block])):
-            if self.window is not None and ident == self.window.trash:
-                continue
+        for dest, src, layers, (ident,) in zip(self.block_parts(), parts, self._part_layers,
+                                               self._part_ids([block])):
+            if self._is_window_part(layers) and ident == self.window.trash:
+                continue                              # a tombstone: no window data to keep
             if dest.device.type == "cpu":
                 # numpy, not torch: this runs on the tier's reader thread, and a torch copy
                 # this large goes parallel and gives that thread an OpenMP pool of its own
