@@ -114,6 +114,36 @@ def test_the_batch_has_vllms_msgpack_structure():
     assert (ts, decoded, rank) == (12.5, events, 0)
 
 
+def test_window_data_let_go_is_a_removal_in_the_window_group_only():
+    """A model with window layers: blocks whose window-layer K/V the window pool let go are
+    announced as ``BlockRemoved`` with medium ``GPU_WINDOW`` (once; the snapshot repeats
+    it); they stay announced for the main pool until it evicts them, and the router's
+    prefix index keeps them."""
+    from radixgate.cluster.prefix_index import PrefixIndex
+    from radixgate.radix_cache import CacheEvent
+    from radixgate.radix_cache.kv_events import WINDOW_MEDIUM
+    rec = Recorder()
+    tokens = list(range(100, 112))                       # blocks 0, 1, 2
+    rec.cache("ns", tokens)
+    blocks = rec.tree.match("ns", tokens)
+    rec.tree.unlock(blocks.handle)
+    rec.pool.decref_many(blocks.blocks)
+    for _ in range(2):                                   # the second time: nothing new
+        rec._on_event(CacheEvent("window_removed", "", tuple(blocks.blocks[:2]), 0, 0, "window"))
+    window = [e for e in rec.events if isinstance(e, BlockRemoved)]
+    assert window == [BlockRemoved(tuple(ids("ns", tokens)[:2]), WINDOW_MEDIUM)]
+    raw = msgpack.unpackb(encode_batch(window, ts=1.0))
+    assert raw[1] == [["BlockRemoved", ids("ns", tokens)[:2], WINDOW_MEDIUM]]
+    assert decode_batch(encode_batch(window, ts=1.0))[1] == window
+    assert rec.tracker.snapshot()[-1] == window[0] and rec.tracker.num_announced == 3
+    index = PrefixIndex()
+    index.apply("r0", rec.events)
+    assert index.match(ids("ns", tokens), ["r0"]) == {"r0": 3} and index.stored_blocks("r0") == 3
+    rec.tree.flush()
+    assert rec.events[-1] == BlockRemoved(tuple(ids("ns", tokens)))
+    assert not rec.tracker.snapshot()[1:]
+
+
 def test_event_ids_are_signed_64_bit():
     tokens = list(range(64))
     for event_id in prompt_block_ids(SEED, "ns", tokens, B):

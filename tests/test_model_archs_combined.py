@@ -6,7 +6,9 @@ Anthropic breakpoints and OpenAI structured output, through the official SDKs ov
   same tenant, not by the other one;
 - after the memory is flooded, the prefix comes back from the disk tier and the greedy answer
   is the one computed before;
-- a JSON-schema answer validates; blocks are conserved at the end."""
+- a JSON-schema answer validates; blocks are conserved at the end;
+- the window layers keep their K/V in a pool of their own (``window_ratio`` 0.9), which
+  ``/v1/cache/stats`` shows beside the main pool, to the admin with its counts."""
 from __future__ import annotations
 
 import json
@@ -53,11 +55,13 @@ async def ask(base_url: str, tenant: str, question: str):
 
 
 async def test_gemma2_with_tier_tenants_breakpoints_and_structured_output(gemma, tmp_path):
-    async with in_process_gateway(tenants=("acme", "beta"), kv_cache_gb=0.00015,
+    async with in_process_gateway(tenants=("acme", "beta"), kv_cache_gb=0.00019,
                                   max_model_len=512, model=gemma,
-                                  cache={"disk_dir": str(tmp_path / "kv"), "disk_gb": 0.05}
+                                  cache={"disk_dir": str(tmp_path / "kv"), "disk_gb": 0.05,
+                                         "window_ratio": 0.9}
                                   ) as (base_url, app):
         engine = engine_of(app)
+        assert engine.core.kv.window is not None
         first = await ask(base_url, "acme", "What is a block?")
         assert first.usage.cache_creation_input_tokens > 32          # the system prompt, pinned
         again = await ask(base_url, "acme", "What is a block?")
@@ -85,3 +89,22 @@ async def test_gemma2_with_tier_tenants_breakpoints_and_structured_output(gemma,
         assert after.usage.prompt_tokens_details.cached_tokens > 0
         assert after.choices[0].message.content == before.choices[0].message.content
         integrity(engine)
+        await check_pools(base_url)
+
+
+async def check_pools(base_url: str) -> None:
+    import aiohttp
+
+    from tests.support import client as c
+    from tests.support.server import ADMIN_KEY
+    async with aiohttp.ClientSession(base_url) as http:
+        _, admin = await c.get_json(http, base_url + "/v1/cache/stats", ADMIN_KEY)
+        _, mine = await c.get_json(http, base_url + "/v1/cache/stats", tenant_key("acme"))
+    main, window = admin["pools"]["main"], admin["pools"]["window"]
+    assert window["layers"] == [0] and window["window"] == 8
+    assert 0 < window["blocks"] < main["blocks"] and window["bytes_per_token"] > 0
+    assert window["cached"] > 0 and window["free"] <= window["blocks"]
+    assert admin["capacity"]["bytes"] == (main["blocks"] * main["bytes_per_token"]
+                                          + (window["blocks"] + 1) * window["bytes_per_token"]
+                                          ) * admin["block_size"]          # + the trash block
+    assert mine["pools"]["window"]["cached"] == 0                   # server-wide: admin only

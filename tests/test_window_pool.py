@@ -62,11 +62,14 @@ def test_tombstoned_prefixes_are_recomputed_from_a_usable_point(loaded):
     the tree has tombstoned the window data): every answer equals the uncached engine's,
     the reuse backs off below the gap, and the window data of the full prompt's end stays."""
     cached, plain = engine(loaded), engine(loaded, cache=False, window_blocks=None)
+    events = []
+    cached.core.tree.on_event = events.append       # (no request yet: the thread is idle)
     try:
         prompts = [SYSTEM + [1000 + 7 * k + j for j in range(5 + k)] for k in range(4)]
         first = [cached.generate(greedy(p, max_tokens=6)) for p in prompts[:2]]
         together = generate_all(cached, [greedy(p, max_tokens=6) for p in prompts])
         assert window_stats(cached)["tombstoned"] > 0
+        assert any(e.kind == "window_removed" for e in events)          # KV events see it
         half = [SYSTEM[:29 + 3 * k] + [2000 + k, 2001 + k] for k in range(3)]
         halves = [cached.generate(greedy(p, max_tokens=4)) for p in half]
         asked = [(p, 6) for p in prompts[:2] + prompts] + [(p, 4) for p in half]

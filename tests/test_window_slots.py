@@ -114,3 +114,27 @@ def test_window_geometry_and_the_split():
     assert split_for_count(64, [8, 0], block_size=16, context=512, step_tokens=16,
                            window_blocks=6).window_blocks == 6
     assert not split_for_count(64, [8, 0], block_size=16, context=512, step_tokens=2048).pooled
+
+
+def test_a_block_moves_between_caches_with_its_window_part_only_where_it_has_one():
+    """KVCache with a window pool: whole blocks gather and write back (the tier's path);
+    main block 4 is numbered like the window pool's trash block and still travels."""
+    import torch
+
+    from radixgate.radix_cache.window_plan import PoolSplit
+    from radixgate.runtime.model.kv_cache import KVCache
+    kv = KVCache(2, 8, B, 2, 3, "float32", "cpu", PoolSplit(8, 4, W, (0,), 0.5))
+    assert kv.window.trash == 4 and kv.part_layers() == [1, 1, 1, 1]
+    for tensor in kv._tensors:
+        tensor.copy_(torch.randn_like(tensor))
+    kv.k[0][kv.window.trash].zero_()                  # never written (WindowSlots.trash)
+    kv.v[0][kv.window.trash].zero_()
+    kv.window.hold([1])
+    parts = kv.gather_blocks([1, 2])                  # block 2: a tombstone (zeros)
+    assert not parts[2][1].any()
+    kv.window.hold([4])
+    for block, i in ((4, 0), (5, 1)):
+        kv.write_block(block, [p[i] for p in parts], B)
+    assert torch.equal(kv.k[1][4], kv.k[1][1]) and torch.equal(kv.k[1][5], kv.k[1][2])
+    assert torch.equal(kv.k[0][kv.window.window_id(4)], kv.k[0][kv.window.window_id(1)])
+    assert not kv.window.has(5)                       # no window data written for it

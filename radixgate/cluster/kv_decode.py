@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import msgpack
 
-from radixgate.radix_cache.kv_events import (AllBlocksCleared, BlockRemoved, BlockStored,
-                                             KVEvent)
+from radixgate.radix_cache.kv_events import (WINDOW_MEDIUM, AllBlocksCleared, BlockRemoved,
+                                             BlockStored, KVEvent)
 
 
 class KVDecodeError(ValueError):
@@ -28,7 +28,8 @@ def decode_event(raw: list) -> KVEvent | None:
     if tag == "BlockStored":
         return BlockStored(tuple(raw[1]), raw[2], tuple(raw[3]), int(raw[4]))
     if tag == "BlockRemoved":
-        return BlockRemoved(tuple(raw[1]))
+        window = len(raw) > 2 and raw[2] == WINDOW_MEDIUM      # the window layers' group
+        return BlockRemoved(tuple(raw[1]), WINDOW_MEDIUM if window else None)
     if tag == "AllBlocksCleared":
         return AllBlocksCleared()
     return None

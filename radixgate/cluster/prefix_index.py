@@ -21,8 +21,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Hashable, Iterable, Sequence
 
-from radixgate.radix_cache.kv_events import (AllBlocksCleared, BlockRemoved, BlockStored,
-                                             KVEvent)
+from radixgate.radix_cache.kv_events import (WINDOW_MEDIUM, AllBlocksCleared, BlockRemoved,
+                                             BlockStored, KVEvent)
 
 Replica = Hashable
 
@@ -41,8 +41,8 @@ class PrefixIndex:
         for event in events:
             if isinstance(event, BlockStored):
                 self._store(replica, event.block_hashes)
-            elif isinstance(event, BlockRemoved):
-                self._remove(replica, event.block_hashes)
+            elif isinstance(event, BlockRemoved) and event.medium != WINDOW_MEDIUM:
+                self._remove(replica, event.block_hashes)   # (window data: the replica backs off)
             elif isinstance(event, AllBlocksCleared):
                 self._clear_stored(replica)
 

@@ -53,12 +53,27 @@ def merge_snapshots(snapshots: Mapping[str, EngineSnapshot], hit_rates: Mapping[
         hit_tokens=MappingProxyType(_summed(s.hit_tokens for s in snaps)),
         spec=MappingProxyType(_summed(s.spec for s in snaps)),
         tier=merge_tiers([s.tier for s in snaps if s.tier is not None]),
+        kv_bytes=sum(s.kv_bytes for s in snaps),
+        window_pool=merge_window_pools([s.window_pool for s in snaps]),
         replicas=tuple(ReplicaCounts(name, s.blocks, round(hit_rates.get(name, 0.0), 6),
                                      s.running, s.waiting,
                                      views.get(name, {}).get("in_flight", 0),
                                      views.get(name, {}).get("indexed_blocks", 0),
                                      views.get(name, {}).get("stale", False))
                        for name, s in sorted(snapshots.items())))
+
+
+WINDOW_COUNTS = ("blocks", "free", "cached", "in_use", "tombstoned")
+
+
+def merge_window_pools(pools) -> Mapping | None:
+    """The replicas' window pools (one model: the same layers and window), counts summed."""
+    pools = [p for p in pools if p is not None]
+    if not pools:
+        return None
+    merged = dict(pools[0])
+    merged.update({k: sum(p[k] for p in pools) for k in WINDOW_COUNTS})
+    return MappingProxyType(merged)
 
 
 def _tenants(snaps) -> dict[str, TenantCounts]:

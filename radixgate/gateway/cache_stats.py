@@ -17,7 +17,10 @@ gets zeros, and ``enabled`` and the disk budget, which are configuration), ``rep
 engine replica's blocks, hit rate, running and waiting; the other counts are their sums;
 empty with one engine), ``engine`` (steps since start, seconds inside them and in the model
 forward; admin only), ``spec`` (speculative decoding: verify steps, draft tokens checked and
-kept, the acceptance rate and tokens emitted per verify step; admin only).
+kept, the acceptance rate and tokens emitted per verify step; admin only), ``pools`` (a
+model with sliding-window layers keeps their K/V in a pool of its own: each pool's layers,
+blocks, tokens and bytes per token, configuration; and for admins its free, cached, in-use
+blocks and the window data tombstoned; null without a window pool).
 """
 from __future__ import annotations
 
@@ -58,6 +61,7 @@ def build_stats(snapshot, book: UsageBook, *, model: str, tenant: str | None,
         "history": book.history(tenant),
         "prefill_tokens_per_s": _prefill_rate(snapshot.prefill_tokens_per_s, admin),
         "tiers": _tiers(snapshot, admin),
+        "pools": _pools(snapshot, admin),
         "replicas": _replicas(snapshot, admin),
         "engine": _engine(snapshot, admin),
         "spec": _spec(snapshot, admin),
@@ -148,11 +152,27 @@ def _queue_counts(snapshot, tenant: str | None) -> tuple[int, int]:
 
 
 def _capacity(snapshot) -> dict:
-    """How much the KV cache holds in its dtype (bytes per token include 8-bit scales)."""
+    """How much the KV cache holds in its dtype (bytes per token include 8-bit scales;
+    ``bytes``: both pools where the window layers have their own)."""
     tokens = snapshot.blocks.total * snapshot.block_size
     return {"blocks": snapshot.blocks.total, "tokens": tokens,
             "bytes_per_token": snapshot.kv_bytes_per_token,
-            "bytes": tokens * snapshot.kv_bytes_per_token}
+            "bytes": snapshot.kv_bytes or tokens * snapshot.kv_bytes_per_token}
+
+
+def _pools(snapshot, admin: bool) -> dict | None:
+    """The main pool (global layers) and the window layers' pool, or None for one pool."""
+    w = snapshot.window_pool
+    if w is None:
+        return None
+    B, b = snapshot.block_size, snapshot.blocks
+    main = {"layers": "global", "blocks": b.total, "tokens": b.total * B,
+            "bytes_per_token": w["main_bytes_per_token"]}
+    window = {"layers": list(w["layers"]), "window": w["window"], "blocks": w["blocks"],
+              "tokens": w["blocks"] * B, "bytes_per_token": w["bytes_per_token"]}
+    counts = ("free", "cached", "in_use", "tombstoned")
+    window.update({k: (w[k] if admin else 0) for k in counts})
+    return {"main": main, "window": window}
 
 
 def _blocks(snapshot, admin: bool) -> dict:

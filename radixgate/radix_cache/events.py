@@ -22,9 +22,13 @@ class CacheEvent:
     path ``[0, end)`` (what content addresses, ``block_hash.py``, are computed from; an
     immutable bytes object the tree already had, so a sink may keep it); empty otherwise.
     Not part of equality or repr (it is the path's content, named by the range already).
+
+    ``window_removed`` (reason ``window``): the window layers' pool let go of these cached
+    blocks' K/V (radix_cache.WindowSlots: tombstones); the global layers keep them, and
+    ``namespace`` is empty (the pool is shared; ``start`` and ``end`` are 0).
     """
 
-    kind: Literal["stored", "removed"]
+    kind: Literal["stored", "removed", "window_removed"]
     namespace: str
     blocks: tuple[int, ...]
     start: int

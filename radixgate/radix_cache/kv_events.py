@@ -9,7 +9,10 @@ turns the tree's node-level events into those block-level ones:
   (``as_event_id``), the hash of the block before it (None at the namespace's root) and
   the block's token ids. A partial last block is never announced;
 - ``BlockRemoved`` for the announced blocks an eviction, trim or flush takes out;
-- ``AllBlocksCleared`` when the tracker starts over (an engine that starts or restarts).
+- ``AllBlocksCleared`` when the tracker starts over (an engine that starts or restarts);
+- ``BlockRemoved`` with ``medium`` ``WINDOW_MEDIUM`` for announced blocks whose window-layer
+  K/V the window pool let go (a model with sliding-window layers: the blocks stay cached for
+  the global layers; a prefix ending within the window after them is not usable as it is).
 
 The tracker remembers each announced block by ``(namespace, block id)`` (its hash, its
 parent's hash and its token ids): only one node of a namespace holds a block as full (a
@@ -35,9 +38,13 @@ class BlockStored:
     block_size: int
 
 
+WINDOW_MEDIUM = "GPU_WINDOW"    # the window layers' pool (a second KV cache group)
+
+
 @dataclass(frozen=True, slots=True)
 class BlockRemoved:
     block_hashes: tuple[int, ...]
+    medium: str | None = None       # None: the publisher's own (the main pool)
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +69,8 @@ class BlockTracker:
         self.block_size = block_size
         # (namespace, block id) -> (event id, parent event id, packed token ids)
         self._announced: dict[tuple[str, int], tuple[int, int | None, bytes]] = {}
+        self._namespaces: dict[int, set[str]] = {}    # block id -> namespaces announcing it
+        self._windowless: set[tuple[str, int]] = set()   # announced, window K/V let go
 
     @property
     def num_announced(self) -> int:
@@ -69,12 +78,26 @@ class BlockTracker:
 
     def clear(self) -> AllBlocksCleared:
         self._announced.clear()
+        self._namespaces.clear()
+        self._windowless.clear()
         return AllBlocksCleared()
 
     def convert(self, event: CacheEvent) -> KVEvent | None:
         if event.kind == "stored":
             return self._stored(event)
+        if event.kind == "window_removed":
+            return self._window_removed(event)
         return self._removed(event)
+
+    def _window_removed(self, event: CacheEvent) -> BlockRemoved | None:
+        ids = []
+        for block in event.blocks:
+            for namespace in self._namespaces.get(block, ()):
+                key = (namespace, block)
+                if key not in self._windowless:
+                    self._windowless.add(key)
+                    ids.append(self._announced[key][0])
+        return BlockRemoved(tuple(ids), WINDOW_MEDIUM) if ids else None
 
     def _stored(self, event: CacheEvent) -> BlockStored | None:
         B = self.block_size
@@ -88,8 +111,10 @@ class BlockTracker:
         parent = as_event_id(chain[first - 1]) if first else None
         width = B * tokens.itemsize
         for index, event_id, before in zip(range(first, end_full), ids, [parent] + ids):
-            self._announced[(event.namespace, event.blocks[index - first])] = (
+            block = event.blocks[index - first]
+            self._announced[(event.namespace, block)] = (
                 event_id, before, event.tokens[index * width:(index + 1) * width])
+            self._namespaces.setdefault(block, set()).add(event.namespace)
         return BlockStored(tuple(ids), parent, tuple(tokens[first * B:end_full * B]), B)
 
     def _removed(self, event: CacheEvent) -> BlockRemoved | None:
@@ -98,6 +123,11 @@ class BlockTracker:
             announced = self._announced.pop((event.namespace, block), None)
             if announced is not None:
                 ids.append(announced[0])
+                self._windowless.discard((event.namespace, block))
+                spaces = self._namespaces[block]
+                spaces.discard(event.namespace)
+                if not spaces:
+                    del self._namespaces[block]
         return BlockRemoved(tuple(ids)) if ids else None
 
     def snapshot(self) -> list[KVEvent]:
@@ -118,4 +148,7 @@ class BlockTracker:
             tokens.frombytes(packed)
         if run:
             events.append(BlockStored(tuple(run), run_parent, tuple(tokens), self.block_size))
+        if self._windowless:
+            events.append(BlockRemoved(tuple(self._announced[key][0] for key in self._windowless),
+                                       WINDOW_MEDIUM))
         return events

@@ -43,6 +43,8 @@ class WindowSlots:
         self.kept: OrderedDict[int, None] = OrderedDict()   # main blocks the tree keeps, LRU first
         self.protected: Callable[[], set[int]] = set        # main blocks eviction must leave
         self.tombstoned = 0                                  # tree blocks given up (counter)
+        # told which cached blocks lose their window data (KV events), or None
+        self.on_tombstone: Callable[[list[int]], None] | None = None
 
     # -- the map -------------------------------------------------------------------------
     def has(self, block: int) -> bool:
@@ -104,7 +106,7 @@ class WindowSlots:
         free (skipping ones a running sequence also holds, and pinned prefixes' last W
         positions). Returns how many ids it freed."""
         protected = self.protected()
-        freed = 0
+        freed, victims = 0, []
         for block in list(self.kept):
             if self.pool.num_free() >= num_ids:
                 break
@@ -112,6 +114,9 @@ class WindowSlots:
                 continue
             del self.kept[block]
             freed += self._release_kept(block)
+            victims.append(block)
+        if victims and self.on_tombstone is not None:
+            self.on_tombstone(victims)
         return freed
 
     def make_room(self, num_ids: int) -> bool:

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import torch
 
-from radixgate.radix_cache import PUBLIC_NAMESPACE, BlockPool, Probe, RadixTree
+from radixgate.radix_cache import PUBLIC_NAMESPACE, BlockPool, CacheEvent, Probe, RadixTree
 from radixgate.radix_cache.tier_index import TierRun
 from radixgate.runtime.kv_tier.glue import write_through
 
@@ -79,6 +79,7 @@ class BlockManager:
         if self.window is not None:
             pool.on_free = self.window.on_main_free
             self.window.protected = self._pinned_window_blocks
+            self.window.on_tombstone = self._announce_windowless
 
     # -- probing ------------------------------------------------------------------------
     def probe(self, seq: Sequence) -> SeqProbe:
@@ -261,17 +262,25 @@ class BlockManager:
         held.update(dict.fromkeys(wanted))
         return True
 
-    def _keep_window(self, seq: Sequence, n: int, node=None) -> None:
-        """The tree now caches seq's first ``n`` tokens: it keeps the window data of the
-        blocks it holds for them that seq holds (the rest has none, or is kept already)."""
-        if self.window is None or n == 0 or not seq.window_held:
+    def _keep_window(self, seq: Sequence, n: int, result) -> None:
+        """The tree now caches seq's first ``n`` tokens (``result``: the insert's): it keeps
+        the window data of the blocks it holds for them that seq holds (the rest has none,
+        or is kept already); new cached blocks without any are announced so."""
+        if self.window is None or n == 0:
             return
-        if node is None:
-            node = self.tree.probe(seq.namespace, seq.tokens[:n]).node
+        node = result.handle.node if result.handle is not None else \
+            self.tree.probe(seq.namespace, seq.tokens[:n]).node
         if node is None:
             return
         blocks = node.path_blocks(self.block_size)[:_ceil_div(n, self.block_size)]
         self.window.keep(blocks[i] for i in seq.window_held if i < len(blocks))
+        fresh = blocks[result.cached_before // self.block_size:]
+        self._announce_windowless([b for b in fresh if not self.window.has(b)])
+
+    def _announce_windowless(self, blocks: list[int]) -> None:
+        """Cached blocks without window data, told to the tree's event sink (KV events)."""
+        if self.tree.on_event is not None and blocks:
+            self.tree.on_event(CacheEvent("window_removed", "", tuple(blocks), 0, 0, "window"))
 
     def _release_window(self, seq: Sequence) -> None:
         held, seq.window_held = seq.window_held, {}
@@ -391,7 +400,7 @@ class BlockManager:
             result = self.tree.insert(seq.namespace, seq.tokens[:reuse],
                                       seq.block_table[:_ceil_div(reuse, self.block_size)],
                                       lock=True)
-            self._keep_window(seq, reuse, result.handle.node)
+            self._keep_window(seq, reuse, result)
             old, seq.lock_handle = seq.lock_handle, result.handle
             if old is not None:
                 self.tree.unlock(old)
@@ -481,7 +490,7 @@ class BlockManager:
             return
         result = self.tree.insert(seq.namespace, seq.tokens[:n],
                                   seq.block_table[:_ceil_div(n, self.block_size)], lock=True)
-        self._keep_window(seq, n, result.handle.node)
+        self._keep_window(seq, n, result)
         old, seq.lock_handle = seq.lock_handle, result.handle
         if old is not None:
             self.tree.unlock(old)
@@ -491,9 +500,9 @@ class BlockManager:
         self._abandon_load(seq)
         n = self.cacheable(seq.num_computed)
         if cache and self.enable_prefix_cache and n > 0:
-            self.tree.insert(seq.namespace, seq.tokens[:n],
-                             seq.block_table[:_ceil_div(n, self.block_size)])
-            self._keep_window(seq, n)
+            result = self.tree.insert(seq.namespace, seq.tokens[:n],
+                                      seq.block_table[:_ceil_div(n, self.block_size)])
+            self._keep_window(seq, n, result)
         self._release_window(seq)
         if seq.lock_handle is not None:
             self.tree.unlock(seq.lock_handle)

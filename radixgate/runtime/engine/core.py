@@ -442,7 +442,7 @@ class EngineCore:
                              top_n=self.config.top_prefixes, draining=self.draining,
                              kv_dtype=self.kv.kv_dtype, kv_bytes_per_token=self.kv.bytes_per_token,
                              tier=self.tier.stats() if self.tier is not None else None,
-                             hit_tokens=self.blocks.hit_tokens)
+                             hit_tokens=self.blocks.hit_tokens, kv=self.kv)
 
     def check_integrity(self) -> dict:
         """Recounts tree and pool (raises IntegrityError); free + held == total; when idle,
@@ -484,11 +484,11 @@ def _make_kv_cache(loaded, config: EngineConfig) -> KVCache:
     mc, block_size = loaded.config, config.cache.block_size
     kv_dtype = resolve_kv_dtype(config.cache.kv_dtype, loaded.dtype, loaded.device)
     context = min(config.max_model_len or loaded.max_model_len, loaded.max_model_len)
-    sizing = dict(context=context, step_tokens=config.solo_budget,
-                  window_ratio=config.cache.window_ratio)
+    step = min(config.solo_budget, context)     # the most one sequence computes in a step
+    sizing = dict(context=context, step_tokens=step, window_ratio=config.cache.window_ratio)
     if config.num_blocks is not None:
         split = split_for_count(config.num_blocks, mc.layer_windows, block_size=block_size,
-                                context=context, step_tokens=config.solo_budget,
+                                context=context, step_tokens=step,
                                 ratio=config.cache.window_ratio,
                                 window_blocks=config.window_blocks)
         kv = KVCache(mc.num_layers, config.num_blocks, block_size, mc.num_kv_heads,
@@ -497,7 +497,7 @@ def _make_kv_cache(loaded, config: EngineConfig) -> KVCache:
         kv = KVCache.from_budget(mc, config.cache.kv_cache_bytes, block_size, kv_dtype,
                                  loaded.device, **sizing)
     if kv.window is not None:
-        least = min_window_blocks(kv.window.window, config.solo_budget, block_size)
+        least = min_window_blocks(kv.window.window, step, block_size)
         if kv.num_window_blocks < least:
             raise ValueError(f"the window layers' pool of {kv.num_window_blocks} blocks is "
                              f"smaller than one sequence's window and step ({least} blocks)")

@@ -7,7 +7,8 @@ batch: ``[topic, sequence number (8 bytes, big-endian), payload]`` with payload:
     [ts: float, [event, ...], data_parallel_rank: int | None]
     event: ["BlockStored", block_hashes: [int], parent_block_hash: int | None,
             token_ids: [int], block_size: int, lora_id: None, medium: str, lora_name: None]
-         | ["BlockRemoved", block_hashes: [int], medium: str]
+         | ["BlockRemoved", block_hashes: [int], medium: str]   (medium "GPU_WINDOW": the
+           window layers' pool let go of the blocks' K/V; the global layers keep them)
          | ["AllBlocksCleared"]
 
 Block hashes are signed 64-bit ints, radixgate's own chained content addresses
@@ -86,7 +87,7 @@ def encode_event(event: KVEvent, medium: str = DEFAULT_MEDIUM) -> list:
         return ["BlockStored", list(event.block_hashes), event.parent_block_hash,
                 list(event.token_ids), event.block_size, None, medium, None]
     if isinstance(event, BlockRemoved):
-        return ["BlockRemoved", list(event.block_hashes), medium]
+        return ["BlockRemoved", list(event.block_hashes), event.medium or medium]
     if isinstance(event, AllBlocksCleared):
         return ["AllBlocksCleared"]
     raise TypeError(f"not a KV event: {event!r}")

@@ -97,6 +97,8 @@ class EngineSnapshot:
     replicas: tuple[ReplicaCounts, ...] = ()   # scale-out only: each replica (sums above)
     spec: Mapping[str, int] = field(           # speculative decoding: verify steps, draft
         default_factory=lambda: MappingProxyType(dict.fromkeys(SPEC_KEYS, 0)))  # tokens, kept
+    kv_bytes: int = 0                # bytes the KV tensors take (both pools)
+    window_pool: Mapping | None = None   # the window layers' pool (window_pool_counts), or None
 
 
 def empty_snapshot(total_blocks: int, block_size: int, kv_dtype: str = "",
@@ -137,7 +139,8 @@ class EngineCounters:
 
 def take_snapshot(tree, pool, scheduler, counters: EngineCounters, *, top_n: int,
                   draining: bool, kv_dtype: str = "", kv_bytes_per_token: int = 0,
-                  tier=None, hit_tokens: Mapping[str, int] | None = None) -> EngineSnapshot:
+                  tier=None, hit_tokens: Mapping[str, int] | None = None,
+                  kv=None) -> EngineSnapshot:
     """Reads tree, pool and scheduler (engine thread only) into an immutable snapshot.
     Nothing here walks the tree or grows with the cache: tree counters are kept current
     (``block_counts``), each tenant's hottest prefixes come from a bounded search of its own
@@ -161,7 +164,26 @@ def take_snapshot(tree, pool, scheduler, counters: EngineCounters, *, top_n: int
         pins=tuple(_pin_entries(tree)), kv_dtype=kv_dtype, kv_bytes_per_token=kv_bytes_per_token,
         tier=tier, hit_tokens=MappingProxyType(dict(hit_tokens or {"memory": 0, "disk": 0})),
         spec=MappingProxyType({"steps": counters.spec_steps, "drafted": counters.spec_drafted,
-                               "accepted": counters.spec_accepted}))
+                               "accepted": counters.spec_accepted}),
+        kv_bytes=kv.nbytes if kv is not None else 0,
+        window_pool=window_pool_counts(kv, scheduler.running) if kv is not None else None)
+
+
+def window_pool_counts(kv, running) -> Mapping | None:
+    """The window layers' pool (``KVCache.window``) at a moment: its layers, window, blocks
+    free / kept by the tree / held by running requests, tombstones made, bytes per token
+    of the window layers and of the main pool's; None without one."""
+    window = kv.window
+    if window is None:
+        return None
+    held = {seq.block_table[i] for seq in running for i in seq.window_held}
+    per_layer = kv.bytes_per_token // kv.num_layers
+    return MappingProxyType({
+        "window": window.window, "layers": sorted(kv.window_layers),
+        "blocks": window.pool.num_blocks, "free": window.pool.num_free(),
+        "cached": len(window.kept), "in_use": len(held), "tombstoned": window.tombstoned,
+        "bytes_per_token": per_layer * len(kv.window_layers),
+        "main_bytes_per_token": per_layer * (kv.num_layers - len(kv.window_layers))})
 
 
 def block_counts(tree, pool, running, stats) -> BlockCounts:
