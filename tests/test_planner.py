@@ -81,3 +81,37 @@ def test_the_relatives_presets_match_their_configs(tmp_path, config_cls, fields,
     ours = plan(str(tmp_path), 1, 4096)
     assert ours.bytes_per_token == PRESETS[preset].kv_bytes_per_token(2)
     assert ours.name == tmp_path.name
+
+
+def test_window_layers_plan_a_pool_of_their_own(capsys):
+    """Gemma 3 4B at 32k tokens: its 29 window layers keep W + a block per conversation in a
+    pool of their own (auto: half as many blocks as the main pool), so about twice the
+    tokens fit as with every layer counted in full; a window as long as the context, or a
+    ratio of 1, plans one pool."""
+    pooled = plan("gemma-3-4b", 16, 32768)
+    whole = plan("gemma-3-4b", 16, 32768, window_ratio=1.0)
+    assert pooled.window == 1024 and pooled.window_layers == 29 and not whole.window
+    assert pooled.bytes_per_token + pooled.window_bytes_per_token == whole.bytes_per_token
+    assert pooled.max_tokens > 1.7 * whole.max_tokens
+    assert pooled.max_conversations >= 2 * whole.max_conversations
+    assert pooled.held_per_conversation(32768) == (32768 * pooled.bytes_per_token
+                                                   + (1024 + 16) * pooled.window_bytes_per_token)
+    used = pooled.max_tokens * pooled.bytes_per_token + \
+        pooled.window_tokens * pooled.window_bytes_per_token
+    assert used <= pooled.memory_bytes
+    lean = plan("gemma-3-4b", 16, 32768, window_ratio=0.1)
+    assert lean.max_tokens > 3 * whole.max_tokens
+    assert not plan("gemma-2-2b", 16, 4096).window                 # W = 4,096: no pool
+    assert radixgate_main(["plan", "gemma-3-4b", "--context", "32768", "--window-ratio",
+                           "0.1"]) == 0
+    assert "W=1,024 x29" in capsys.readouterr().out
+
+
+def test_a_gemma_3_folder_plans_as_its_preset(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    transformers.Gemma3TextConfig(hidden_size=2560, num_hidden_layers=34, num_attention_heads=8,
+                                  num_key_value_heads=4, head_dim=256,
+                                  sliding_window=1024).save_pretrained(tmp_path)
+    ours, preset = plan(str(tmp_path), 16, 32768), plan("gemma-3-4b", 16, 32768)
+    assert (ours.max_tokens, ours.window_tokens, ours.window_layers) == (
+        preset.max_tokens, preset.window_tokens, preset.window_layers)

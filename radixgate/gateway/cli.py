@@ -99,6 +99,9 @@ def _plan_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kv-dtype", choices=[*KV_DTYPE_BYTES, "all"], default=None,
                         help="plan for this [cache] kv_dtype (8-bit ones with their scales; "
                              "'all': one row per dtype); replaces --dtype-bytes")
+    parser.add_argument("--window-ratio", type=float, default=0.0,
+                        help="sliding-window models: window-pool blocks per main block "
+                             "([cache] window_ratio; 0 auto, 1 one pool)")
 
 
 def _model_flags(p: argparse.ArgumentParser) -> None:
@@ -232,7 +235,7 @@ def plan_command(args: argparse.Namespace) -> int:
     names = args.models or list(PRESETS)
     dtypes = list(KV_DTYPE_BYTES) if args.kv_dtype == "all" else [args.kv_dtype]
     try:
-        plans = [plan(n, args.memory_gb, args.context, args.dtype_bytes, d)
+        plans = [plan(n, args.memory_gb, args.context, args.dtype_bytes, d, args.window_ratio)
                  for n in names for d in dtypes]
     except ValueError as exc:
         print(f"radixgate plan: {exc}", file=sys.stderr)
