@@ -141,6 +141,9 @@ def _model_flags(p: argparse.ArgumentParser) -> None:
                    help="KV cache element type ([cache] kv_dtype; auto: the model's dtype; "
                         "int8 / fp8: 8-bit codes with a float16 scale per token and kv head, "
                         "about 3.9x float32's tokens)")
+    p.add_argument("--window-ratio", type=float,
+                   help="sliding-window models (Gemma 2/3, Mistral): window-pool blocks per "
+                        "main block ([cache] window_ratio; 0 auto, 1 one pool)")
 
 
 def config_from_args(args: argparse.Namespace) -> GatewayConfig:
@@ -151,6 +154,7 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
                  "spec": getattr(args, "spec", None),
                  "weights_dtype": getattr(args, "weights_dtype", None),
                  "kv_dtype": getattr(args, "kv_dtype", None),
+                 "window_ratio": getattr(args, "window_ratio", None),
                  "kv_disk_dir": getattr(args, "kv_disk_dir", None),
                  "kv_disk_gb": getattr(args, "kv_disk_gb", None)}
     for name in ("host", "port", "log_level", "enable_prefix_cache", "page_rounded_match",

@@ -149,6 +149,7 @@ _FLAG_FIELDS = {
     "weights_dtype": ("model", "weights_dtype"),
     "kv_cache_gb": ("cache", "kv_cache_gb"), "block_size": ("cache", "block_size"),
     "policy": ("cache", "policy"), "kv_dtype": ("cache", "kv_dtype"),
+    "window_ratio": ("cache", "window_ratio"),
     "kv_disk_dir": ("cache", "disk_dir"), "kv_disk_gb": ("cache", "disk_gb"),
     "enable_prefix_cache": ("cache", "enable_prefix_cache"),
     "page_rounded_match": ("cache", "page_rounded_match"),
