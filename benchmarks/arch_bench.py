@@ -2,9 +2,14 @@
 of one size built with transformers' own classes (SmolLM2-135M's width, 8 layers, SmolLM2's
 tokenizer), each served by the engine on a shared-system-prompt workload.
 
-Per model: KV bytes per token (every layer held, window layers too), the hit rate of the
-workload (cached / prompt tokens), and prefill and decode speed as ratios to the Llama model
-(window and soft-capped layers attend through the torch path, kernels.window_attention).
+Per model: KV bytes per token (every layer), the hit rate of the workload (cached / prompt
+tokens), and prefill and decode speed as ratios to the Llama model (window and soft-capped
+layers attend through the torch path, kernels.window_attention). The window models run twice
+in one KV budget: with their window layers counted in full (``window_ratio`` 1) and in a pool
+of their own (``window_ratio`` 0.5, docs/ARCHITECTURE.md section 9b): tokens that fit (the
+budget's bytes per token), hit rate and decode speed, pool against one pool (the JSON also
+has the bytes held per cached token at the end: the tree keeps window data while room lasts,
+so without pressure it is the one pool's).
 
     python -m benchmarks.arch_bench [--quick] [--out benchmarks/out]
 """
@@ -60,19 +65,26 @@ def workload(system_tokens: int, users: int, turns: int) -> list[list[int]]:
             for turn in range(turns) for user in range(users)]
 
 
-def measure(folder: Path, prompts: list[list[int]], decode_tokens: int) -> dict:
+BUDGET_GB = 0.375                # 2,048 blocks of every layer (fp32)
+POOL_RATIO = 0.5
+
+
+def measure(folder: Path, prompts: list[list[int]], decode_tokens: int,
+            window_ratio: float = 1.0) -> dict:
     from radixgate.radix_cache import CacheConfig
     from radixgate.runtime.engine.api import Request, SamplingParams
     from radixgate.runtime.engine.engine import Engine
     from radixgate.runtime.engine.engine_config import EngineConfig
     from radixgate.runtime.model.loader import load_model
     model = load_model(str(folder), device="cpu", weights_dtype="float32", max_model_len=4096)
-    engine = Engine(model, EngineConfig(cache=CacheConfig(), num_blocks=2048)).start()
+    cache = CacheConfig(kv_cache_gb=BUDGET_GB, kv_dtype="float32", window_ratio=window_ratio)
+    engine = Engine(model, EngineConfig(cache=cache, max_model_len=4096)).start()
     try:
         read = total = 0
         for prompt in prompts:
             done = engine.generate(Request(prompt, SamplingParams(max_tokens=1, temperature=0.0)))
             read, total = read + done.usage.cache_read_tokens, total + len(prompt)
+        held = held_bytes_per_token(engine)
         cold = [t + 1 for t in prompts[-1]]          # nothing cached: a whole prefill
         started = time.perf_counter()
         engine.generate(Request(cold, SamplingParams(max_tokens=1, temperature=0.0)))
@@ -81,30 +93,54 @@ def measure(folder: Path, prompts: list[list[int]], decode_tokens: int) -> dict:
         engine.generate(Request(prompts[0], SamplingParams(max_tokens=decode_tokens,
                                                            temperature=0.0, ignore_eos=True)))
         decode_s = time.perf_counter() - started
+        tokens_fit = engine.core.kv.num_tokens
     finally:
         engine.shutdown(grace_s=0)
     return {"kv_bytes_per_token": model.config.kv_bytes_per_token(4),
             "window_layers": sum(1 for w in model.config.layer_windows if w),
+            "tokens_fit": tokens_fit, "held_bytes_per_cached_token": held,
             "hit_rate": read / total, "prefill_tok_s": len(cold) / prefill_s,
             "decode_tok_s": decode_tokens / decode_s}
+
+
+def held_bytes_per_token(engine) -> float:
+    """KV bytes the cache holds now (main blocks and window blocks in use) per cached token."""
+    snap = engine.request_snapshot().result(timeout=60)
+    kv, B = engine.core.kv, snap.block_size
+    per_layer_block = kv.bytes_per_token // kv.num_layers * B
+    main_layers = kv.num_layers - len(kv.window_layers)
+    held = (snap.blocks.total - snap.blocks.free) * per_layer_block * main_layers
+    pool = snap.window_pool
+    if pool is not None:
+        held += (pool["blocks"] - pool["free"]) * per_layer_block * len(kv.window_layers)
+    return held / max(snap.tree.cached_tokens, 1)
 
 
 def run(quick: bool) -> dict:
     prompts = workload(2 * WINDOW + 100, 4 if quick else 8, 2)
     decode = 16 if quick else 48
-    results = {}
+    results, pools = {}, {}
     with tempfile.TemporaryDirectory() as tmp:
         for name in MODELS:
             folder = build(Path(tmp) / name, name)
             results[name] = measure(folder, prompts, decode)
             print(name, json.dumps(results[name]), flush=True)
+            if "sliding_window" in MODELS[name][2]:
+                pools[name] = measure(folder, prompts, decode, POOL_RATIO)
+                print(name, "window pool", json.dumps(pools[name]), flush=True)
     base = results["llama"]
-    for row in results.values():
+    for row in list(results.values()) + list(pools.values()):
         row["prefill_vs_llama"] = row["prefill_tok_s"] / base["prefill_tok_s"]
         row["decode_vs_llama"] = row["decode_tok_s"] / base["decode_tok_s"]
+    for name, row in pools.items():
+        row["tokens_fit_vs_one_pool"] = row["tokens_fit"] / results[name]["tokens_fit"]
+        row["held_vs_one_pool"] = (row["held_bytes_per_cached_token"]
+                                   / results[name]["held_bytes_per_cached_token"])
+        row["decode_vs_one_pool"] = row["decode_tok_s"] / results[name]["decode_tok_s"]
     return {"machine": machine_info(), "threads": torch.get_num_threads(), "window": WINDOW,
             "system_prompt_tokens": len(prompts[0]) - 24, "requests": len(prompts),
-            "models": results}
+            "budget_gb": BUDGET_GB, "pool_ratio": POOL_RATIO, "models": results,
+            "window_pools": pools}
 
 
 def markdown(report: dict) -> str:
@@ -114,6 +150,17 @@ def markdown(report: dict) -> str:
         lines.append(f"| {name} | {r['window_layers']} of {SIZE['num_hidden_layers']} | "
                      f"{r['kv_bytes_per_token']:,} | {r['hit_rate']:.3f} | "
                      f"{r['prefill_vs_llama']:.2f}x | {r['decode_vs_llama']:.2f}x |")
+    lines += ["", f"Window pool (ratio {report['pool_ratio']}) against one pool, same "
+              f"{report['budget_gb']} GiB budget:", "",
+              "| model | tokens fit (vs one pool) | budget bytes per token | hit rate (one pool) "
+              "| decode vs one pool |", "|---|---|---|---|---|"]
+    budget = report["budget_gb"] * 2**30
+    for name, r in report["window_pools"].items():
+        one = report["models"][name]
+        lines.append(f"| {name} | {r['tokens_fit']:,} ({r['tokens_fit_vs_one_pool']:.2f}x) | "
+                     f"{budget / r['tokens_fit']:,.0f} ({budget / one['tokens_fit']:,.0f}) | "
+                     f"{r['hit_rate']:.3f} ({one['hit_rate']:.3f}) | "
+                     f"{r['decode_vs_one_pool']:.2f}x |")
     return "\n".join(lines)
 
 
