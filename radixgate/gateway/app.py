@@ -20,7 +20,7 @@ import signal
 
 from aiohttp import web
 
-from radixgate.gateway import admin, middleware, openapi
+from radixgate.gateway import admin, cache_usage, middleware, openapi
 from radixgate.gateway.anthropic import messages
 from radixgate.gateway.config import GatewayConfig
 from radixgate.gateway.http_util import STATE
@@ -32,7 +32,8 @@ from radixgate.gateway.vllm import utility as vllm_utility
 log = logging.getLogger("radixgate.gateway")
 DRAIN_FLUSH_S = 0.2
 _drain_tasks: set[asyncio.Task] = set()     # the loop keeps only weak references
-ROUTES = (messages, chat, completions, models, responses, vllm_utility, admin, openapi)
+ROUTES = (messages, chat, completions, models, responses, vllm_utility, admin, cache_usage,
+          openapi)
 
 
 def create_app(config: GatewayConfig, engine_factory: EngineFactory | None = None

@@ -70,6 +70,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--kv-events-endpoint", metavar="tcp://127.0.0.1:PORT",
                        help="publish KV cache events (vLLM's format, ZMQ PUB) here; a "
                             "loopback address unless [server] kv_events_allow_remote")
+    serve.add_argument("--state-dir", metavar="DIR",
+                       help="the gateway's state folder: cache usage history, explicit cache "
+                            "handles ([server] state_dir; default: beside the disk tier's "
+                            "folder, none without a tier)")
     gen = sub.add_parser("generate", help="run one prompt through the engine (no HTTP)")
     gen.add_argument("prompt")
     gen.add_argument("--chat", action="store_true", help="render the prompt as a user message")
@@ -159,7 +163,7 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
                  "kv_disk_gb": getattr(args, "kv_disk_gb", None)}
     for name in ("host", "port", "log_level", "enable_prefix_cache", "page_rounded_match",
                  "body_timeout_s", "max_unsent_events", "stream_send_buffer_bytes",
-                 "replicas", "ray_address", "kv_events_endpoint"):
+                 "replicas", "ray_address", "kv_events_endpoint", "state_dir"):
         overrides[name] = getattr(args, name, None)
     return load_config(getattr(args, "config", None), overrides)
 

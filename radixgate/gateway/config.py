@@ -47,6 +47,8 @@ class ServerConfig:
     kv_events_endpoint: str = ""     # publish KV events (vLLM format, ZMQ PUB) here; "" off
     kv_events_allow_remote: bool = False   # bind kv_events_endpoint to a non-loopback host
     kv_events_replay_endpoint: str = ""    # answer replay requests (ZMQ ROUTER) here; "" off
+    state_dir: str = ""              # the gateway's state folder (gateway/state_dir.py); ""
+                                     # beside the disk tier's folder, or none without one
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,6 +156,7 @@ _FLAG_FIELDS = {
     "enable_prefix_cache": ("cache", "enable_prefix_cache"),
     "page_rounded_match": ("cache", "page_rounded_match"),
     "kv_events_endpoint": ("server", "kv_events_endpoint"),
+    "state_dir": ("server", "state_dir"),
     "replicas": ("cluster", "replicas"), "ray_address": ("cluster", "ray_address"),
 }
 

@@ -129,7 +129,9 @@ class Usage:
 
     cache_read: prompt tokens served from the cache (reused, never recomputed).
     cache_creation: tokens computed now and pinned (up to the last breakpoint), split by TTL
-    into creation_5m / creation_1h (a breakpoint with ttl_s >= 3600 counts as 1h).
+    into creation_5m / creation_1h / creation_24h (a breakpoint with ttl_s >= 3600 counts as
+    1h, one with ttl_s >= 86400 as 24h: OpenAI's ``prompt_cache_retention: "24h"`` with a
+    disk tier).
     uncached: the rest, including the always-recomputed last prompt token.
     """
 
@@ -138,6 +140,7 @@ class Usage:
     cache_creation_tokens: int = 0
     cache_creation_5m_tokens: int = 0
     cache_creation_1h_tokens: int = 0
+    cache_creation_24h_tokens: int = 0
     uncached_tokens: int = 0
     output_tokens: int = 0
     ttft_s: float | None = None

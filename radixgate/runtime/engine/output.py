@@ -19,6 +19,7 @@ from .api import ErrorKind, Finished, FinishReason, TextDelta, Usage
 from .sequence import Sequence
 
 ONE_HOUR_S = 3600.0
+ONE_DAY_S = 86400.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,15 +48,18 @@ def account_pins(seq: Sequence, pinned: list[tuple[int, float]]) -> None:
     """Bills cache creation for the breakpoints actually pinned (``pinned``: the pinned
     length and TTL of each); a breakpoint whose pin was skipped (tenant share or pin ceiling) is
     uncached input. Creation = prompt tokens in [reuse, last pinned breakpoint) computed now:
-    1h breakpoints come first (the tokens up to the last pinned 1h one count as 1h, the rest
-    up to the last pinned one as 5m); the last prompt token is always recomputed and counts
-    as uncached."""
+    the longest TTLs come first (the tokens up to the last pinned 24h one count as 24h, then
+    up to the last pinned 1h one as 1h, the rest up to the last pinned one as 5m); the last
+    prompt token is always recomputed and counts as uncached."""
     last = seq.num_prompt - 1
-    end_1h = min(max((end for end, ttl_s in pinned if ttl_s >= ONE_HOUR_S), default=0), last)
-    end_all = min(max((end for end, _ in pinned), default=0), last)
+
+    def end_of(least_ttl_s: float) -> int:
+        return min(max((end for end, ttl_s in pinned if ttl_s >= least_ttl_s), default=0), last)
+    end_24h, end_1h, end_all = end_of(ONE_DAY_S), end_of(ONE_HOUR_S), end_of(0.0)
     acc = seq.accounting
     reuse = acc.cache_read
-    acc.creation_1h = max(0, end_1h - reuse)
+    acc.creation_24h = max(0, end_24h - reuse)
+    acc.creation_1h = max(0, end_1h - max(reuse, end_24h))
     acc.creation_5m = max(0, end_all - max(reuse, end_1h))
 
 
@@ -111,7 +115,7 @@ def flush_text(seq: Sequence) -> None:
 
 def usage_of(seq: Sequence, now: float) -> Usage:
     acc, timing = seq.accounting, seq.timing
-    creation = acc.creation_5m + acc.creation_1h
+    creation = acc.creation_5m + acc.creation_1h + acc.creation_24h
     started = timing.first_scheduled if timing.first_scheduled is not None else now
     return Usage(
         prompt_tokens=seq.num_prompt,
@@ -119,6 +123,7 @@ def usage_of(seq: Sequence, now: float) -> Usage:
         cache_creation_tokens=creation,
         cache_creation_5m_tokens=acc.creation_5m,
         cache_creation_1h_tokens=acc.creation_1h,
+        cache_creation_24h_tokens=acc.creation_24h,
         uncached_tokens=seq.num_prompt - acc.cache_read - creation,
         output_tokens=seq.num_output,
         ttft_s=None if timing.first_token is None else timing.first_token - timing.submitted,

@@ -36,6 +36,7 @@ class PromptAccounting:
     cache_read: int = 0
     creation_5m: int = 0
     creation_1h: int = 0
+    creation_24h: int = 0       # pinned for a day (OpenAI's prompt_cache_retention "24h")
 
 
 class Sequence:
