@@ -1,7 +1,9 @@
 """POST /v1/chat/completions (n choices, logprobs, tools) (OpenAI API).
 
 ``usage.prompt_tokens_details.cached_tokens`` is the exact count of prompt tokens read from
-the cache. ``prompt_cache_key`` is accepted as a routing hint only; ``cache_salt`` (vLLM)
+the cache. ``prompt_cache_retention: "24h"`` pins the prompt (openai/retention.py; the tokens
+it pins are ``prompt_tokens_details.cache_creation_tokens``, and the response names the
+retention). ``prompt_cache_key`` is accepted as a routing hint only; ``cache_salt`` (vLLM)
 selects a separate namespace within the caller's tenant. A stream waits for the first
 engine event before sending the 200 (refusals arrive as plain errors); an error after the
 200 is sent as a ``data: {"error": ...}`` chunk.
@@ -16,6 +18,7 @@ from aiohttp import web
 from radixgate.gateway.openai.convert import convert_chat_request
 from radixgate.gateway.openai.choices import openai_usage, results, shared_prompt_usage
 from radixgate.gateway.errors import Api, ApiError, Kind
+from radixgate.gateway.openai.retention import retention_pin_s
 from radixgate.gateway.openai.logprobs import chat_content, chat_logprobs, chat_logprobs_asked
 from radixgate.gateway.http_util import request_id_of
 from radixgate.gateway.openai.schemas import ChatCompletionRequest
@@ -42,7 +45,8 @@ def reject_unsupported(body) -> None:
 
 
 def usage_body(usage: Usage) -> dict:
-    return openai_usage(usage.prompt_tokens, usage.cache_read_tokens, usage.output_tokens)
+    return openai_usage(usage.prompt_tokens, usage.cache_read_tokens, usage.output_tokens,
+                        usage.cache_creation_tokens)
 
 
 def _ask(state, principal, body: ChatCompletionRequest) -> Ask:
@@ -50,7 +54,8 @@ def _ask(state, principal, body: ChatCompletionRequest) -> Ask:
     return Ask("openai", body, convert_chat_request(body),
                max_tokens=body.max_completion_tokens or body.max_tokens, stop=body.stop,
                n=body.n, logprobs=chat_logprobs_asked(body.logprobs, body.top_logprobs),
-               cache_salt=body.cache_salt, routing_hint=body.prompt_cache_key)
+               cache_salt=body.cache_salt, routing_hint=body.prompt_cache_key,
+               pin_prompt_s=retention_pin_s(state, body.prompt_cache_retention))
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
@@ -65,6 +70,8 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
                                   include_usage, token_bytes)
     finished = await results(generations)
     response_body = _chat_body(completion_id, body.model, converted, finished, token_bytes)
+    if body.prompt_cache_retention is not None:
+        response_body["prompt_cache_retention"] = body.prompt_cache_retention
     for generation, choice in zip(generations, response_body["choices"]):
         if choice["finish_reason"] == "tool_calls":
             generation.expect_continuation()

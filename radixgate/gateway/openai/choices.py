@@ -23,10 +23,14 @@ async def results(generations: Sequence) -> list[Finished]:
         return [await generation.result() for generation in generations]
 
 
-def openai_usage(prompt: int, cached: int, completion: int) -> dict:
+def openai_usage(prompt: int, cached: int, completion: int, created: int = 0) -> dict:
+    """OpenAI's usage object; ``created``: prompt tokens pinned by ``prompt_cache_retention``
+    (reported as ``prompt_tokens_details.cache_creation_tokens`` when there are any)."""
+    details = {"cached_tokens": cached}
+    if created:
+        details["cache_creation_tokens"] = created
     return {"prompt_tokens": prompt, "completion_tokens": completion,
-            "total_tokens": prompt + completion,
-            "prompt_tokens_details": {"cached_tokens": cached},
+            "total_tokens": prompt + completion, "prompt_tokens_details": details,
             "completion_tokens_details": {"reasoning_tokens": 0}}
 
 
@@ -34,7 +38,8 @@ def shared_prompt_usage(finished: Sequence[Finished]) -> dict:
     """Choices of one prompt: the prompt counted once (as the first choice saw it)."""
     first = finished[0].usage
     return openai_usage(first.prompt_tokens, first.cache_read_tokens,
-                        sum(f.usage.output_tokens for f in finished))
+                        sum(f.usage.output_tokens for f in finished),
+                        first.cache_creation_tokens)
 
 
 def batched_usage(finished: Sequence[Finished], per_prompt: int) -> dict:
@@ -42,4 +47,5 @@ def batched_usage(finished: Sequence[Finished], per_prompt: int) -> dict:
     prompts = finished[::per_prompt]
     return openai_usage(sum(f.usage.prompt_tokens for f in prompts),
                         sum(f.usage.cache_read_tokens for f in prompts),
-                        sum(f.usage.output_tokens for f in finished))
+                        sum(f.usage.output_tokens for f in finished),
+                        sum(f.usage.cache_creation_tokens for f in prompts))

@@ -15,6 +15,7 @@ from radixgate.gateway.openai.chat import (FINISH_REASONS, error_and_done, rejec
                                            usage_and_done, usage_body)
 from radixgate.gateway.openai.choices import batched_usage, results
 from radixgate.gateway.openai.logprobs import completion_logprobs
+from radixgate.gateway.openai.retention import retention_pin_s
 from radixgate.gateway.openai.schemas import CompletionRequest
 from radixgate.gateway.pipeline import Ask, admit
 from radixgate.gateway.prepare import check_length_bound, too_long
@@ -39,7 +40,8 @@ def _ask(state, principal, body: CompletionRequest) -> Ask:
     return Ask("openai", body, constraint=openai_constraint(body), tokenize=tokenize,
                max_tokens=body.max_tokens or 16, stop=body.stop, n=body.n,
                logprobs=body.logprobs, prompt_logprobs=body.logprobs if body.echo else None,
-               cache_salt=body.cache_salt)
+               cache_salt=body.cache_salt,
+               pin_prompt_s=retention_pin_s(state, body.prompt_cache_retention))
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
@@ -58,10 +60,12 @@ async def completions(request: web.Request) -> web.StreamResponse:
     prompt_ids = [tokens if body.echo else [] for tokens in prompts for _ in range(body.n)]
     choices = [_choice(i, f, token_bytes, echo, ids) for i, (f, echo, ids)
                in enumerate(zip(finished, echoes, prompt_ids))]
-    return web.json_response({"id": completion_id, "object": "text_completion",
-                              "created": int(time.time()), "model": body.model,
-                              "choices": choices, "usage": batched_usage(finished, body.n),
-                              "system_fingerprint": None})
+    response_body = {"id": completion_id, "object": "text_completion",
+                     "created": int(time.time()), "model": body.model, "choices": choices,
+                     "usage": batched_usage(finished, body.n), "system_fingerprint": None}
+    if body.prompt_cache_retention is not None:
+        response_body["prompt_cache_retention"] = body.prompt_cache_retention
+    return web.json_response(response_body)
 
 
 def _check_options(body: CompletionRequest) -> None:

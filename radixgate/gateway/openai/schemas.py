@@ -125,6 +125,7 @@ class _SamplingFields(_Model):
     stream: bool = False
     stream_options: StreamOptions | None = None
     prompt_cache_key: str | None = None
+    prompt_cache_retention: Literal["in_memory", "24h"] | None = None   # openai/retention.py
     cache_salt: str | None = None
     user: str | None = None
     presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)

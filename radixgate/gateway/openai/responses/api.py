@@ -8,8 +8,8 @@ Stored responses (``store``, default true) live in memory per tenant (store.py:
 1 h TTL, LRU-bounded); ``previous_response_id`` continues from the stored turn's token
 ids (prompt + output as generated), so the earlier turn's KV is reused exactly;
 another tenant's id, an expired one or one sent with ``store: false`` is a 404.
-``prompt_cache_retention: "24h"`` pins the prompt like a 1 h ``cache_control`` breakpoint
-(there is no disk tier yet); ``prompt_cache_key`` is accepted as a routing hint only.
+``prompt_cache_retention: "24h"`` pins the prompt (openai/retention.py: a day in the disk
+tier, an hour without one); ``prompt_cache_key`` is accepted as a routing hint only.
 
 Streams send the Responses events (``response.created`` ... ``response.completed``, or
 ``response.incomplete`` when the answer hit ``max_output_tokens``), each with its
@@ -25,6 +25,7 @@ from aiohttp import web
 
 from radixgate.gateway.errors import ApiError, Kind
 from radixgate.gateway.http_util import principal_of
+from radixgate.gateway.openai.retention import retention_pin_s
 from radixgate.gateway.openai.responses.convert import (ResponsesTurn, continuation_base,
                                                         convert_continuation,
                                                         convert_first_turn, stored_tokens,
@@ -38,8 +39,6 @@ from radixgate.gateway.tools import ToolCall
 from radixgate.runtime.engine.api import Finished, FinishReason, TextDelta, Usage
 
 STORE = web.AppKey("response_store", ResponseStore)
-RETENTION_PIN_TTL_S = 3600.0       # "24h" without a disk tier: a 1 h breakpoint
-DISK_RETENTION_TTL_S = 86400.0     # with one: kept 24 h on disk (memory keeps pins <= 1 h)
 _FAILED_CODES = {Kind.RATE_LIMIT: "rate_limit_exceeded", Kind.BAD_REQUEST: "invalid_prompt"}
 
 
@@ -76,13 +75,6 @@ def _previous(store: ResponseStore, tenant: str, response_id: str | None) -> Sto
     return stored
 
 
-def _retention_s(state, body: ResponsesRequest) -> float | None:
-    """``prompt_cache_retention: "24h"``: how long the whole prompt is pinned."""
-    if body.prompt_cache_retention != "24h":
-        return None
-    return DISK_RETENTION_TTL_S if state.config.cache.disk_dir else RETENTION_PIN_TTL_S
-
-
 def _asker(store: ResponseStore):
     def ask(state, principal, body: ResponsesRequest) -> Ask:
         _reject_unsupported(body)
@@ -94,7 +86,7 @@ def _asker(store: ResponseStore):
             continuation_base(stored, state.tokenizer.eos_token_ids), stored.roles)
         return Ask("responses", body, turn.converted, continuation=continuation,
                    max_tokens=body.max_output_tokens, cache_salt=salt,
-                   routing_hint=body.prompt_cache_key, pin_prompt_s=_retention_s(state, body),
+                   routing_hint=body.prompt_cache_key, pin_prompt_s=retention_pin_s(state, body.prompt_cache_retention),
                    note=turn)
     return ask
 
