@@ -23,6 +23,8 @@ from aiohttp import web
 from radixgate.gateway import admin, cache_usage, middleware, openapi
 from radixgate.gateway.anthropic import messages
 from radixgate.gateway.config import GatewayConfig
+from radixgate.gateway.gemini import api as gemini
+from radixgate.gateway.gemini import caches as gemini_caches
 from radixgate.gateway.http_util import STATE
 from radixgate.gateway.openai import chat, completions, models
 from radixgate.gateway.openai.responses import api as responses
@@ -32,8 +34,8 @@ from radixgate.gateway.vllm import utility as vllm_utility
 log = logging.getLogger("radixgate.gateway")
 DRAIN_FLUSH_S = 0.2
 _drain_tasks: set[asyncio.Task] = set()     # the loop keeps only weak references
-ROUTES = (messages, chat, completions, models, responses, vllm_utility, admin, cache_usage,
-          openapi)
+ROUTES = (messages, chat, completions, models, responses, gemini, gemini_caches, vllm_utility,
+          admin, cache_usage, openapi)
 
 
 def create_app(config: GatewayConfig, engine_factory: EngineFactory | None = None

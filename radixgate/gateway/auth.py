@@ -49,11 +49,17 @@ def namespace_for(tenant: str, cache_salt: str | None = None) -> str:
     return "ns_" + h.hexdigest()[:32]
 
 
-def extract_api_key(headers: Mapping[str, str]) -> str | None:
-    """The key from ``x-api-key`` or ``Authorization: Bearer``; None when neither is set."""
-    key = headers.get("x-api-key")
-    if key:
-        return key.strip()
+def extract_api_key(headers: Mapping[str, str], query: Mapping[str, str] | None = None
+                    ) -> str | None:
+    """The key from ``x-api-key``, ``Authorization: Bearer``, Gemini's ``x-goog-api-key``
+    or its ``?key=`` query parameter (``query``: the URL's, where it may be read); None when
+    none is set."""
+    for name in ("x-api-key", "x-goog-api-key"):
+        key = headers.get(name)
+        if key:
+            return key.strip()
+    if query is not None and query.get("key"):
+        return query["key"].strip()
     auth = headers.get("authorization", "")
     scheme, _, token = auth.partition(" ")
     if scheme.lower() == "bearer" and token.strip():
@@ -79,13 +85,15 @@ class KeyRing:
             requests_per_minute=0))
         self.tenants = {t.name: t for t in config.tenants}
 
-    def authenticate(self, headers: Mapping[str, str]) -> Principal:
+    def authenticate(self, headers: Mapping[str, str],
+                     query: Mapping[str, str] | None = None) -> Principal:
         """Principal for the request's key; raises AuthError when the key is missing/unknown."""
         if self.open:
             return self._open_principal
-        key = extract_api_key(headers)
+        key = extract_api_key(headers, query)
         if key is None:
-            raise AuthError("missing API key: send x-api-key or Authorization: Bearer")
+            raise AuthError("missing API key: send x-api-key, Authorization: Bearer or "
+                            "x-goog-api-key")
         given = key.encode()
         found: Principal | None = None
         for stored, principal in self._entries:   # no early exit: constant time over keys

@@ -55,7 +55,7 @@ class ServerConfig:
 class ModelSettings:
     path: str = "default"            # "default", a .gguf file or an HF directory
     name: str = "smollm2-135m-instruct"
-    aliases: tuple[str, ...] = ("claude-*", "gpt-*")
+    aliases: tuple[str, ...] = ("claude-*", "gpt-*", "gemini-*")
     max_model_len: int = 8192
     tiny: bool = False
     threads: int = 0                     # torch CPU threads; 0 = torch's default

@@ -6,6 +6,7 @@ the envelope of the route's API:
 - Anthropic (/v1/messages*): ``{"type": "error", "error": {"type": ..., "message": ...}}``
 - OpenAI (/v1/chat/completions, /v1/completions, /v1/models):
   ``{"error": {"message", "type", "param", "code"}}``
+- Gemini (/v1beta/*): ``{"error": {"code": HTTP status, "message", "status": "NOT_FOUND"...}}``
 - everything else (admin, health): the OpenAI shape.
 """
 from __future__ import annotations
@@ -19,6 +20,7 @@ from radixgate.runtime.engine.api import ErrorKind
 class Api(str, enum.Enum):
     ANTHROPIC = "anthropic"
     OPENAI = "openai"
+    GEMINI = "gemini"
 
 
 class Kind(str, enum.Enum):
@@ -73,6 +75,21 @@ _OPENAI = {
     Kind.INTERNAL: _Style(500, "server_error", "internal_error"),
 }
 
+_GEMINI = {       # Google's status names (google.rpc.Code)
+    Kind.BAD_REQUEST: _Style(400, "INVALID_ARGUMENT"),
+    Kind.AUTHENTICATION: _Style(401, "UNAUTHENTICATED"),
+    Kind.PERMISSION: _Style(403, "PERMISSION_DENIED"),
+    Kind.NOT_FOUND: _Style(404, "NOT_FOUND"),
+    Kind.METHOD: _Style(405, "UNIMPLEMENTED"),
+    Kind.TOO_LARGE: _Style(413, "INVALID_ARGUMENT"),
+    Kind.RATE_LIMIT: _Style(429, "RESOURCE_EXHAUSTED"),
+    Kind.OVERLOADED: _Style(503, "UNAVAILABLE"),
+    Kind.TIMEOUT: _Style(504, "DEADLINE_EXCEEDED"),
+    Kind.BODY_TIMEOUT: _Style(408, "DEADLINE_EXCEEDED"),
+    Kind.UNAVAILABLE: _Style(503, "UNAVAILABLE"),
+    Kind.INTERNAL: _Style(500, "INTERNAL"),
+}
+
 _ENGINE_KINDS = {
     ErrorKind.BAD_REQUEST: Kind.BAD_REQUEST,
     ErrorKind.TOO_LONG: Kind.BAD_REQUEST,
@@ -105,6 +122,9 @@ class ApiError(Exception):
             if request_id:
                 body["request_id"] = request_id
             return body
+        if api is Api.GEMINI:
+            return {"error": {"code": style.status, "message": self.message,
+                              "status": style.type}}
         return {"error": {"message": self.message, "type": style.type, "param": self.param,
                           "code": self.code or style.code}}
 
@@ -115,7 +135,7 @@ class ApiError(Exception):
 
 
 def _styles(api: Api) -> dict[Kind, _Style]:
-    return _ANTHROPIC if api is Api.ANTHROPIC else _OPENAI
+    return {Api.ANTHROPIC: _ANTHROPIC, Api.GEMINI: _GEMINI}.get(api, _OPENAI)
 
 
 def from_engine(kind: ErrorKind | None, message: str, request_id: str = "") -> ApiError:
@@ -131,4 +151,6 @@ def from_engine(kind: ErrorKind | None, message: str, request_id: str = "") -> A
 
 
 def api_for_path(path: str) -> Api:
+    if path.startswith("/v1beta/"):
+        return Api.GEMINI
     return Api.ANTHROPIC if path.startswith("/v1/messages") else Api.OPENAI

@@ -30,10 +30,11 @@ from radixgate.runtime.engine.api import EngineUnavailable
 log = logging.getLogger("radixgate.gateway")
 access_log = logging.getLogger("radixgate.access")
 
-_AUTH_PREFIXES = ("/v1/",)
+_AUTH_PREFIXES = ("/v1/", "/v1beta/")
 _AUTH_PATHS = ("/metrics", *VLLM_PATHS)
 FIRST_ANTHROPIC_VERSION = "2023-01-01"   # the SDKs send dated versions (2.x: 2026-10-21)
-_CORS_HEADERS = "authorization, content-type, x-api-key, anthropic-version, x-request-id"
+_CORS_HEADERS = ("authorization, content-type, x-api-key, x-goog-api-key, anthropic-version, "
+                 "x-request-id")
 _CORS_EXPOSE = "request-id, x-request-id, retry-after"
 
 
@@ -98,7 +99,7 @@ def _preflight(request: web.Request) -> web.Response:
         return web.Response(status=403, text="CORS origin not allowed")
     asked = request.headers.get("Access-Control-Request-Headers", "")
     return web.Response(status=204, headers={
-        "Access-Control-Allow-Methods": "GET, POST, DELETE, OPTIONS",
+        "Access-Control-Allow-Methods": "GET, POST, PATCH, DELETE, OPTIONS",
         "Access-Control-Allow-Headers": asked or _CORS_HEADERS,
         "Access-Control-Max-Age": "600"})
 
@@ -152,7 +153,8 @@ def _authenticate(request: web.Request) -> None:
     if not (path.startswith(_AUTH_PREFIXES) or path in _AUTH_PATHS):
         return
     try:
-        request[PRINCIPAL] = request.app[STATE].keyring.authenticate(request.headers)
+        query = request.query if path.startswith("/v1beta/") else None   # Gemini's ?key=
+        request[PRINCIPAL] = request.app[STATE].keyring.authenticate(request.headers, query)
     except AuthError as e:
         raise ApiError(Kind.AUTHENTICATION, str(e)) from None
 
