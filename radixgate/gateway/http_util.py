@@ -85,7 +85,8 @@ async def parse_body(request: web.Request, model: type[M]) -> M:
     data = await read_json(request)
     if not isinstance(data, dict):
         raise ApiError(Kind.BAD_REQUEST, "request body must be a JSON object")
-    ignored = sorted(set(data) - set(model.model_fields))
+    known = set(model.model_fields) | {f.alias for f in model.model_fields.values() if f.alias}
+    ignored = sorted(set(data) - known)
     if ignored:
         request[IGNORED_FIELDS] = ignored
     try:

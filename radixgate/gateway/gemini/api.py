@@ -45,7 +45,7 @@ def cache_store(request: web.Request):
 
 
 def cached_prefix(request: web.Request, tenant: str, body: GenerateContentRequest,
-                  served: str) -> CachedPrefix | None:
+                  state) -> CachedPrefix | None:
     """The explicit cache ``body`` names (404 when the tenant has no such live cache)."""
     if body.cached_content is None:
         return None
@@ -57,9 +57,12 @@ def cached_prefix(request: web.Request, tenant: str, body: GenerateContentReques
     if handle is None:
         raise ApiError(Kind.NOT_FOUND, f"CachedContent not found (or permission denied): "
                        f"{body.cached_content}", param="cachedContent")
-    if handle.model != served:
+    try:
+        state.resolve_model(handle.model)
+    except ApiError:
         raise ApiError(Kind.BAD_REQUEST, f"cachedContent {handle.name} was created for model "
-                       f"{handle.model!r}", param="cachedContent")
+                       f"{handle.model!r}, which this server no longer serves",
+                       param="cachedContent") from None
     return handle_prefix(handle)
 
 
@@ -76,7 +79,7 @@ def _asker(request: web.Request, stream: bool):
         if stream and n > 1:
             raise ApiError(Kind.BAD_REQUEST, "generationConfig.candidateCount: a stream has one "
                            "candidate", param="generationConfig.candidateCount")
-        prefix = cached_prefix(request, principal.tenant, body, state.model_name)
+        prefix = cached_prefix(request, principal.tenant, body, state)
         converted = convert_prompt(body, generation, prefix)
         return Ask("gemini", generation, converted, max_tokens=generation.max_output_tokens,
                    stop=generation.stop_sequences, n=n)
@@ -107,7 +110,7 @@ async def count_tokens(request: web.Request) -> web.Response:
     async with admitted_body(request, CountTokensRequest) as (state, principal, body):
         state.resolve_model(request.match_info["model"])
         inner = body.generate_content_request or GenerateContentRequest(contents=body.contents)
-        prefix = cached_prefix(request, principal.tenant, inner, state.model_name)
+        prefix = cached_prefix(request, principal.tenant, inner, state)
         tokens = await prompt_tokens(state, principal, convert_prompt(inner, None, prefix))
     answer = {"totalTokens": len(tokens)}
     if prefix is not None:

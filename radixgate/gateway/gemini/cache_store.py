@@ -31,7 +31,7 @@ FILE = "caches.json"
 class CacheHandle:
     name: str                # "cachedContents/<id>"
     tenant: str
-    model: str               # the served model's id
+    model: str               # the model name it was created for (one the server serves)
     display_name: str
     prompt: dict             # PromptFields as the request sent it (camelCase)
     token_count: int         # tokens of the pinned prompt

@@ -113,7 +113,7 @@ async def create(request: web.Request) -> web.Response:
                        f"{size}, min_total_token_count={MIN_CACHE_TOKENS}", param="contents")
     await results(admitted.generations)          # computed and pinned once it finishes
     body, state = admitted.body, admitted.state
-    handle = CacheHandle(store.new_name(), admitted.principal.tenant, state.model_name,
+    handle = CacheHandle(store.new_name(), admitted.principal.tenant, body.model,
                          body.display_name or "", _prompt_json(body), size, now, now, expiry[0])
     store.add(handle)
     return web.json_response(cached_content_body(handle))
