@@ -11,15 +11,13 @@ system instruction, tools and turns first; it may not set its own (400, as Gemin
 """
 from __future__ import annotations
 
-import time
-
 from aiohttp import web
 
 from radixgate.gateway.errors import Api, ApiError, Kind
-from radixgate.gateway.gemini.cache_store import CacheHandle
+from radixgate.gateway.gemini.cache_store import CACHES, handle_prefix
 from radixgate.gateway.gemini.convert import CachedPrefix, convert_prompt
 from radixgate.gateway.gemini.schemas import (CountTokensRequest, GenerateContentRequest,
-                                              GenerationConfig, PromptFields)
+                                              GenerationConfig)
 from radixgate.gateway.http_util import request_id_of
 from radixgate.gateway.openai.choices import results
 from radixgate.gateway.output import AnswerReader, answer_items
@@ -40,7 +38,6 @@ def add_routes(app: web.Application) -> None:
 
 
 def cache_store(request: web.Request):
-    from radixgate.gateway.gemini.caches import CACHES
     return request.app[CACHES]
 
 
@@ -64,11 +61,6 @@ def cached_prefix(request: web.Request, tenant: str, body: GenerateContentReques
                        f"{handle.model!r}, which this server no longer serves",
                        param="cachedContent") from None
     return handle_prefix(handle)
-
-
-def handle_prefix(handle: CacheHandle) -> CachedPrefix:
-    return CachedPrefix(PromptFields.model_validate(handle.prompt),
-                        max(1.0, handle.expire_time - time.time()))
 
 
 def _asker(request: web.Request, stream: bool):

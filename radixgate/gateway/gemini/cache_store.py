@@ -20,6 +20,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
+from aiohttp import web
+
+from radixgate.gateway.gemini.convert import CachedPrefix
+from radixgate.gateway.gemini.schemas import PromptFields
 from radixgate.gateway.state_dir import private_folder, write_private
 
 log = logging.getLogger("radixgate.gateway")
@@ -29,6 +33,8 @@ FILE = "caches.json"
 
 @dataclass
 class CacheHandle:
+    """One explicit cache (times in seconds since the epoch)."""
+
     name: str                # "cachedContents/<id>"
     tenant: str
     model: str               # the model name it was created for (one the server serves)
@@ -40,7 +46,15 @@ class CacheHandle:
     expire_time: float
 
 
+def handle_prefix(handle: CacheHandle) -> CachedPrefix:
+    """The handle's prompt, pinned for the rest of its life from now."""
+    return CachedPrefix(PromptFields.model_validate(handle.prompt),
+                        max(1.0, handle.expire_time - time.time()))
+
+
 class CacheStore:
+    """The handles of every tenant (the event loop's only: no locking)."""
+
     def __init__(self, folder: Path | None = None, clock: Callable[[], float] = time.time):
         self.clock = clock
         self.path = private_folder(folder, "gemini") / FILE if folder is not None else None
@@ -118,3 +132,6 @@ class CacheStore:
             return
         now = self.clock()
         self.handles = {h.name: h for h in handles if h.expire_time > now}
+
+
+CACHES = web.AppKey("gemini_caches", CacheStore)

@@ -19,8 +19,8 @@ import re
 from aiohttp import web
 
 from radixgate.gateway.errors import ApiError, Kind
-from radixgate.gateway.gemini.api import handle_prefix
-from radixgate.gateway.gemini.cache_store import MAX_PER_TENANT, CacheHandle, CacheStore
+from radixgate.gateway.gemini.cache_store import (CACHES, MAX_PER_TENANT, CacheHandle,
+                                                  CacheStore, handle_prefix)
 from radixgate.gateway.gemini.convert import CachedPrefix, convert_prompt
 from radixgate.gateway.gemini.schemas import (CachedContentCreate, CachedContentPatch,
                                               PromptFields)
@@ -30,7 +30,6 @@ from radixgate.gateway.auth import namespace_for
 from radixgate.gateway.openai.choices import results
 from radixgate.gateway.state_dir import state_folder
 
-CACHES = web.AppKey("gemini_caches", CacheStore)
 MIN_CACHE_TOKENS = 64
 DEFAULT_TTL_S = 3600.0
 MAX_TTL_S = 7 * 86400.0

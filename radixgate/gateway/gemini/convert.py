@@ -20,7 +20,7 @@ from radixgate.gateway.constraints import (Constraint, auto_tool_constraint, cho
                                            json_object, json_schema, tool_calls)
 from radixgate.gateway.errors import ApiError, Kind
 from radixgate.gateway.gemini.schema_convert import json_schema as to_json_schema
-from radixgate.gateway.gemini.schemas import (Content, GenerateContentRequest, PromptFields,
+from radixgate.gateway.gemini.schemas import (Content, PromptFields,
                                               Tool, ToolConfig)
 from radixgate.gateway.prompt_parts import (BreakpointRules, ConvertedPrompt,
                                             check_unique_tool_names, tool_pieces)
