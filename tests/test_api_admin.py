@@ -51,10 +51,12 @@ def test_stats_have_the_design_shape(http):
                                   "namespaces"}
     assert set(stats["requests"]) == {"running", "waiting", "finished", "errors", "preemptions"}
     assert set(stats["tokens"]) == {"prompt", "cache_read", "cache_creation", "cache_creation_5m",
-                                    "cache_creation_1h", "uncached", "output"}
+                                    "cache_creation_1h", "cache_creation_24h", "uncached",
+                                    "output"}
     t = stats["tokens"]
     assert t["cache_read"] + t["cache_creation"] + t["uncached"] == t["prompt"]
-    assert t["cache_creation_5m"] + t["cache_creation_1h"] == t["cache_creation"]
+    assert t["cache_creation_5m"] + t["cache_creation_1h"] + t["cache_creation_24h"] == \
+        t["cache_creation"]
     assert stats["hit_rate"] == pytest.approx(t["cache_read"] / t["prompt"], abs=1e-5)
     assert set(stats["ttft_ms"]) == {"hit", "miss"} and set(stats["ttft_ms"]["hit"]) == {"p50", "p95"}
     assert set(stats["evictions"]) == {"lru", "ttl", "flush"}

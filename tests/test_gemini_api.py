@@ -172,3 +172,35 @@ async def test_a_cache_outlives_a_restart_with_its_state_folder_and_the_tier(tmp
         tier = engine_of(app).request_snapshot().result(timeout=30).tier
         read = answer.usage_metadata.cached_content_token_count
         assert read >= cache.usage_metadata.total_token_count - 16 and tier.hit_tokens >= read - 16
+
+
+async def test_anthropic_and_openai_requests_name_the_same_cache():
+    import anthropic
+    import openai
+    async with in_process_gateway(tenants=("acme", "beta")) as (base_url, app):
+        cache = await make_cache(client(base_url, "acme"))
+        size = cache.usage_metadata.total_token_count
+
+        def claude(tenant):
+            return anthropic.AsyncAnthropic(base_url=base_url, api_key=tenant_key(tenant),
+                                            max_retries=0)
+        read = await claude("acme").messages.create(
+            model="claude-test", max_tokens=2, messages=[{"role": "user", "content": "Why?"}],
+            extra_body={"cached_content": cache.name, "temperature": 0.0})
+        assert read.usage.cache_read_input_tokens >= size
+        gpt = openai.AsyncOpenAI(base_url=base_url + "/v1", api_key=tenant_key("acme"),
+                                 max_retries=0)
+        chat = await gpt.chat.completions.create(
+            model="gpt-4o-mini", max_tokens=2, temperature=0.0,
+            messages=[{"role": "user", "content": "How?"}],
+            extra_body={"cached_content": cache.name})
+        assert chat.usage.prompt_tokens_details.cached_tokens >= size
+        with pytest.raises(anthropic.NotFoundError):              # another tenant's cache
+            await claude("beta").messages.create(
+                model="claude-test", max_tokens=2, messages=[{"role": "user", "content": "?"}],
+                extra_body={"cached_content": cache.name})
+        with pytest.raises(openai.BadRequestError):               # the cache brings the system
+            await gpt.chat.completions.create(
+                model="gpt-4o-mini", max_tokens=2, extra_body={"cached_content": cache.name},
+                messages=[{"role": "system", "content": "Mine."},
+                          {"role": "user", "content": "How?"}])

@@ -113,7 +113,7 @@ class GatewayState:
         self.config = config
         self.keyring = KeyRing(config)
         self.limiter = RateLimiter()
-        self.book = UsageBook()
+        self.book = UsageBook.for_config(config)
         self.engine: EngineClient | None = None
         self.ready = False
         self.draining = False
@@ -151,6 +151,7 @@ class GatewayState:
     def shutdown(self, grace_s: float) -> None:
         if self.engine is not None:
             self.engine.shutdown(grace_s=grace_s)
+        self.book.flush()          # the per-day usage ledger, to the state folder
 
     # -- helpers for handlers -------------------------------------------------------------
     def require_engine(self) -> EngineClient:

@@ -3,6 +3,8 @@
 The engine snapshot knows blocks, the tree and the queues; token counts, TTFT samples and
 the per-second history come from the ``Usage`` of every request the gateway finishes, so
 they can be split by tenant exactly. Only the event loop thread touches a ``UsageBook``.
+Each request is also counted in the book's per-day ``ledger`` (radixgate/gateway/usage_history.py,
+GET /v1/cache/usage), which outlives a restart when the server has a state folder.
 """
 from __future__ import annotations
 
@@ -12,12 +14,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
+from radixgate.gateway.usage_history import UsageLedger, open_ledger
 from radixgate.runtime.engine.api import Usage
 
 HISTORY_SECONDS = 600
 TTFT_SAMPLES = 2048
 COUNTERS = ("prompt", "cache_read", "cache_creation", "cache_creation_5m", "cache_creation_1h",
-            "uncached", "output", "finished", "errors")
+            "cache_creation_24h", "uncached", "output", "finished", "errors")
 
 
 @dataclass
@@ -27,6 +30,7 @@ class TenantUsage:
     cache_creation: int = 0
     cache_creation_5m: int = 0       # the part of cache_creation pinned with a 5-minute TTL
     cache_creation_1h: int = 0       # ... and with a 1-hour TTL
+    cache_creation_24h: int = 0      # ... and with a 24-hour TTL
     uncached: int = 0
     output: int = 0
     finished: int = 0
@@ -43,6 +47,7 @@ class TenantUsage:
                 "cache_creation": self.cache_creation,
                 "cache_creation_5m": self.cache_creation_5m,
                 "cache_creation_1h": self.cache_creation_1h,
+                "cache_creation_24h": self.cache_creation_24h,
                 "uncached": self.uncached, "output": self.output}
 
     @property
@@ -51,14 +56,25 @@ class TenantUsage:
 
 
 class UsageBook:
-    def __init__(self, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, clock: Callable[[], float] = time.monotonic,
+                 ledger: UsageLedger | None = None):
+        """``clock`` times the per-second history; ``ledger`` (default: one in memory only)
+        gets every request too, per day."""
         self._clock = clock
         self.started = clock()
         self.tenants: dict[str, TenantUsage] = {}
+        self.ledger = ledger if ledger is not None else UsageLedger(None)
+
+    @classmethod
+    def for_config(cls, config) -> UsageBook:
+        """The server's book: its ledger kept in the state folder of ``config`` (a
+        ``GatewayConfig``), loaded now; in memory only when there is no state folder."""
+        return cls(ledger=open_ledger(config))
 
     def record(self, tenant: str, usage: Usage, ok: bool) -> None:
         """Count one finished request. A failed one (``ok`` False) counts as an error and its
         tokens are not counted (most never ran: refused at admission)."""
+        self.ledger.record(tenant, usage, ok)
         book = self.tenants.setdefault(tenant, TenantUsage())
         if not ok:
             book.errors += 1
@@ -68,6 +84,7 @@ class UsageBook:
         book.cache_creation += usage.cache_creation_tokens
         book.cache_creation_5m += usage.cache_creation_5m_tokens
         book.cache_creation_1h += usage.cache_creation_1h_tokens
+        book.cache_creation_24h += usage.cache_creation_24h_tokens
         book.uncached += usage.uncached_tokens
         book.output += usage.output_tokens
         book.finished += 1
@@ -78,7 +95,12 @@ class UsageBook:
 
     def record_rejected(self, tenant: str) -> None:
         """A request refused before it reached the engine (quota, rate, validation)."""
+        self.ledger.record(tenant, None, ok=False)
         self.tenants.setdefault(tenant, TenantUsage()).errors += 1
+
+    def flush(self) -> None:
+        """Writes the per-day ledger now (at shutdown; a no-op without a state folder)."""
+        self.ledger.flush()
 
     def _add_history(self, book: TenantUsage, prompt: int, cache_read: int) -> None:
         second = int(self._clock() - self.started)

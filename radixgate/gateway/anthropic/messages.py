@@ -15,6 +15,7 @@ from aiohttp import web
 from radixgate.gateway.anthropic.convert import convert_messages_request
 from radixgate.gateway.anthropic.schemas import CountTokensRequest, MessagesRequest
 from radixgate.gateway.errors import Api, ApiError
+from radixgate.gateway.gemini.cross_api import with_cached_content
 from radixgate.gateway.http_util import request_id_of
 from radixgate.gateway.pipeline import Ask, admit, prompt_tokens
 from radixgate.gateway.prompt_parts import ConvertedPrompt
@@ -38,7 +39,9 @@ async def count_tokens(request: web.Request) -> web.Response:
 
 
 def _ask(state, principal, body: MessagesRequest) -> Ask:
-    return Ask("anthropic", body, convert_messages_request(body), max_tokens=body.max_tokens,
+    converted = with_cached_content(state, principal.tenant, body.cached_content,
+                                    convert_messages_request(body), bool(body.tools))
+    return Ask("anthropic", body, converted, max_tokens=body.max_tokens,
                stop=body.stop_sequences, cache_salt=body.cache_salt)
 
 

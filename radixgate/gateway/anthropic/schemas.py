@@ -110,6 +110,7 @@ class MessagesRequest(PromptFields):
     """POST /v1/messages."""
 
     max_tokens: int = Field(ge=1)
+    cached_content: str | None = None   # extension: a Gemini explicit cache's name first
     temperature: float | None = Field(default=None, ge=0.0, le=1.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     top_k: int | None = Field(default=None, ge=0)

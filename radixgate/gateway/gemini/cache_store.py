@@ -16,6 +16,7 @@ import json
 import logging
 import secrets
 import time
+import weakref
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
@@ -135,3 +136,11 @@ class CacheStore:
 
 
 CACHES = web.AppKey("gemini_caches", CacheStore)
+
+# the store of each gateway (caches.add_routes registers it): the Anthropic and OpenAI
+# routes reach explicit caches through their GatewayState (cross_api.py)
+STORES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def store_of(state) -> CacheStore:
+    return STORES[state]

@@ -19,7 +19,7 @@ import re
 from aiohttp import web
 
 from radixgate.gateway.errors import ApiError, Kind
-from radixgate.gateway.gemini.cache_store import (CACHES, MAX_PER_TENANT, CacheHandle,
+from radixgate.gateway.gemini.cache_store import (CACHES, MAX_PER_TENANT, STORES, CacheHandle,
                                                   CacheStore, handle_prefix)
 from radixgate.gateway.gemini.convert import CachedPrefix, convert_prompt
 from radixgate.gateway.gemini.schemas import (CachedContentCreate, CachedContentPatch,
@@ -39,7 +39,7 @@ _TTL = re.compile(r"^(\d+(?:\.\d+)?)s$")
 
 def add_routes(app: web.Application) -> None:
     from radixgate.gateway.http_util import STATE
-    app[CACHES] = CacheStore(state_folder(app[STATE].config))
+    app[CACHES] = STORES[app[STATE]] = CacheStore(state_folder(app[STATE].config))
     app.router.add_post("/v1beta/cachedContents", create)
     app.router.add_get("/v1beta/cachedContents", list_caches)
     app.router.add_get("/v1beta/cachedContents/{id}", get)

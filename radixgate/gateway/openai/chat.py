@@ -18,6 +18,7 @@ from aiohttp import web
 from radixgate.gateway.openai.convert import convert_chat_request
 from radixgate.gateway.openai.choices import openai_usage, results, shared_prompt_usage
 from radixgate.gateway.errors import Api, ApiError, Kind
+from radixgate.gateway.gemini.cross_api import with_cached_content
 from radixgate.gateway.openai.retention import retention_pin_s
 from radixgate.gateway.openai.logprobs import chat_content, chat_logprobs, chat_logprobs_asked
 from radixgate.gateway.http_util import request_id_of
@@ -51,7 +52,9 @@ def usage_body(usage: Usage) -> dict:
 
 def _ask(state, principal, body: ChatCompletionRequest) -> Ask:
     reject_unsupported(body)
-    return Ask("openai", body, convert_chat_request(body),
+    converted = with_cached_content(state, principal.tenant, body.cached_content,
+                                    convert_chat_request(body), bool(body.tools))
+    return Ask("openai", body, converted,
                max_tokens=body.max_completion_tokens or body.max_tokens, stop=body.stop,
                n=body.n, logprobs=chat_logprobs_asked(body.logprobs, body.top_logprobs),
                cache_salt=body.cache_salt, routing_hint=body.prompt_cache_key,

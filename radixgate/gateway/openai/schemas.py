@@ -151,6 +151,7 @@ class ChatCompletionRequest(_SamplingFields):
     """POST /v1/chat/completions."""
 
     messages: list[ChatMessageIn] = Field(min_length=1)
+    cached_content: str | None = None   # extension: a Gemini explicit cache's name first
     max_completion_tokens: int | None = Field(default=None, ge=1)
     logprobs: bool | None = None
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
