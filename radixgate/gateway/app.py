@@ -20,7 +20,7 @@ import signal
 
 from aiohttp import web
 
-from radixgate.gateway import admin, cache_usage, middleware, openapi
+from radixgate.gateway import admin, cache_usage, diagnostics_api, middleware, openapi
 from radixgate.gateway.anthropic import messages
 from radixgate.gateway.config import GatewayConfig
 from radixgate.gateway.gemini import api as gemini
@@ -35,7 +35,7 @@ log = logging.getLogger("radixgate.gateway")
 DRAIN_FLUSH_S = 0.2
 _drain_tasks: set[asyncio.Task] = set()     # the loop keeps only weak references
 ROUTES = (messages, chat, completions, models, responses, gemini, gemini_caches, vllm_utility,
-          admin, cache_usage, openapi)
+          admin, cache_usage, diagnostics_api, openapi)
 
 
 def create_app(config: GatewayConfig, engine_factory: EngineFactory | None = None

@@ -24,6 +24,7 @@ from typing import Callable, Sequence
 
 from aiohttp import web
 
+from radixgate.gateway import diagnostics
 from radixgate.gateway.auth import Principal
 from radixgate.gateway.http_util import request_id_of
 from radixgate.gateway.prepare import room_for_prompt
@@ -116,9 +117,21 @@ async def admit(request: web.Request, model: type, convert: Convert) -> Admitted
                     state, principal, choice_id(request, p * ask.n + j, count), prompt.tokens,
                     _breakpoints(ask, prompt), choice_sampling(sampling, j), ask.cache_salt,
                     grammar, routing_hint=ask.routing_hint)
-                admitted.generations.append(
-                    Generation(state, request, principal, ask.api, engine_req))
+                generation = Generation(state, request, principal, ask.api, engine_req)
+                if p == j == 0:                # the request's first prompt (diagnostics.py)
+                    generation.diagnostics = _diagnostics(request, principal, ask, prompt,
+                                                          engine_req, state)
+                admitted.generations.append(generation)
     return admitted
+
+
+def _diagnostics(request, principal, ask: Ask, prompt: RenderedPrompt, engine_req, state):
+    """The request's diagnostics record, started now (finished by its Generation)."""
+    record = diagnostics.new_record(request_id_of(request), principal.tenant, engine_req,
+                                    ask.converted, prompt, ask.continuation is not None,
+                                    diagnostics.opted_in(request), state.diagnostics.clock())
+    state.diagnostics.start(record)
+    return record
 
 
 async def prompt_tokens(state: GatewayState, principal: Principal,

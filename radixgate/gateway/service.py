@@ -159,6 +159,7 @@ class Generation:
         self.api = api
         self.request = request
         self.finished: Finished | None = None
+        self.diagnostics = None     # its prompt's diagnostics.Record (the first choice's)
         self._handle = None
         self._last_delta: float | None = None
         self.started = time.monotonic()
@@ -235,6 +236,8 @@ class Generation:
         ok = event.reason is not FinishReason.ERROR
         usage = event.usage
         self.state.book.record(self.principal.tenant, usage, ok)
+        if self.diagnostics is not None and ok:
+            self.state.diagnostics.finish(self.diagnostics, usage)
         outcome = event.reason.value if ok else f"error_{event.error_kind.value if event.error_kind else 'unknown'}"
         self.state.metrics.observe_finished(self.principal.tenant, self.api, outcome, usage,
                                             time.monotonic() - self.started)

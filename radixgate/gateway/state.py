@@ -20,6 +20,7 @@ from radixgate.gateway.errors import ApiError, Kind
 from radixgate.gateway.metrics import GatewayMetrics
 from radixgate.gateway.model_names import model_names
 from radixgate.gateway.prepare import PrepareGate
+from radixgate.gateway.diagnostics import DiagnosticsBook
 from radixgate.gateway.usage_book import UsageBook
 
 if TYPE_CHECKING:       # the runtime is imported lazily: importing the gateway never loads torch
@@ -114,6 +115,7 @@ class GatewayState:
         self.keyring = KeyRing(config)
         self.limiter = RateLimiter()
         self.book = UsageBook.for_config(config)
+        self.diagnostics = DiagnosticsBook()       # why prompts missed (diagnostics.py)
         self.engine: EngineClient | None = None
         self.ready = False
         self.draining = False

@@ -141,6 +141,9 @@ class Usage:
     cache_creation_5m_tokens: int = 0
     cache_creation_1h_tokens: int = 0
     cache_creation_24h_tokens: int = 0
+    cache_read_disk_tokens: int = 0     # of cache_read, what was loaded from the disk tier
+    # each prompt breakpoint: (offset, "pinned" | "pin_quota" | "pin_ceiling" | "no_cache")
+    pin_outcomes: tuple[tuple[int, str], ...] = ()
     uncached_tokens: int = 0
     output_tokens: int = 0
     ttft_s: float | None = None

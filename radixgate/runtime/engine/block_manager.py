@@ -395,6 +395,7 @@ class BlockManager:
         self.hit_tokens["memory"] += memory_part
         if reuse > memory_part:
             seq.num_computed = reuse
+            seq.disk_read = reuse - memory_part
             self.hit_tokens["disk"] += reuse - memory_part
             self.tier.count_hit(reuse - memory_part)
             result = self.tree.insert(seq.namespace, seq.tokens[:reuse],

@@ -393,19 +393,29 @@ class EngineCore:
         bills creation for the pinned ones only (a skipped one is uncached input). A pin
         counts the tokens it adds to what the tenant has pinned on that path already."""
         pinned: list[tuple[int, float]] = []   # (pinned length, ttl_s)
+        outcomes: list[tuple[int, str]] = []
         if self.config.cache.enable_prefix_cache:
             share = pin_share(self.config, self.pin_ceiling, seq.tenant)
             for point in seq.prompt_breakpoints():
-                prefix = seq.tokens[:point.offset]
-                added = point.offset - pinned_prefix(self.tree, seq.namespace, prefix, seq.tenant)
-                if self.tree.pinned_tokens(seq.tenant) + added > share:
-                    continue
-                if self.tree.pinned_tokens() + added > self.pin_ceiling:
-                    continue
-                length = self.blocks.pin(seq, point.offset, point.ttl_s)
-                if length > 0:
-                    pinned.append((length, point.ttl_s))
-        account_pins(seq, pinned)
+                outcome = self._pin_one(seq, point, share, pinned)
+                outcomes.append((point.offset, outcome))
+        else:
+            outcomes = [(point.offset, "no_cache") for point in seq.prompt_breakpoints()]
+        account_pins(seq, pinned, tuple(outcomes))
+
+    def _pin_one(self, seq: Sequence, point, share: int, pinned: list) -> str:
+        """Pins one breakpoint when the tenant's share and the ceiling allow; its outcome."""
+        prefix = seq.tokens[:point.offset]
+        added = point.offset - pinned_prefix(self.tree, seq.namespace, prefix, seq.tenant)
+        if self.tree.pinned_tokens(seq.tenant) + added > share:
+            return "pin_quota"
+        if self.tree.pinned_tokens() + added > self.pin_ceiling:
+            return "pin_ceiling"
+        length = self.blocks.pin(seq, point.offset, point.ttl_s)
+        if length <= 0:
+            return "not_cached"
+        pinned.append((length, point.ttl_s))
+        return "pinned"
 
     def _maybe_inject_fault(self, chunks: list[Chunk]) -> None:
         """Raises when a fault is set for the step ("*") or for one of its requests; the

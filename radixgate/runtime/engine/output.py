@@ -42,9 +42,11 @@ def account_admission(seq: Sequence) -> None:
     seq.admitted_once = True
     seq.timing.first_scheduled = time.monotonic()
     seq.accounting.cache_read = seq.num_computed
+    seq.accounting.cache_read_disk = min(seq.disk_read, seq.num_computed)
 
 
-def account_pins(seq: Sequence, pinned: list[tuple[int, float]]) -> None:
+def account_pins(seq: Sequence, pinned: list[tuple[int, float]],
+                 outcomes: tuple[tuple[int, str], ...] = ()) -> None:
     """Bills cache creation for the breakpoints actually pinned (``pinned``: the pinned
     length and TTL of each); a breakpoint whose pin was skipped (tenant share or pin ceiling) is
     uncached input. Creation = prompt tokens in [reuse, last pinned breakpoint) computed now:
@@ -57,6 +59,7 @@ def account_pins(seq: Sequence, pinned: list[tuple[int, float]]) -> None:
         return min(max((end for end, ttl_s in pinned if ttl_s >= least_ttl_s), default=0), last)
     end_24h, end_1h, end_all = end_of(ONE_DAY_S), end_of(ONE_HOUR_S), end_of(0.0)
     acc = seq.accounting
+    acc.pin_outcomes = outcomes
     reuse = acc.cache_read
     acc.creation_24h = max(0, end_24h - reuse)
     acc.creation_1h = max(0, end_1h - max(reuse, end_24h))
@@ -124,6 +127,7 @@ def usage_of(seq: Sequence, now: float) -> Usage:
         cache_creation_5m_tokens=acc.creation_5m,
         cache_creation_1h_tokens=acc.creation_1h,
         cache_creation_24h_tokens=acc.creation_24h,
+        cache_read_disk_tokens=acc.cache_read_disk, pin_outcomes=acc.pin_outcomes,
         uncached_tokens=seq.num_prompt - acc.cache_read - creation,
         output_tokens=seq.num_output,
         ttft_s=None if timing.first_token is None else timing.first_token - timing.submitted,

@@ -37,6 +37,8 @@ class PromptAccounting:
     creation_5m: int = 0
     creation_1h: int = 0
     creation_24h: int = 0       # pinned for a day (OpenAI's prompt_cache_retention "24h")
+    cache_read_disk: int = 0    # of cache_read, loaded from the disk tier
+    pin_outcomes: tuple = ()    # (offset, outcome) per prompt breakpoint (usage.pin_outcomes)
 
 
 class Sequence:
@@ -64,6 +66,7 @@ class Sequence:
         self.admission_failures = 0                # admissions that raised (retried a few times)
         self.tier_load = None               # kv_tier.LoadTicket while its prefix loads
         self.tier_chain = None              # (len(tokens), its full-block hashes) for the tier
+        self.disk_read = 0                  # prompt tokens the tier loaded at its admission
         self.timing = Timing()
         self.accounting = PromptAccounting()
         self.text_parts: list[str] = []
