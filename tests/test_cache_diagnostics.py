@@ -149,3 +149,18 @@ def test_an_expired_pin_is_told_apart_from_an_evicted_one_and_disk_reads_are_mar
     mark = book.report(loaded)["breakpoints"][0]
     assert mark["status"] == "read" and mark["from_disk"]
     assert book.get("beta", "req_d") is None and book.get("acme", "req_d") is loaded
+
+
+async def test_recent_diagnostics_outlive_a_restart_in_the_state_folder(tmp_path):
+    cache = {"disk_dir": str(tmp_path / "kv"), "disk_gb": 0.05}
+    question = [{"role": "user", "content": "Kept across a restart?"}]
+    async with in_process_gateway(tenants=("acme",), cache=cache) as (base, app):
+        async with aiohttp.ClientSession() as http:
+            first = await send(http, base, "acme", body(question))
+    async with in_process_gateway(tenants=("acme", "beta"), cache=cache) as (base, app):
+        async with aiohttp.ClientSession() as http:
+            status, got = await report(http, base, tenant_key("acme"), first)
+            other, _ = await report(http, base, tenant_key("beta"), first)
+    assert status == 200 and got["breakpoints"][0]["status"] == "created" and other == 404
+    saved = tmp_path / "radixgate-state" / "diagnostics" / "recent.json"
+    assert oct(saved.stat().st_mode & 0o777) == "0o600"

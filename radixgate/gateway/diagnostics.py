@@ -23,15 +23,19 @@ unknown one):
 from __future__ import annotations
 
 import hashlib
+import json
+import logging
 import time
 from array import array
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Callable
 
 from radixgate.gateway.prompt_parts import ConvertedPrompt
 from radixgate.gateway.tools import TOOLS_HEADER
 
+log = logging.getLogger("radixgate.gateway")
 HEADER = "radixgate-cache-diagnostics"
 KEEP_PER_TENANT = 256
 KEEP_S = 3600.0
@@ -113,12 +117,42 @@ def prompt_parts(converted: ConvertedPrompt | None, tokens: list[int],
 
 
 class DiagnosticsBook:
-    """The recent requests of every tenant (the event loop's only)."""
+    """The recent requests of every tenant (the event loop's only). With ``path`` (in the
+    state folder) ``save`` writes the finished records at shutdown and a new book reads
+    them back (those still within ``KEEP_S``)."""
 
-    def __init__(self, clock: Callable[[], float] = time.time):
+    def __init__(self, clock: Callable[[], float] = time.time, path: Path | None = None):
         self.clock = clock
+        self.path = path
         self.tenants: dict[str, OrderedDict[str, Record]] = {}
         self.pins: OrderedDict[tuple[str, str], float] = OrderedDict()   # -> expiry
+        self._load()
+
+    def save(self) -> None:
+        if self.path is None:
+            return
+        from radixgate.gateway.state_dir import write_private
+        rows = [asdict(r) for book in self.tenants.values() for r in book.values()
+                if r.finished]
+        pins = [[ns, prefix, expiry] for (ns, prefix), expiry in self.pins.items()]
+        try:
+            write_private(self.path, json.dumps({"records": rows, "pins": pins}).encode())
+        except OSError as exc:
+            log.warning("cache diagnostics: could not save %s (%s)", self.path, exc)
+
+    def _load(self) -> None:
+        if self.path is None or not self.path.exists():
+            return
+        try:
+            data = json.loads(self.path.read_text())
+            records = [_record_of(row) for row in data["records"]]
+            pins = [((ns, prefix), float(expiry)) for ns, prefix, expiry in data["pins"]]
+        except (OSError, ValueError, TypeError, KeyError) as exc:
+            log.warning("cache diagnostics: ignored an unreadable %s (%s)", self.path, exc)
+            return
+        for record in sorted(records, key=lambda r: r.started):
+            self.start(record)
+        self.pins.update(pins[-MAX_PINS:])
 
     def start(self, record: Record) -> None:
         book = self.tenants.setdefault(record.tenant, OrderedDict())
@@ -195,6 +229,16 @@ class DiagnosticsBook:
         return answer
 
 
+def _record_of(row: dict) -> Record:
+    """A saved record read back (JSON keys are strings: offsets become ints again)."""
+    row = dict(row)
+    row["parts"] = tuple(Part(**part) for part in row["parts"])
+    row["breakpoints"] = tuple(tuple(mark) for mark in row["breakpoints"])
+    row["outcomes"] = {int(k): v for k, v in row["outcomes"].items()}
+    row["before"] = {int(k): v for k, v in row["before"].items()}
+    return Record(**row)
+
+
 def _leading_same(a: tuple[Part, ...], b: tuple[Part, ...]) -> int:
     same = 0
     for x, y in zip(a, b):
@@ -239,6 +283,17 @@ def _breakpoint(record: Record, offset: int, ttl_s: float) -> dict:
         answer.update(status="not_cached", reason=outcome or "not_prefilled",
                       before=record.before.get(offset, "new"))
     return answer
+
+
+def diagnostics_file(config) -> Path | None:
+    """``diagnostics/recent.json`` in the state folder (gateway/state_dir.py), or None."""
+    from radixgate.gateway.state_dir import private_folder, state_folder
+    try:
+        folder = state_folder(config)
+    except OSError as exc:
+        log.error("cache diagnostics: no state folder (%s): kept in memory only", exc)
+        return None
+    return None if folder is None else private_folder(folder, "diagnostics") / "recent.json"
 
 
 def new_record(request_id: str, tenant: str, engine_request, converted, prompt,

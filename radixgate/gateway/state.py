@@ -20,7 +20,7 @@ from radixgate.gateway.errors import ApiError, Kind
 from radixgate.gateway.metrics import GatewayMetrics
 from radixgate.gateway.model_names import model_names
 from radixgate.gateway.prepare import PrepareGate
-from radixgate.gateway.diagnostics import DiagnosticsBook
+from radixgate.gateway.diagnostics import DiagnosticsBook, diagnostics_file
 from radixgate.gateway.usage_book import UsageBook
 
 if TYPE_CHECKING:       # the runtime is imported lazily: importing the gateway never loads torch
@@ -115,7 +115,7 @@ class GatewayState:
         self.keyring = KeyRing(config)
         self.limiter = RateLimiter()
         self.book = UsageBook.for_config(config)
-        self.diagnostics = DiagnosticsBook()       # why prompts missed (diagnostics.py)
+        self.diagnostics = DiagnosticsBook(path=diagnostics_file(config))   # diagnostics.py
         self.engine: EngineClient | None = None
         self.ready = False
         self.draining = False
@@ -154,6 +154,7 @@ class GatewayState:
         if self.engine is not None:
             self.engine.shutdown(grace_s=grace_s)
         self.book.flush()          # the per-day usage ledger, to the state folder
+        self.diagnostics.save()
 
     # -- helpers for handlers -------------------------------------------------------------
     def require_engine(self) -> EngineClient:
