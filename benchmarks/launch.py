@@ -134,7 +134,7 @@ def config_toml(spec: ServerSpec) -> str:
         f"shutdown_grace_s = {spec.shutdown_grace_s}",
         *(f"{name} = {value}" for name, value in spec.server_settings),
         "[model]",
-        'aliases = ["claude-*", "gpt-*"]',
+        'aliases = ["claude-*", "gpt-*", "gemini-*"]',
         f"max_model_len = {spec.max_model_len}",
         "[cache]",
         f"kv_cache_gb = {spec.kv_cache_gb}",

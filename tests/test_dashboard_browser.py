@@ -438,3 +438,39 @@ def test_local_mode_needs_no_key(tmp_path, page):
         assert stats_requests and "x-api-key" not in stats_requests[0].headers
     finally:
         proc.stop()
+
+
+def create_explicit_cache(base_url: str, tenant: str) -> str:
+    """A Gemini explicit cache of ``tenant`` (the last test: it adds traffic to the stats)."""
+    body = {"model": "models/gemini-2.5-flash", "ttl": "600s", "displayName": "handbook",
+            "systemInstruction": {"parts": [{"text": SYSTEM_PROMPT}]},
+            "contents": [{"role": "user", "parts": [{"text": "The handbook follows."}]}]}
+    req = urllib.request.Request(
+        base_url + "/v1beta/cachedContents", data=json.dumps(body).encode(), method="POST",
+        headers={"x-goog-api-key": tenant_key(tenant), "content-type": "application/json"})
+    with urllib.request.urlopen(req, timeout=60) as resp:
+        return json.load(resp)["name"]
+
+
+def test_reasons_chart_and_explicit_caches_for_the_callers_tenant(server, page):
+    """Why each request read what it read, per minute, and the tenant's explicit caches; a
+    tenant sees its own only (kept last: the cache it creates is traffic of its own)."""
+    name = create_explicit_cache(server, "acmecorp")
+    wait_until_settled(server)
+    open_with_key(page, server, tenant_key("acmecorp"))
+    stats = fetch_stats(server, tenant_key("acmecorp"))
+    totals = {r: sum(m[r] for m in stats["miss_reasons"])
+              for r in ("hit", "new_content", "expired", "evicted", "first")}
+    assert totals["first"] >= 1 and totals["new_content"] >= 1        # its repeated prompt
+    for reason, count in totals.items():
+        shown = page.get_attribute(f'[data-reason-total="{reason}"]', "data-value")
+        assert int(shown) == count, reason
+    assert page.locator("#reason-chart rect.reason").count() >= 2
+    assert page.locator(f'#explicit-caches tr[data-cache="{name}"]').count() == 1
+    assert "handbook" in page.inner_text("#explicit-caches")
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "dashboard-reasons.png"), full_page=True)
+    page.evaluate("sessionStorage.clear()")               # another key: the prompt again
+    open_with_key(page, server, tenant_key("globexinc"))
+    assert page.locator("#explicit-caches tbody tr").count() == 0
+    assert name not in page.content() and not page.errors

@@ -18,6 +18,7 @@ from typing import Literal
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field
 
+from radixgate.gateway.gemini.cache_store import store_of
 from radixgate.gateway.auth import namespace_for
 from radixgate.radix_cache import PUBLIC_NAMESPACE
 from radixgate.gateway.cache_stats import build_stats
@@ -81,9 +82,23 @@ async def cache_stats(request: web.Request) -> web.Response:
     engine = state.require_engine()
     decode = (lambda ids: engine.tokenizer.decode(ids)) if principal.is_admin else None
     snapshot = await asyncio.wrap_future(engine.request_snapshot())   # taken between steps
-    stats = build_stats(snapshot, state.book, model=state.model_name,
-                        tenant=None if principal.is_admin else principal.tenant, decode=decode)
+    scope = None if principal.is_admin else principal.tenant
+    stats = build_stats(snapshot, state.book, model=state.model_name, tenant=scope,
+                        decode=decode)
+    stats["miss_reasons"] = state.diagnostics.reasons(scope)
+    stats["explicit_caches"] = explicit_caches(state, principal)
     return web.json_response(stats)
+
+
+def explicit_caches(state, principal) -> list[dict]:
+    """The caller's Gemini caches (an admin's: every tenant's), oldest first."""
+    store = store_of(state)
+    handles = store.list(principal.tenant) if not principal.is_admin else sorted(
+        (h for tenant in {h.tenant for h in store.handles.values()} for h in store.list(tenant)),
+        key=lambda h: (h.create_time, h.name))
+    return [{"name": h.name, "display_name": h.display_name, "tenant": h.tenant,
+             "tokens": h.token_count, "expires_in_s": round(h.expire_time - store.clock())}
+            for h in handles]
 
 
 async def flush(request: web.Request) -> web.Response:

@@ -20,7 +20,11 @@ forward; admin only), ``spec`` (speculative decoding: verify steps, draft tokens
 kept, the acceptance rate and tokens emitted per verify step; admin only), ``pools`` (a
 model with sliding-window layers keeps their K/V in a pool of its own: each pool's layers,
 blocks, tokens and bytes per token, configuration; and for admins its free, cached, in-use
-blocks and the window data tombstoned; null without a window pool).
+blocks and the window data tombstoned; null without a window pool). The route adds
+``miss_reasons`` (per minute of the last hour, how many of the caller's requests read their
+whole prompt, up to new content, less because a pin expired or the cache evicted it, or were
+the first of their kind: diagnostics.py) and ``explicit_caches`` (the caller's Gemini caches:
+name, display_name, tenant, tokens, expires_in_s; an admin's: every tenant's).
 """
 from __future__ import annotations
 

@@ -15,6 +15,9 @@ unknown one):
 - ``compared_with``: the earlier request of the same namespace sharing the most leading
   parts, the first part where the two differ and, when both kept text, that part's first
   differing text on each side (``SNIPPET_CHARS`` around it);
+- ``reason``: ``hit`` (read whole), ``new_content`` (read up to where it departs from the
+  most similar earlier prompt), ``expired`` / ``evicted`` (less: the cache lost it) or
+  ``first``; ``reasons`` counts them per minute for the dashboard;
 - ``breakpoints``: each one's part and status: ``read`` (``from_disk`` when the disk tier
   loaded it), ``created`` (pinned now; ``before``: ``new``, ``expired`` when an earlier pin
   of this very prefix had run out, or ``evicted`` when it had not), or ``not_cached`` with
@@ -37,6 +40,11 @@ from radixgate.gateway.tools import TOOLS_HEADER
 
 log = logging.getLogger("radixgate.gateway")
 HEADER = "radixgate-cache-diagnostics"
+# why a prompt read what it read: all of it; up to where it departs from the most similar
+# earlier prompt of its namespace (new content: the cache did all it could); less than
+# that (the cache lost it: expired or evicted); nothing like it before (first)
+REASONS = ("hit", "new_content", "expired", "evicted", "first")
+REASON_MINUTES = 60
 KEEP_PER_TENANT = 256
 KEEP_S = 3600.0
 MAX_PINS = 8192
@@ -68,6 +76,7 @@ class Record:
     outcomes: dict = field(default_factory=dict)        # offset -> the engine's pin outcome
     before: dict = field(default_factory=dict)          # offset -> new | expired | evicted
     finished: bool = False
+    reason: str = ""                                    # REASONS: why it read what it read
 
 
 def digest(tokens) -> str:
@@ -177,6 +186,34 @@ class DiagnosticsBook:
                 self.pins.move_to_end(key)
         while len(self.pins) > MAX_PINS:
             self.pins.popitem(last=False)
+        record.reason = self._classify(record)
+
+    def _classify(self, record: Record) -> str:
+        if record.cache_read >= record.prompt_tokens - 1:
+            return "hit"
+        compared = self._compare(record)
+        if compared is None:
+            return "first"
+        diverged = next((i for i, p in enumerate(record.parts)
+                         if p.start <= record.cache_read < p.end), len(record.parts))
+        if diverged >= compared["same_parts"]:
+            return "new_content"
+        lost = [record.before.get(o) for o, _, _ in record.breakpoints if o > record.cache_read]
+        return "expired" if "expired" in lost else "evicted"
+
+    def reasons(self, tenant: str | None) -> list[dict]:
+        """Per minute of the last ``REASON_MINUTES`` with requests, how many finished with each
+        reason (``tenant`` None: every tenant)."""
+        since = self.clock() - REASON_MINUTES * 60
+        books = self.tenants.values() if tenant is None else [self.tenants.get(tenant, {})]
+        minutes: dict[int, dict] = {}
+        for book in books:
+            for record in book.values():
+                if record.finished and record.reason and record.started >= since:
+                    minute = int(record.started // 60) * 60
+                    row = minutes.setdefault(minute, dict.fromkeys(REASONS, 0))
+                    row[record.reason] += 1
+        return [{"t": minute, **counts} for minute, counts in sorted(minutes.items())]
 
     def get(self, tenant: str | None, request_id: str) -> Record | None:
         """A finished request of ``tenant`` (None: any tenant, for an admin)."""
@@ -196,6 +233,7 @@ class DiagnosticsBook:
 
     def report(self, record: Record) -> dict:
         return {"request_id": record.request_id, "prompt_tokens": record.prompt_tokens,
+                "reason": record.reason,
                 "cached_tokens": record.cache_read, "from_disk_tokens": record.disk_read,
                 "text_kept": record.opted_in,
                 "divergence": _divergence(record),

@@ -176,3 +176,32 @@ export function drawSparkline(svg, points) {
   const line = points.length > 1 ? `<path class="spark" d="${ratePath(points, x, y)}"/>` : '';
   svg.innerHTML = line + `<circle class="spark-last" cx="${r1(x(last.t))}" cy="${r1(y(last.rate))}" r="2.5"/>`;
 }
+
+// Requests per minute stacked by the reason they read what they read (diagnostics.py's
+// REASONS), one bar a minute with traffic; the legend is the caller's (labels are fixed).
+export const REASON_ORDER = ['hit', 'new_content', 'expired', 'evicted', 'first'];
+
+export function drawReasonChart(svg, minutes) {
+  const { w, h } = fitViewBox(svg, 480, 160);
+  const x0 = MARGIN.left, x1 = w - MARGIN.right, yTop = MARGIN.top, yBottom = h - MARGIN.bottom;
+  const peak = niceCeiling(Math.max(1, ...minutes.map(
+    (m) => REASON_ORDER.reduce((sum, r) => sum + (m[r] || 0), 0))));
+  const y = (n) => yBottom - (n / peak) * (yBottom - yTop);
+  const slot = minutes.length ? (x1 - x0) / minutes.length : 0;
+  const barW = Math.min(24, Math.max(2, slot * 0.7));
+  let bars = '';
+  minutes.forEach((m, i) => {
+    let base = 0;
+    for (const reason of REASON_ORDER) {
+      const n = m[reason] || 0;
+      if (!n) continue;
+      bars += `<rect class="reason ${reason}" data-reason="${reason}" x="${r1(x0 + i * slot)}" `
+        + `y="${r1(y(base + n))}" width="${r1(barW)}" height="${r1(y(base) - y(base + n))}"/>`;
+      base += n;
+    }
+  });
+  const axis = `<line class="axis" x1="${x0}" x2="${x1}" y1="${yBottom}" y2="${yBottom}"/>`
+    + `<text class="tick" x="${x0 - 6}" y="${r1(y(peak)) + 4}" text-anchor="end">${peak}</text>`
+    + `<text class="tick" x="${x0 - 6}" y="${yBottom + 4}" text-anchor="end">0</text>`;
+  svg.innerHTML = axis + bars;
+}

@@ -5,7 +5,7 @@ import {
   fmtInt, fmtPct, fmtMs, fmtSeconds, fmtUsd, fmtRate, fmtBytes, tokenSplit, cacheCost,
   prefillSavedSeconds, historyPoints, escapeHtml,
 } from './format.js';
-import { chartWindow, drawHitChart, drawSparkline } from './charts.js';
+import { chartWindow, drawHitChart, drawReasonChart, drawSparkline, REASON_ORDER } from './charts.js';
 
 const HISTORY_WINDOW_S = 600;   // the server keeps ten minutes of per-second samples
 
@@ -217,6 +217,33 @@ function renderSpec(doc, stats) {
           (v) => v.toFixed(2));
 }
 
+// Why prompts read what they read, per minute (the caller's tenant; admin: everyone).
+const REASON_LABELS = {
+  hit: 'read whole', new_content: 'new content', expired: 'pin expired',
+  evicted: 'evicted', first: 'first of its kind',
+};
+
+function renderReasons(doc, stats) {
+  const minutes = stats.miss_reasons || [];
+  doc.getElementById('reason-empty').hidden = minutes.length > 0;
+  drawReasonChart(doc.getElementById('reason-chart'), minutes);
+  const totals = REASON_ORDER.map((r) => [r, minutes.reduce((s, m) => s + (m[r] || 0), 0)]);
+  doc.getElementById('reason-legend').innerHTML = totals.map(([r, n]) =>
+    `<span class="key ${r}" data-reason-total="${r}" data-value="${n}"><i></i>`
+    + `${REASON_LABELS[r]} <b>${fmtInt(n)}</b></span>`).join(' ');
+}
+
+function cacheRow(c) {
+  const name = c.display_name ? `${c.display_name} (${c.name})` : c.name;
+  return `<tr data-cache="${escapeHtml(c.name)}"><th>${escapeHtml(name)}</th>`
+    + `<td class="num">${fmtInt(c.tokens)}</td><td class="num">${fmtInt(c.expires_in_s)} s</td></tr>`;
+}
+
+function renderCaches(doc, stats) {
+  doc.querySelector('#explicit-caches tbody').innerHTML =
+    (stats.explicit_caches || []).map(cacheRow).join('');
+}
+
 // Render a snapshot. ctx: {basePrice: $/MTok, tenantHistory: name -> [{t, rate}]}.
 export function renderStats(doc, stats, ctx) {
   renderHeader(doc, stats);
@@ -228,4 +255,6 @@ export function renderStats(doc, stats, ctx) {
   renderReplicas(doc, stats);
   renderPrefixes(doc, stats);
   renderChart(doc, stats);
+  renderReasons(doc, stats);
+  renderCaches(doc, stats);
 }
