@@ -89,6 +89,31 @@ def test_repeats_of_a_prefix_read_what_one_cache_would(server):
     assert cached == [PREFIX_LEN] * 9, (cached, indexed_blocks(server))
 
 
+def test_requests_naming_an_explicit_cache_go_to_the_replica_that_holds_it(server):
+    """A Gemini explicit cache is a pinned prefix on one replica: its KV events lead every
+    request naming it there (each reads the whole cache)."""
+    system = " ".join(f"Clause {i}: blocks are shared by reference." for i in range(20))
+    status, cache = call(server, "/v1beta/cachedContents", tenant_key("acme"), {
+        "model": "models/gemini-2.5-flash", "ttl": "600s",
+        "systemInstruction": {"parts": [{"text": system}]},
+        "contents": [{"role": "user", "parts": [{"text": "The contract follows."}]}]})
+    assert status == 200, cache
+    size = cache["usageMetadata"]["totalTokenCount"]
+    deadline = time.monotonic() + 20                  # its BlockStored reaches the router
+    while time.monotonic() < deadline and max(indexed_blocks(server)) < size // 16:
+        time.sleep(0.1)
+    read = []
+    for k in range(6):
+        status, answer = call(server, "/v1beta/models/gemini-2.5-flash:generateContent",
+                              tenant_key("acme"), {
+                                  "cachedContent": cache["name"],
+                                  "contents": [{"role": "user", "parts": [{"text": f"Q{k}?"}]}],
+                                  "generationConfig": {"maxOutputTokens": 1, "temperature": 0}})
+        assert status == 200, answer
+        read.append(answer["usageMetadata"].get("cachedContentTokenCount", 0))
+    assert min(read) >= size, (read, size)
+
+
 def indexed_blocks(srv) -> list[int]:
     """Blocks of each replica in the router's prefix index."""
     return [r["indexed_blocks"] for r in call(srv, "/v1/cache/stats", ADMIN_KEY)[1]["replicas"]]
