@@ -40,6 +40,10 @@ _OPENAI_RESPONSE = {"type": "object", "required": ["id", "object", "status", "ou
                     "properties": {"id": {"type": "string"}, "object": {"const": "response"},
                                    "status": {"type": "string"}, "output": {"type": "array"},
                                    "usage": {"type": ["object", "null"]}}}
+_USAGE_QUERY = [{"name": name, "in": "query", "required": False, "schema": schema}
+                for name, schema in (("from", {"type": "string", "format": "date"}),
+                                     ("to", {"type": "string", "format": "date"}),
+                                     ("format", {"type": "string", "enum": ["json", "csv"]}))]
 _RESPONSE_ID = [{"name": "response_id", "in": "path", "required": True,
                  "schema": {"type": "string"}}]
 _OPENAI_COMPLETION = {"type": "object", "required": ["id", "object", "choices"],
@@ -110,6 +114,14 @@ def _get(summary: str, ok: dict, error: str = "OpenAIError", codes=(401, 503),
     return op
 
 
+def _usage_get() -> dict:
+    """GET /v1/cache/usage: JSON, or CSV with ``format=csv``."""
+    op = _get("Cache accounting per UTC day (the caller's tenant; admin: all), JSON or CSV",
+              _OBJECT, codes=(400, 401))
+    op["responses"]["200"]["content"]["text/csv"] = {"schema": {"type": "string"}}
+    return {**op, "parameters": _USAGE_QUERY}
+
+
 def _paths() -> dict:
     gen = (400, 401, 404, 408, 413, 429, 503)
     admin = (400, 401, 403, 503)
@@ -147,6 +159,11 @@ def _paths() -> dict:
         "/v1/cache/stats": {"get": _get("Cache statistics (scoped to the caller; top_prefixes "
                                         "from the caller's own namespaces; admin: "
                                         "tree.namespaces, live cache namespaces)", _OBJECT)},
+        "/v1/cache/usage": {"get": _usage_get()},
+        "/v1/cache/diagnostics/{request_id}": {"get": {**_get(
+            "Why a recent request of the caller's tenant missed the cache", _OBJECT,
+            codes=(401, 404)), "parameters": [{"name": "request_id", "in": "path",
+                                              "required": True, "schema": {"type": "string"}}]}},
         "/v1/cache/flush": {"post": _post("Flush the cache (admin)", "FlushRequest", _OBJECT,
                                           "OpenAIError", admin, required=False)},
         "/v1/cache/prefixes": {
