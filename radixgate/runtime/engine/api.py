@@ -100,6 +100,9 @@ class Breakpoint:
     ttl_s: float
 
 
+BATCH_PRIORITY = 1      # Request.priority of batch work (Message Batches, OpenAI Batch)
+
+
 @dataclass(slots=True)
 class Request:
     """One generation request. ``namespace`` is derived by the gateway (docs/ARCHITECTURE.md section 4);
@@ -121,6 +124,8 @@ class Request:
     # (scale-out routing only; the cache itself never reads it)
     grammar_source: str = ""        # that grammar's source, for an engine in another process
     # (a scale-out replica compiles its own state from it: the state does not pickle)
+    priority: int = 0               # 0 interactive; BATCH_PRIORITY: admitted only while no
+    # interactive request waits for room, prefilled after them, preempted first
 
 
 @dataclass(frozen=True, slots=True)

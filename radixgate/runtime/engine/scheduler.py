@@ -73,6 +73,7 @@ class Scheduler:
         self._served: dict[str, int] = defaultdict(int)   # tenant -> last admission tick
         self._tick = 0
         self.shared_drafts = None    # spec.NamespaceDrafts: earlier requests' tokens
+        self.interactive_blocked = False   # this pass: an interactive request found no room
 
     # -- queue bookkeeping ----------------------------------------------------------------
     @property
@@ -107,6 +108,7 @@ class Scheduler:
     # -- the plan -------------------------------------------------------------------------
     def schedule(self) -> StepPlan:
         plan = StepPlan()
+        self.interactive_blocked = False
         self.blocks.forget_probes()     # the tree changed since the last pass
         solo = not any(seq.prefill_inserted for seq in self.running)
         cap = self.config.solo_chunk_tokens if solo else self.config.chunk_tokens
@@ -129,7 +131,7 @@ class Scheduler:
             end = seq.num_computed + chunk.num_tokens + len(chunk.drafts)
             while seq.status is SeqStatus.RUNNING and not self.blocks.reserve_window(seq, end):
                 alone = len(self.running) == 1
-                self.preempt(self.running[-1], plan)
+                self.preempt(self._victim(), plan)
                 if alone:
                     plan.unfit = seq
 
@@ -169,11 +171,19 @@ class Scheduler:
             return tuple(drafts)
         return ()
 
+    def _victim(self) -> Sequence:
+        """Who gives way when memory is short: the newest batch sequence, else the newest."""
+        for seq in reversed(self.running):
+            if seq.request.priority:
+                return seq
+        return self.running[-1]
+
     def _reserve_block(self, seq: Sequence, plan: StepPlan, n: int = 1) -> bool:
         """Ensure seq has blocks for its next ``n`` positions, preempting the newest running
-        sequence while eviction alone cannot. False when seq itself was preempted."""
+        batch sequence (else the newest) while eviction alone cannot. False when seq itself
+        was preempted."""
         while not self.blocks.grow(seq, seq.num_computed + n):
-            victim = self.running[-1]
+            victim = self._victim()
             self.preempt(victim, plan)
             if victim is seq:
                 return False
@@ -190,7 +200,7 @@ class Scheduler:
         plan.preempted.append(seq)
 
     def _schedule_prefills(self, plan: StepPlan, budget: int, cap: int) -> int:
-        for seq in self.running:
+        for seq in sorted(self.running, key=lambda s: s.request.priority):   # interactive first
             if budget == 0:
                 break
             if not seq.prefill_inserted and self.blocks.finish_load(seq):
@@ -231,8 +241,16 @@ class Scheduler:
         return sorted(eligible, key=lambda t: (self.running_by_tenant[t], self._served[t]))
 
     def _candidates(self, tenant: str) -> list[Sequence]:
-        """Preempted requests first (queue order), then longest cached prefix first."""
-        window = self.waiting[tenant][:CANDIDATE_WINDOW]
+        """Interactive before batch; inside each, preempted requests first (queue order),
+        then longest cached prefix first. Batch work waits while an interactive request of
+        any tenant waits for room (``self.interactive_blocked``)."""
+        queue = self.waiting[tenant]
+        interactive = [s for s in queue if not s.request.priority][:CANDIDATE_WINDOW]
+        batch = [] if self.interactive_blocked else [
+            s for s in queue if s.request.priority][:CANDIDATE_WINDOW]
+        return self._ordered(interactive) + self._ordered(batch)
+
+    def _ordered(self, window: list[Sequence]) -> list[Sequence]:
         resumed = [s for s in window if s.num_preemptions > 0]
         fresh = [s for s in window if s.num_preemptions == 0]
         if len(fresh) > 1:
@@ -279,7 +297,7 @@ class Scheduler:
         if not self.blocks.may_fit(seq) and not (idle and self.blocks.may_fit(seq, reuse=False)):
             if idle:
                 plan.unfit = seq
-            return "no_room"
+            return self._no_room(seq, plan)
         found = self.blocks.match(seq)
         try:
             matched = found.length if found is not None else 0
@@ -294,9 +312,19 @@ class Scheduler:
         if not self.blocks.admit(seq, found) and not (idle and self.blocks.admit(seq, None)):
             if idle:
                 plan.unfit = seq
-            return "no_room"
+            return self._no_room(seq, plan)
         self._start(seq)
         return "admitted"
+
+    def _no_room(self, seq: Sequence, plan: StepPlan) -> str:
+        """An interactive request without room: batch work waits, and the newest running
+        batch sequence gives way (its blocks go to the tree, evictable next step)."""
+        if not seq.request.priority:
+            self.interactive_blocked = True
+            batch = [s for s in self.running if s.request.priority]
+            if batch:
+                self.preempt(batch[-1], plan)
+        return "no_room"
 
     def _prefilling_leader(self, seq: Sequence, matched: int) -> Sequence | None:
         """A running sequence of the same namespace whose pending prefill covers at least
