@@ -22,6 +22,7 @@ from aiohttp import web
 
 from radixgate.gateway import admin, cache_usage, diagnostics_api, middleware, openapi
 from radixgate.gateway.anthropic import messages
+from radixgate.gateway.batches import setup as batches
 from radixgate.gateway.config import GatewayConfig
 from radixgate.gateway.gemini import api as gemini
 from radixgate.gateway.gemini import caches as gemini_caches
@@ -34,8 +35,8 @@ from radixgate.gateway.vllm import utility as vllm_utility
 log = logging.getLogger("radixgate.gateway")
 DRAIN_FLUSH_S = 0.2
 _drain_tasks: set[asyncio.Task] = set()     # the loop keeps only weak references
-ROUTES = (messages, chat, completions, models, responses, gemini, gemini_caches, vllm_utility,
-          admin, cache_usage, diagnostics_api, openapi)
+ROUTES = (messages, batches, chat, completions, models, responses, gemini, gemini_caches,
+          vllm_utility, admin, cache_usage, diagnostics_api, openapi)
 
 
 def create_app(config: GatewayConfig, engine_factory: EngineFactory | None = None

@@ -1,0 +1,30 @@
+"""The batch APIs wired into the app: one store and one runner per gateway (the state
+folder's ``batches/``), the runner started with the app and stopped at its cleanup."""
+from __future__ import annotations
+
+from aiohttp import web
+
+from radixgate.gateway.batches import anthropic_api
+from radixgate.gateway.batches.anthropic_api import BATCHES
+from radixgate.gateway.batches.runner import BatchRunner
+from radixgate.gateway.batches.store import BatchStore
+from radixgate.gateway.http_util import STATE
+from radixgate.gateway.state_dir import state_folder
+
+
+def add_routes(app: web.Application) -> None:
+    state = app[STATE]
+    store = BatchStore(state_folder(state.config))
+    runner = BatchRunner(store, {"anthropic": anthropic_api.anthropic_api(state)},
+                         ready=lambda: state.ready and not state.draining)
+    app[BATCHES] = {"store": store, "runner": runner}
+    anthropic_api.add_routes(app)
+
+    async def start(app: web.Application) -> None:
+        runner.start()
+
+    async def stop(app: web.Application) -> None:
+        await runner.stop()
+
+    app.on_startup.append(start)
+    app.on_shutdown.append(stop)

@@ -1,0 +1,151 @@
+"""Anthropic Message Batches through the official SDK over loopback: create, retrieve, list,
+results (JSONL), cancel, delete; a bad request fails alone; a tenant sees only its own
+batches; requests are grouped by prompt so shared documents are computed once (hit rate as
+good as sending them sorted by document); a restart resumes an unfinished batch without
+redoing finished requests."""
+from __future__ import annotations
+
+import asyncio
+import random
+
+import anthropic
+import pytest
+
+from tests.support.inproc import in_process_gateway
+from tests.support.server import tenant_key
+
+DOCS = [" ".join(f"Document {d} clause {i}: blocks are shared by reference." for i in range(24))
+        for d in range(4)]
+
+
+def client(base_url: str, tenant: str) -> anthropic.AsyncAnthropic:
+    return anthropic.AsyncAnthropic(base_url=base_url, api_key=tenant_key(tenant), max_retries=0)
+
+
+def params(doc: int, question: int, **extra) -> dict:
+    return {"model": "claude-test", "max_tokens": 2, "temperature": 0.0,
+            "system": DOCS[doc], "messages": [{"role": "user", "content": f"Question {question}?"}],
+            **extra}
+
+
+def requests(pairs) -> list[dict]:
+    return [{"custom_id": f"d{d}-q{q}", "params": params(d, q)} for d, q in pairs]
+
+
+async def ask(claude, doc: int, question: int):
+    """The same request sent interactively (the SDK takes temperature in extra_body)."""
+    sent = params(doc, question)
+    return await claude.messages.create(**{k: v for k, v in sent.items() if k != "temperature"},
+                                        extra_body={"temperature": 0.0})
+
+
+async def finish(claude, batch_id: str, timeout_s: float = 120):
+    for _ in range(int(timeout_s / 0.05)):
+        batch = await claude.messages.batches.retrieve(batch_id)
+        if batch.processing_status == "ended":
+            return batch
+        await asyncio.sleep(0.05)
+    raise TimeoutError(batch_id)
+
+
+async def results(claude, batch_id: str) -> dict:
+    return {r.custom_id: r.result async for r in await claude.messages.batches.results(batch_id)}
+
+
+async def test_the_sdk_flow_and_a_bad_request_failing_alone():
+    async with in_process_gateway(tenants=("acme", "beta")) as (base_url, app):
+        claude = client(base_url, "acme")
+        bad = {"custom_id": "bad", "params": {"model": "claude-test", "messages": []}}
+        made = await claude.messages.batches.create(requests=requests([(0, 1), (0, 2), (1, 1)])
+                                                    + [bad])
+        assert made.processing_status == "in_progress" and made.request_counts.processing == 4
+        done = await finish(claude, made.id)
+        counts = done.request_counts
+        assert (counts.succeeded, counts.errored, counts.processing) == (3, 1, 0)
+        assert done.results_url.endswith(f"/v1/messages/batches/{made.id}/results")
+        got = await results(claude, made.id)
+        assert got["bad"].type == "errored" and "messages" in got["bad"].error.error.message
+        alone = await ask(claude, 0, 2)
+        assert got["d0-q2"].type == "succeeded"
+        assert got["d0-q2"].message.content[0].text == alone.content[0].text
+        listed = [b.id async for b in claude.messages.batches.list(limit=10)]
+        assert listed == [made.id]
+        beta = client(base_url, "beta")
+        assert [b.id async for b in beta.messages.batches.list()] == []
+        with pytest.raises(anthropic.NotFoundError):
+            await beta.messages.batches.retrieve(made.id)
+        with pytest.raises(anthropic.NotFoundError):
+            await beta.messages.batches.delete(made.id)
+        deleted = await claude.messages.batches.delete(made.id)
+        assert deleted.type == "message_batch_deleted"
+        with pytest.raises(anthropic.NotFoundError):
+            await claude.messages.batches.retrieve(made.id)
+
+
+async def test_cancel_ends_what_has_not_started():
+    async with in_process_gateway(tenants=("acme",)) as (base_url, app):
+        claude = client(base_url, "acme")
+        made = await claude.messages.batches.create(
+            requests=requests((d, q) for d in range(4) for q in range(12)))
+        canceled = await claude.messages.batches.cancel(made.id)
+        assert canceled.processing_status in ("canceling", "ended")
+        assert canceled.cancel_initiated_at is not None
+        with pytest.raises(anthropic.BadRequestError):
+            if canceled.processing_status == "canceling":
+                await claude.messages.batches.delete(made.id)
+            else:
+                raise anthropic.BadRequestError("ended at once", response=None, body=None)
+        done = await finish(claude, made.id)
+        assert done.request_counts.canceled > 0
+        got = await results(claude, made.id)
+        assert len(got) == 48 and {r.type for r in got.values()} <= {"succeeded", "canceled"}
+
+
+async def hit_rate(pairs, batch: bool) -> float:
+    """Cached / prompt tokens of ``pairs`` (document, question) with a KV budget holding
+    about two of the four documents: as one batch, or sent one by one in the given order."""
+    async with in_process_gateway(tenants=("acme",), kv_cache_gb=0.0004) as (base_url, app):
+        claude = client(base_url, "acme")
+        if batch:
+            made = await claude.messages.batches.create(requests=requests(pairs))
+            await finish(claude, made.id, timeout_s=300)
+            usages = [r.message.usage for r in (await results(claude, made.id)).values()]
+        else:
+            usages = [(await ask(claude, d, q)).usage for d, q in pairs]
+    read = sum(u.cache_read_input_tokens for u in usages)
+    return read / sum(u.cache_read_input_tokens + u.input_tokens
+                      + u.cache_creation_input_tokens for u in usages)
+
+
+async def test_a_shuffled_batch_reads_as_much_as_the_same_requests_sorted_by_document():
+    pairs = [(d, q) for d in range(4) for q in range(8)]
+    shuffled = random.Random(7).sample(pairs, len(pairs))
+    in_batch, in_order = await hit_rate(shuffled, True), await hit_rate(pairs, False)
+    unsorted = await hit_rate(shuffled, False)
+    assert in_batch >= 0.95 * in_order, (in_batch, in_order)
+    assert unsorted < 0.8 * in_order, (unsorted, in_order)   # the order matters at this budget
+
+
+async def test_a_restart_resumes_a_batch_without_redoing_finished_requests(tmp_path):
+    cache = {"disk_dir": str(tmp_path / "kv"), "disk_gb": 0.05}
+    pairs = [(d, q) for d in range(4) for q in range(10)]
+    async with in_process_gateway(tenants=("acme",), cache=cache) as (base_url, app):
+        claude = client(base_url, "acme")
+        made = await claude.messages.batches.create(requests=requests(pairs))
+        for _ in range(2000):
+            batch = await claude.messages.batches.retrieve(made.id)
+            if batch.request_counts.succeeded >= 3:
+                break
+            await asyncio.sleep(0.01)
+        before = batch.request_counts.succeeded
+        assert 0 < before < len(pairs)
+    stored = tmp_path / "radixgate-state" / "batches"
+    lines_before = sum(1 for _ in stored.rglob("results.jsonl") for _ in open(_))
+    assert lines_before >= before
+    async with in_process_gateway(tenants=("acme",), cache=cache) as (base_url, app):
+        claude = client(base_url, "acme")
+        done = await finish(claude, made.id)
+        got = await results(claude, made.id)
+    assert done.request_counts.succeeded == len(pairs) and len(got) == len(pairs)
+    lines = [line for path in stored.rglob("results.jsonl") for line in open(path)]
+    assert len(lines) == len(pairs)                    # nothing ran twice
