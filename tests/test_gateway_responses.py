@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from radixgate.gateway.anthropic.messages import MessageStream, message_body, usage_body
-from radixgate.gateway.openai.chat import ChatStream, _chat_body
+from radixgate.gateway.openai.chat import ChatStream, chat_body
 from radixgate.gateway.prompt_parts import ConvertedPrompt
 from radixgate.gateway.render import Conversation
 from radixgate.gateway.tools import forced_call_prefill
@@ -52,19 +52,19 @@ def test_forced_tool_prefill_is_part_of_the_parsed_answer():
     forced = ConvertedPrompt(Conversation(), ("get_weather",), prefix)
     body = message_body("m", "m", forced, finished('{"city": "Rome"}}</tool_call>'))
     assert body["content"][0]["input"] == {"city": "Rome"}
-    chat = _chat_body("c", "gpt", forced, [finished('{"city": "Rome"}}</tool_call>')])
+    chat = chat_body("c", "gpt", forced, [finished('{"city": "Rome"}}</tool_call>')])
     call = chat["choices"][0]["message"]["tool_calls"][0]
     assert json.loads(call["function"]["arguments"]) == {"city": "Rome"}
     assert chat["choices"][0]["finish_reason"] == "tool_calls"
 
 
 def test_openai_chat_body_usage_and_tool_calls():
-    body = _chat_body("chatcmpl-1", "gpt-4o", WITH_TOOLS, [finished(CALL)])
+    body = chat_body("chatcmpl-1", "gpt-4o", WITH_TOOLS, [finished(CALL)])
     message = body["choices"][0]["message"]
     assert message["content"] is None and message["tool_calls"][0]["id"].startswith("call_")
     assert body["usage"]["prompt_tokens_details"]["cached_tokens"] == 60
     assert body["usage"]["total_tokens"] == 107
-    plain = _chat_body("c", "g", NO_TOOLS, [finished("hello", FinishReason.LENGTH)])
+    plain = chat_body("c", "g", NO_TOOLS, [finished("hello", FinishReason.LENGTH)])
     assert plain["choices"][0]["message"]["content"] == "hello"
     assert plain["choices"][0]["finish_reason"] == "length"
 

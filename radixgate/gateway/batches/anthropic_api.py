@@ -21,18 +21,13 @@ from pydantic import ValidationError
 from radixgate.gateway.anthropic.convert import convert_messages_request
 from radixgate.gateway.anthropic.messages import message_body
 from radixgate.gateway.anthropic.schemas import MessagesRequest
-from radixgate.gateway.auth import ADMIN_TENANT, Principal
+from radixgate.gateway.batches.execute import principal_for, run_request
 from radixgate.gateway.batches.runner import BatchApi
 from radixgate.gateway.batches.store import (MAX_OPEN_PER_TENANT, MAX_REQUESTS,
                                              MAX_STORED_BYTES, Batch)
-from radixgate.gateway.config import TenantConfig
-from radixgate.gateway.constraints import compile_constraint
 from radixgate.gateway.errors import Api, ApiError, Kind
 from radixgate.gateway.http_util import (principal_of, read_json, state_of,
                                          validation_message)
-from radixgate.gateway.service import (answer_tokens, engine_request, finished_error,
-                                       render_request, reserved_for, sampling_params)
-from radixgate.runtime.engine.api import BATCH_PRIORITY, Finished
 
 CUSTOM_ID = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 BATCHES = web.AppKey("batch_state", dict)     # {"store": BatchStore, "runner": BatchRunner}
@@ -45,15 +40,6 @@ def rfc3339(seconds: float | None) -> str | None:
 
 
 # -- the work ----------------------------------------------------------------------------
-def principal_for(state, batch: Batch) -> Principal:
-    """Who a batch's requests run as (rebuilt after a restart from its tenant)."""
-    config = state.keyring.tenants.get(batch.tenant)
-    if config is None:
-        config = TenantConfig(name=batch.tenant or ADMIN_TENANT, max_running=1 << 30,
-                              max_pinned_tokens=1 << 60, requests_per_minute=0)
-    return Principal(batch.tenant, bool(batch.extra.get("admin")), config)
-
-
 def anthropic_api(state) -> BatchApi:
     async def execute(batch: Batch, line: dict) -> tuple[str, dict]:
         try:
@@ -80,8 +66,8 @@ def group_key(line: dict) -> str:
 
 
 async def run_message(state, batch: Batch, line: dict) -> dict:
-    """One request of a batch through the same steps as POST /v1/messages (without its
-    HTTP request), at batch priority; the answer as Anthropic's ``succeeded`` result."""
+    """One request of a batch as POST /v1/messages answers it, at batch priority; the
+    answer as Anthropic's ``succeeded`` result."""
     try:
         body = MessagesRequest.model_validate(line["params"])
     except ValidationError as e:
@@ -89,27 +75,13 @@ async def run_message(state, batch: Batch, line: dict) -> dict:
     if body.stream:
         raise ApiError(Kind.BAD_REQUEST, "params.stream: a batch request cannot stream")
     state.resolve_model(body.model)
-    principal = principal_for(state, batch)
+    principal = principal_for(state, batch.tenant, bool(batch.extra.get("admin")))
     converted = convert_messages_request(body)
-    grammar = await compile_constraint(state, principal.tenant, converted.constraint)
-    prompt = await render_request(state, principal, converted,
-                                  reserved_for(state, body.max_tokens))
-    sampling = sampling_params(body, max_tokens=answer_tokens(state, body.max_tokens,
-                                                              len(prompt.tokens)),
-                               stop=body.stop_sequences)
-    request = await engine_request(state, principal, f"{batch.id}-{line['custom_id']}",
-                                   prompt.tokens, prompt.breakpoints, sampling,
-                                   body.cache_salt, grammar)
-    request.priority = BATCH_PRIORITY
-    finished = None
-    async for event in state.require_engine().submit(request):
-        if isinstance(event, Finished):
-            finished = event
-    error = finished_error(finished)
-    state.book.record(principal.tenant, finished.usage, error is None)
-    if error is not None:
-        raise error
-    message = message_body("msg_" + request.request_id.replace("-", "_")[-24:], body.model,
+    request_id = f"{batch.id}-{line['custom_id']}"
+    finished = await run_request(state, principal, request_id, converted, body,
+                                 max_tokens=body.max_tokens, stop=body.stop_sequences,
+                                 cache_salt=body.cache_salt)
+    message = message_body("msg_" + request_id.replace("-", "_")[-24:], body.model,
                            converted, finished)
     return {"result": {"type": "succeeded", "message": message}}
 

@@ -72,7 +72,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         return await _stream_chat(request, generations, completion_id, body.model, converted,
                                   include_usage, token_bytes)
     finished = await results(generations)
-    response_body = _chat_body(completion_id, body.model, converted, finished, token_bytes)
+    response_body = chat_body(completion_id, body.model, converted, finished, token_bytes)
     if body.prompt_cache_retention is not None:
         response_body["prompt_cache_retention"] = body.prompt_cache_retention
     for generation, choice in zip(generations, response_body["choices"]):
@@ -96,7 +96,7 @@ async def _stream_chat(request, generations, completion_id, model, converted, in
     return await stream_choices(request, generations, streams, closing)
 
 
-def _chat_body(completion_id: str, model: str, converted: ConvertedPrompt,
+def chat_body(completion_id: str, model: str, converted: ConvertedPrompt,
                finished: list[Finished], token_bytes=None) -> dict:
     """One choice per finished request (``n``); ``token_bytes`` set: the request asked for
     logprobs (radixgate/gateway/openai/logprobs.py)."""
