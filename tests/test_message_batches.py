@@ -149,3 +149,49 @@ async def test_a_restart_resumes_a_batch_without_redoing_finished_requests(tmp_p
     assert done.request_counts.succeeded == len(pairs) and len(got) == len(pairs)
     lines = [line for path in stored.rglob("results.jsonl") for line in open(path)]
     assert len(lines) == len(pairs)                    # nothing ran twice
+
+
+async def test_the_openai_sdk_flow_with_a_bad_line_in_the_error_file(tmp_path):
+    import json as json_module
+
+    import openai
+    lines = [{"custom_id": f"q{i}", "method": "POST", "url": "/v1/chat/completions",
+              "body": {"model": "gpt-4o-mini", "max_tokens": 2, "temperature": 0.0,
+                       "messages": [{"role": "system", "content": DOCS[i % 2]},
+                                    {"role": "user", "content": f"Question {i}?"}]}}
+             for i in range(4)]
+    text = "".join(json_module.dumps(line) + "\n" for line in lines) + "not json\n"
+    path = tmp_path / "input.jsonl"
+    path.write_text(text)
+    async with in_process_gateway(tenants=("acme", "beta")) as (base_url, app):
+        gpt = openai.AsyncOpenAI(base_url=base_url + "/v1", api_key=tenant_key("acme"),
+                                 max_retries=0)
+        uploaded = await gpt.files.create(file=path.open("rb"), purpose="batch")
+        assert uploaded.bytes == len(text.encode())
+        assert (await gpt.files.content(uploaded.id)).text == text
+        made = await gpt.batches.create(input_file_id=uploaded.id,
+                                        endpoint="/v1/chat/completions",
+                                        completion_window="24h")
+        for _ in range(2400):
+            batch = await gpt.batches.retrieve(made.id)
+            if batch.status == "completed":
+                break
+            await asyncio.sleep(0.05)
+        assert batch.request_counts.total == 5 and batch.request_counts.completed == 4
+        assert batch.request_counts.failed == 1
+        output = [json_module.loads(x) for x in
+                  (await gpt.files.content(batch.output_file_id)).text.splitlines()]
+        assert sorted(o["custom_id"] for o in output) == ["q0", "q1", "q2", "q3"]
+        assert all(o["response"]["status_code"] == 200 for o in output)
+        errors = [json_module.loads(x) for x in
+                  (await gpt.files.content(batch.error_file_id)).text.splitlines()]
+        assert errors[0]["custom_id"] == "line-5"
+        assert errors[0]["response"]["status_code"] == 400
+        assert [b.id async for b in gpt.batches.list()] == [made.id]
+        beta = openai.AsyncOpenAI(base_url=base_url + "/v1", api_key=tenant_key("beta"),
+                                  max_retries=0)
+        with pytest.raises(openai.NotFoundError):
+            await beta.batches.retrieve(made.id)
+        with pytest.raises(openai.NotFoundError):
+            await beta.files.content(uploaded.id)
+        assert [b.id async for b in beta.batches.list()] == []

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from radixgate.gateway.batches import anthropic_api
+from radixgate.gateway.batches import anthropic_api, openai_api
 from radixgate.gateway.batches.anthropic_api import BATCHES
 from radixgate.gateway.batches.runner import BatchRunner
 from radixgate.gateway.batches.store import BatchStore
@@ -15,10 +15,12 @@ from radixgate.gateway.state_dir import state_folder
 def add_routes(app: web.Application) -> None:
     state = app[STATE]
     store = BatchStore(state_folder(state.config))
-    runner = BatchRunner(store, {"anthropic": anthropic_api.anthropic_api(state)},
+    runner = BatchRunner(store, {"anthropic": anthropic_api.anthropic_api(state),
+                                 "openai": openai_api.openai_api(state)},
                          ready=lambda: state.ready and not state.draining)
     app[BATCHES] = {"store": store, "runner": runner}
     anthropic_api.add_routes(app)
+    openai_api.add_routes(app)
 
     async def start(app: web.Application) -> None:
         runner.start()
