@@ -11,7 +11,7 @@ import random
 import anthropic
 import pytest
 
-from tests.support.inproc import in_process_gateway
+from tests.support.inproc import engine_of, in_process_gateway
 from tests.support.server import tenant_key
 
 DOCS = [" ".join(f"Document {d} clause {i}: blocks are shared by reference." for i in range(24))
@@ -63,6 +63,8 @@ async def test_the_sdk_flow_and_a_bad_request_failing_alone():
         counts = done.request_counts
         assert (counts.succeeded, counts.errored, counts.processing) == (3, 1, 0)
         assert done.results_url.endswith(f"/v1/messages/batches/{made.id}/results")
+        snap = engine_of(app).request_snapshot().result(timeout=30)
+        assert snap.tree.pinned_tokens == 0                 # the group's pin went with it
         got = await results(claude, made.id)
         assert got["bad"].type == "errored" and "messages" in got["bad"].error.error.message
         alone = await ask(claude, 0, 2)
@@ -195,3 +197,29 @@ async def test_the_openai_sdk_flow_with_a_bad_line_in_the_error_file(tmp_path):
         with pytest.raises(openai.NotFoundError):
             await beta.files.content(uploaded.id)
         assert [b.id async for b in beta.batches.list()] == []
+
+
+async def test_a_groups_system_part_is_pinned_while_its_requests_run():
+    """The first request of a group to finish pins the shared system part for the others;
+    the last one out unpins it (so finished groups hold no memory)."""
+    from concurrent.futures import Future
+    from types import SimpleNamespace
+
+    from radixgate.gateway.batches.execute import GroupPins
+    calls = []
+
+    def done(value):
+        future = Future()
+        future.set_result(value)
+        return future
+    engine = SimpleNamespace(pin=lambda ns, tokens, ttl, owner: calls.append(("pin", ns)) or done(1),
+                             unpin=lambda ns, tokens: calls.append(("unpin", ns)) or done(True))
+    state = SimpleNamespace(require_engine=lambda: engine)
+    pins, key = GroupPins(), ("ns-acme", "batch:1")
+    for _ in range(3):
+        pins.enter(key)
+    await pins.leave(state, key, [1, 2, 3], "acme", ok=True)
+    await pins.leave(state, key, [1, 2, 3], "acme", ok=True)
+    assert calls == [("pin", "ns-acme")]
+    await pins.leave(state, key, [1, 2, 3], "acme", ok=True)
+    assert calls == [("pin", "ns-acme"), ("unpin", "ns-acme")] and not pins.running

@@ -21,7 +21,7 @@ from pydantic import ValidationError
 from radixgate.gateway.anthropic.convert import convert_messages_request
 from radixgate.gateway.anthropic.messages import message_body
 from radixgate.gateway.anthropic.schemas import MessagesRequest
-from radixgate.gateway.batches.execute import principal_for, run_request
+from radixgate.gateway.batches.execute import GroupPins, principal_for, run_request
 from radixgate.gateway.batches.runner import BatchApi
 from radixgate.gateway.batches.store import (MAX_OPEN_PER_TENANT, MAX_REQUESTS,
                                              MAX_STORED_BYTES, Batch)
@@ -40,10 +40,10 @@ def rfc3339(seconds: float | None) -> str | None:
 
 
 # -- the work ----------------------------------------------------------------------------
-def anthropic_api(state) -> BatchApi:
+def anthropic_api(state, pins: GroupPins | None = None) -> BatchApi:
     async def execute(batch: Batch, line: dict) -> tuple[str, dict]:
         try:
-            return "succeeded", await run_message(state, batch, line)
+            return "succeeded", await run_message(state, batch, line, pins)
         except ApiError as error:
             return "errored", {"result": {"type": "errored", "error": error.body(Api.ANTHROPIC)}}
     return BatchApi(execute, ended, group_key)
@@ -65,7 +65,7 @@ def group_key(line: dict) -> str:
                       sort_keys=True, ensure_ascii=False)
 
 
-async def run_message(state, batch: Batch, line: dict) -> dict:
+async def run_message(state, batch: Batch, line: dict, pins: GroupPins | None = None) -> dict:
     """One request of a batch as POST /v1/messages answers it, at batch priority; the
     answer as Anthropic's ``succeeded`` result."""
     try:
@@ -80,7 +80,7 @@ async def run_message(state, batch: Batch, line: dict) -> dict:
     request_id = f"{batch.id}-{line['custom_id']}"
     finished = await run_request(state, principal, request_id, converted, body,
                                  max_tokens=body.max_tokens, stop=body.stop_sequences,
-                                 cache_salt=body.cache_salt)
+                                 cache_salt=body.cache_salt, pins=pins)
     message = message_body("msg_" + request_id.replace("-", "_")[-24:], body.model,
                            converted, finished)
     return {"result": {"type": "succeeded", "message": message}}

@@ -21,7 +21,7 @@ from aiohttp import web
 from pydantic import ValidationError
 
 from radixgate.gateway.batches.anthropic_api import BATCHES, rfc3339
-from radixgate.gateway.batches.execute import principal_for, run_request
+from radixgate.gateway.batches.execute import GroupPins, principal_for, run_request
 from radixgate.gateway.batches.runner import BatchApi
 from radixgate.gateway.batches.store import MAX_OPEN_PER_TENANT, MAX_REQUESTS, Batch
 from radixgate.gateway.errors import Api, ApiError, Kind
@@ -38,10 +38,10 @@ STATUS = {"in_progress": "in_progress", "canceling": "cancelling"}
 
 
 # -- the work ----------------------------------------------------------------------------
-def openai_api(state) -> BatchApi:
+def openai_api(state, pins: GroupPins | None = None) -> BatchApi:
     async def execute(batch: Batch, line: dict) -> tuple[str, dict]:
         try:
-            return "succeeded", await run_chat(state, batch, line)
+            return "succeeded", await run_chat(state, batch, line, pins)
         except ApiError as error:
             return "errored", error_line(line, error)
     return BatchApi(execute, ended, group_key)
@@ -75,7 +75,7 @@ def group_key(line: dict) -> str:
                       ensure_ascii=False)
 
 
-async def run_chat(state, batch: Batch, line: dict) -> dict:
+async def run_chat(state, batch: Batch, line: dict, pins: GroupPins | None = None) -> dict:
     if line.get("invalid"):
         raise ApiError(Kind.BAD_REQUEST, line["invalid"])
     try:
@@ -90,7 +90,7 @@ async def run_chat(state, batch: Batch, line: dict) -> dict:
     request_id = f"{batch.id}-{line['custom_id']}"
     finished = await run_request(state, principal, request_id, converted, body,
                                  max_tokens=body.max_completion_tokens or body.max_tokens,
-                                 stop=body.stop, cache_salt=body.cache_salt)
+                                 stop=body.stop, cache_salt=body.cache_salt, pins=pins)
     chat = chat_body("chatcmpl-" + secrets.token_hex(12), body.model or served, converted,
                      [finished])
     return {"id": _line_id(), "response": {"status_code": 200, "request_id": request_id,

@@ -6,6 +6,7 @@ from aiohttp import web
 
 from radixgate.gateway.batches import anthropic_api, openai_api
 from radixgate.gateway.batches.anthropic_api import BATCHES
+from radixgate.gateway.batches.execute import GroupPins
 from radixgate.gateway.batches.runner import BatchRunner
 from radixgate.gateway.batches.store import BatchStore
 from radixgate.gateway.http_util import STATE
@@ -15,8 +16,9 @@ from radixgate.gateway.state_dir import state_folder
 def add_routes(app: web.Application) -> None:
     state = app[STATE]
     store = BatchStore(state_folder(state.config))
-    runner = BatchRunner(store, {"anthropic": anthropic_api.anthropic_api(state),
-                                 "openai": openai_api.openai_api(state)},
+    pins = GroupPins()                  # one registry: a tenant's groups across both APIs
+    runner = BatchRunner(store, {"anthropic": anthropic_api.anthropic_api(state, pins),
+                                 "openai": openai_api.openai_api(state, pins)},
                          ready=lambda: state.ready and not state.draining)
     app[BATCHES] = {"store": store, "runner": runner}
     anthropic_api.add_routes(app)
