@@ -223,3 +223,62 @@ async def test_a_groups_system_part_is_pinned_while_its_requests_run():
     assert calls == [("pin", "ns-acme")]
     await pins.leave(state, key, [1, 2, 3], "acme", ok=True)
     assert calls == [("pin", "ns-acme"), ("unpin", "ns-acme")] and not pins.running
+
+
+async def test_unfinished_requests_expire_with_the_window_and_limits_are_400s(tmp_path):
+    from radixgate.gateway.batches.runner import BatchApi, BatchRunner
+    from radixgate.gateway.batches.store import COMPLETION_WINDOW_S, BatchStore
+    now = [1000.0]
+    store = BatchStore(tmp_path, clock=lambda: now[0])
+    api = BatchApi(execute=None, ended=lambda outcome, line: {"result": {"type": outcome}},
+                   group_key=lambda line: "")
+    runner = BatchRunner(store, {"anthropic": api}, ready=lambda: False)
+    batch = store.create("anthropic", "acme", [{"custom_id": f"r{i}", "params": {}}
+                                              for i in range(3)])
+    runner.add(batch)
+    now[0] += COMPLETION_WINDOW_S + 1
+    runner._expire()
+    assert batch.status == "ended" and batch.counts["expired"] == 3
+    assert [r["body"]["result"]["type"] for r in store.results(batch)] == ["expired"] * 3
+    reloaded = BatchStore(tmp_path, clock=lambda: now[0]).batches[batch.id]
+    assert reloaded.counts["expired"] == 3 and reloaded.status == "ended"
+    async with in_process_gateway(tenants=("acme",)) as (base_url, app):
+        claude = client(base_url, "acme")
+        for bad in ([], [{"custom_id": "x y", "params": {}}],
+                    [{"custom_id": "a", "params": {}}, {"custom_id": "a", "params": {}}]):
+            with pytest.raises(anthropic.BadRequestError):
+                await claude.messages.batches.create(requests=bad)
+
+
+async def test_kill_9_mid_batch_loses_no_finished_result(tmp_path):
+    """A server killed with SIGKILL while a batch runs: a new one on the same state folder
+    keeps every result it had stored, runs the rest, and no request runs twice."""
+    from tests.support.server import ServerProcess, ServerSpec
+    spec = ServerSpec(tenants=("acme",), extra_args=("--state-dir", str(tmp_path / "state")))
+    pairs = [(d, q) for d in range(4) for q in range(15)]
+    stored = tmp_path / "state" / "batches"
+    (tmp_path / "one").mkdir()
+    server = ServerProcess(spec, tmp_path / "one").start()
+    try:
+        claude = client(server.base_url, "acme")
+        made = await claude.messages.batches.create(requests=requests(pairs))
+        for _ in range(4000):
+            lines = [x for p in stored.rglob("results.jsonl") for x in open(p)]
+            if len(lines) >= 5:
+                break
+            await asyncio.sleep(0.005)
+    finally:
+        server.kill()
+    kept = {x for p in stored.rglob("results.jsonl") for x in open(p)}
+    assert 5 <= len(kept) < len(pairs)
+    (tmp_path / "two").mkdir()
+    restarted = ServerProcess(spec, tmp_path / "two").start()
+    try:
+        claude = client(restarted.base_url, "acme")
+        done = await finish(claude, made.id)
+        got = await results(claude, made.id)
+    finally:
+        restarted.stop()
+    lines = [x for p in stored.rglob("results.jsonl") for x in open(p)]
+    assert done.request_counts.succeeded == len(pairs) == len(got) == len(lines)
+    assert kept <= set(lines)                          # the stored results, as they were
