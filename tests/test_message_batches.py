@@ -190,6 +190,22 @@ async def test_the_openai_sdk_flow_with_a_bad_line_in_the_error_file(tmp_path):
         assert errors[0]["custom_id"] == "line-5"
         assert errors[0]["response"]["status_code"] == 400
         assert [b.id async for b in gpt.batches.list()] == [made.id]
+        plain = [{"custom_id": f"c{i}", "method": "POST", "url": "/v1/completions",
+                  "body": {"model": "gpt-4o-mini", "prompt": DOCS[0] + f" Q{i}",
+                           "max_tokens": 2, "temperature": 0.0}} for i in range(2)]
+        (tmp_path / "plain.jsonl").write_text("".join(json_module.dumps(x) + "\n" for x in plain))
+        second = await gpt.batches.create(
+            input_file_id=(await gpt.files.create(file=(tmp_path / "plain.jsonl").open("rb"),
+                                                  purpose="batch")).id,
+            endpoint="/v1/completions", completion_window="24h")
+        for _ in range(2400):
+            second = await gpt.batches.retrieve(second.id)
+            if second.status == "completed":
+                break
+            await asyncio.sleep(0.05)
+        texts = [json_module.loads(x)["response"]["body"]["choices"][0]["text"] for x in
+                 (await gpt.files.content(second.output_file_id)).text.splitlines()]
+        assert second.request_counts.completed == 2 and len(texts) == 2
         beta = openai.AsyncOpenAI(base_url=base_url + "/v1", api_key=tenant_key("beta"),
                                   max_retries=0)
         with pytest.raises(openai.NotFoundError):

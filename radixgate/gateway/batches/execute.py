@@ -14,6 +14,7 @@ import hashlib
 from radixgate.gateway.auth import ADMIN_TENANT, Principal
 from radixgate.gateway.config import TenantConfig
 from radixgate.gateway.constraints import compile_constraint
+from radixgate.gateway.render import RenderedPrompt
 from radixgate.gateway.service import (answer_tokens, engine_request, finished_error,
                                        render_request, reserved_for, sampling_params)
 from radixgate.runtime.engine.api import BATCH_PRIORITY, Finished
@@ -59,10 +60,18 @@ def principal_for(state, tenant: str, admin: bool) -> Principal:
 
 async def run_request(state, principal: Principal, request_id: str, converted, body, *,
                       max_tokens: int | None, stop, cache_salt: str | None,
-                      pins: GroupPins | None = None) -> Finished:
-    """``converted`` (the API's ConvertedPrompt) answered; ApiError when it fails."""
-    grammar = await compile_constraint(state, principal.tenant, converted.constraint)
-    prompt = await render_request(state, principal, converted, reserved_for(state, max_tokens))
+                      pins: GroupPins | None = None, tokens: list[int] | None = None,
+                      constraint=None) -> Finished:
+    """``converted`` (the API's ConvertedPrompt) answered, or ``tokens`` (a prompt the API
+    tokenized itself, with its ``constraint``); ApiError when it fails."""
+    if converted is not None:
+        constraint = converted.constraint
+    grammar = await compile_constraint(state, principal.tenant, constraint)
+    if converted is not None:
+        prompt = await render_request(state, principal, converted,
+                                      reserved_for(state, max_tokens))
+    else:
+        prompt = RenderedPrompt(list(tokens), (), "")
     sampling = sampling_params(body, max_tokens=answer_tokens(state, max_tokens,
                                                               len(prompt.tokens)), stop=stop)
     group = group_end(converted, prompt)
@@ -94,6 +103,8 @@ async def run_request(state, principal: Principal, request_id: str, converted, b
 def group_end(converted, prompt) -> int:
     """Tokens of the prompt's system part (tools and system text: what a group shares);
     0 without one."""
+    if converted is None:
+        return 0
     pieces = len(converted.conversation.system)
     ends = prompt.segment_ends
     return ends[pieces - 1] if pieces and len(ends) >= pieces else 0

@@ -3,8 +3,9 @@ GET /v1/files/{id}/content, DELETE /v1/files/{id}; POST /v1/batches, GET /v1/bat
 GET /v1/batches/{id}, POST /v1/batches/{id}/cancel.
 
 An input file is JSONL, one ``{"custom_id", "method": "POST", "url", "body"}`` a line, at
-most ``MAX_FILE_BYTES``; a batch runs it against its ``endpoint`` (``/v1/chat/completions``;
-``completion_window`` 24h). A line that does not parse, names another endpoint or has a bad
+most ``MAX_FILE_BYTES``; a batch runs it against its ``endpoint`` (``/v1/chat/completions``,
+``/v1/completions`` (one prompt a line); ``completion_window`` 24h; ``/v1/responses`` is
+not served in batches yet). A line that does not parse, names another endpoint or has a bad
 body gets its own line in the error file; the batch goes on. The output and error files are
 read from the batch's stored results (``file-out-<batch>``, ``file-err-<batch>``), each line
 OpenAI's ``{"id", "custom_id", "response": {"status_code", "request_id", "body"}, "error"}``.
@@ -26,13 +27,18 @@ from radixgate.gateway.batches.runner import BatchApi
 from radixgate.gateway.batches.store import MAX_OPEN_PER_TENANT, MAX_REQUESTS, Batch
 from radixgate.gateway.errors import Api, ApiError, Kind
 from radixgate.gateway.http_util import principal_of, read_json, state_of, validation_message
+from radixgate.gateway.constraint_fields import openai_constraint
 from radixgate.gateway.openai.chat import chat_body
+from radixgate.gateway.openai.choices import batched_usage
+from radixgate.gateway.openai.completions import completion_choice, prompt_token_lists
+from radixgate.gateway.prepare import room_for_prompt
+from radixgate.gateway.service import reserved_for
 from radixgate.gateway.openai.convert import convert_chat_request
-from radixgate.gateway.openai.schemas import ChatCompletionRequest
+from radixgate.gateway.openai.schemas import ChatCompletionRequest, CompletionRequest
 from radixgate.gateway.batches.store import tenant_key
 from radixgate.gateway.state_dir import private_folder, write_private
 
-ENDPOINTS = ("/v1/chat/completions",)
+ENDPOINTS = ("/v1/chat/completions", "/v1/completions")
 MAX_FILE_BYTES = 100 << 20
 STATUS = {"in_progress": "in_progress", "canceling": "cancelling"}
 
@@ -41,7 +47,7 @@ STATUS = {"in_progress": "in_progress", "canceling": "cancelling"}
 def openai_api(state, pins: GroupPins | None = None) -> BatchApi:
     async def execute(batch: Batch, line: dict) -> tuple[str, dict]:
         try:
-            return "succeeded", await run_chat(state, batch, line, pins)
+            return "succeeded", await run_line(state, batch, line, pins)
         except ApiError as error:
             return "errored", error_line(line, error)
     return BatchApi(execute, ended, group_key)
@@ -71,13 +77,49 @@ def group_key(line: dict) -> str:
     body = line.get("params") or {}
     if not isinstance(body, dict):
         return ""
-    return json.dumps([body.get("tools"), body.get("messages")], sort_keys=True,
-                      ensure_ascii=False)
+    return json.dumps([body.get("tools"), body.get("messages"), body.get("prompt")],
+                      sort_keys=True, ensure_ascii=False)
+
+
+async def run_line(state, batch: Batch, line: dict, pins: GroupPins | None = None) -> dict:
+    if line.get("invalid"):
+        raise ApiError(Kind.BAD_REQUEST, line["invalid"])
+    if batch.extra["endpoint"] == "/v1/completions":
+        return await run_completion(state, batch, line)
+    return await run_chat(state, batch, line, pins)
+
+
+async def run_completion(state, batch: Batch, line: dict) -> dict:
+    """One /v1/completions request of a batch: one prompt, one choice, unstreamed."""
+    try:
+        body = CompletionRequest.model_validate(line["params"])
+    except ValidationError as e:
+        raise ApiError(Kind.BAD_REQUEST, "body: " + validation_message(e)) from None
+    if body.stream or body.n != 1 or body.logprobs is not None or body.suffix:
+        raise ApiError(Kind.BAD_REQUEST, "body: a batch completion runs one choice, "
+                       "unstreamed, without logprobs or suffix")
+    served = state.resolve_model(body.model)
+    principal = principal_for(state, batch.tenant, bool(batch.extra.get("admin")))
+    max_tokens = body.max_tokens or 16
+    room = room_for_prompt(state.require_engine().max_model_len, reserved_for(state, max_tokens))
+    token_lists = prompt_token_lists(state, body, room, reserved_for(state, max_tokens))
+    if len(token_lists) != 1:
+        raise ApiError(Kind.BAD_REQUEST, "body.prompt: one prompt a batch line")
+    request_id = f"{batch.id}-{line['custom_id']}"
+    finished = await run_request(state, principal, request_id, None, body,
+                                 max_tokens=max_tokens, stop=body.stop,
+                                 cache_salt=body.cache_salt, tokens=token_lists[0],
+                                 constraint=openai_constraint(body))
+    echo = state.tokenizer.decode(token_lists[0]) if body.echo else ""
+    completion = {"id": "cmpl-" + secrets.token_hex(12), "object": "text_completion",
+                  "created": int(time.time()), "model": body.model or served,
+                  "choices": [completion_choice(0, finished, None, echo, [])],
+                  "usage": batched_usage([finished], 1), "system_fingerprint": None}
+    return {"id": _line_id(), "response": {"status_code": 200, "request_id": request_id,
+                                           "body": completion}, "error": None}
 
 
 async def run_chat(state, batch: Batch, line: dict, pins: GroupPins | None = None) -> dict:
-    if line.get("invalid"):
-        raise ApiError(Kind.BAD_REQUEST, line["invalid"])
     try:
         body = ChatCompletionRequest.model_validate(line["params"])
     except ValidationError as e:

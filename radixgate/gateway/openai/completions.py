@@ -35,7 +35,7 @@ def _ask(state, principal, body: CompletionRequest) -> Ask:
     _check_options(body)
 
     def tokenize(room: int, reserved: int) -> list[list[int]]:
-        return _prompt_token_lists(state, body, room, reserved)
+        return prompt_token_lists(state, body, room, reserved)
 
     return Ask("openai", body, constraint=openai_constraint(body), tokenize=tokenize,
                max_tokens=body.max_tokens or 16, stop=body.stop, n=body.n,
@@ -58,7 +58,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
                              token_bytes, echoes)
     finished = await results(generations)
     prompt_ids = [tokens if body.echo else [] for tokens in prompts for _ in range(body.n)]
-    choices = [_choice(i, f, token_bytes, echo, ids) for i, (f, echo, ids)
+    choices = [completion_choice(i, f, token_bytes, echo, ids) for i, (f, echo, ids)
                in enumerate(zip(finished, echoes, prompt_ids))]
     response_body = {"id": completion_id, "object": "text_completion",
                      "created": int(time.time()), "model": body.model, "choices": choices,
@@ -74,7 +74,7 @@ def _check_options(body: CompletionRequest) -> None:
                        "fill-in-the-middle mode", param="suffix")
 
 
-def _choice(index: int, finished: Finished, token_bytes, echo: str,
+def completion_choice(index: int, finished: Finished, token_bytes, echo: str,
             prompt_ids: list[int]) -> dict:
     """``echo``: the prompt's text first; with logprobs, its tokens' (the first null)."""
     logprobs = None
@@ -106,7 +106,7 @@ async def _stream(request, generations, body, completion_id, include_usage, toke
 
 # -- prompts ------------------------------------------------------------------------------
 
-def _prompt_token_lists(state, body: CompletionRequest, room: int,
+def prompt_token_lists(state, body: CompletionRequest, room: int,
                         max_tokens: int) -> list[list[int]]:
     """Every prompt's token ids; 400 when one cannot fit ``room`` (a text's cheap length
     bound is checked before it is tokenized)."""
