@@ -30,6 +30,7 @@ from radixgate.gateway.http_util import (principal_of, read_json, state_of,
                                          validation_message)
 
 CUSTOM_ID = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
+MAX_BATCH_BYTES = 64 << 20      # a batch's body (the server's max_body_bytes is for requests)
 BATCHES = web.AppKey("batch_state", dict)     # {"store": BatchStore, "runner": BatchRunner}
 
 
@@ -150,6 +151,7 @@ def _lines(data) -> list[dict]:
 
 async def create(request: web.Request) -> web.Response:
     principal, state = principal_of(request), state_of(request)
+    request = request.clone(client_max_size=max(MAX_BATCH_BYTES, request.client_max_size))
     lines = _lines(await read_json(request))
     store = _batches(request)["store"]
     if store.open_count(principal.tenant) >= MAX_OPEN_PER_TENANT:

@@ -153,6 +153,8 @@ def file_body(meta: dict) -> dict:
 
 async def upload(request: web.Request) -> web.Response:
     principal = principal_of(request)
+    request = request.clone(client_max_size=max(MAX_FILE_BYTES + (1 << 20),
+                                                request.client_max_size))
     form = await request.post()
     if form.get("purpose") != "batch":
         raise ApiError(Kind.BAD_REQUEST, "purpose: only 'batch' files are kept here",
