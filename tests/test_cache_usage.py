@@ -5,7 +5,6 @@ the day and tenant bounds hold, and bad query strings are 400s in the API's form
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import csv
 import io
 import json
@@ -16,19 +15,13 @@ import time
 
 import aiohttp
 import pytest
-from aiohttp.test_utils import TestServer
 
-from radixgate.gateway.app import create_app
 from radixgate.gateway.cache_usage import CSV_COLUMNS, to_csv
-from radixgate.gateway.config import config_from_dict
-from radixgate.gateway.http_util import STATE
-from radixgate.gateway.state import engine_config
 from radixgate.gateway.usage_book import UsageBook
 from radixgate.gateway.usage_history import FIELDS, UsageLedger, format_day, parse_date
 from radixgate.runtime.engine.api import Usage
-from radixgate.runtime.engine.engine import Engine
 from tests.support import client as c
-from tests.support.engine import tiny_model
+from tests.support.inproc import in_process_gateway
 from tests.support.server import ADMIN_KEY, tenant_key
 
 DAY = 86400.0
@@ -241,25 +234,11 @@ def _wait_for(condition, timeout_s: float = 10.0) -> None:
 
 # ---------------------------------------------------------------- over HTTP
 
-@contextlib.asynccontextmanager
-async def gateway(state_dir, tenants=("acme", "beta"), rpm: dict | None = None):
+def gateway(state_dir, tenants=("acme", "beta"), rpm: dict | None = None):
     """The gateway in process over the shared tiny model, with ``state_dir`` (None: no state
     folder); ``rpm``: requests per minute by tenant (default unlimited). Yields (base, app)."""
-    rpm = rpm or {}
-    config = config_from_dict({
-        "model": {"tiny": True, "max_model_len": 512},
-        "cache": {"kv_cache_gb": 0.002},
-        "server": {"state_dir": str(state_dir) if state_dir else ""},
-        "admin": {"api_keys": [ADMIN_KEY]},
-        "tenants": {t: {"api_keys": [tenant_key(t)], "requests_per_minute": rpm.get(t, 0),
-                        "max_running": 64} for t in tenants}})
-    app = create_app(config, lambda cfg: Engine(tiny_model(), engine_config(cfg)).start())
-    async with TestServer(app, handler_cancellation=True) as server:
-        deadline = time.monotonic() + 120
-        while not app[STATE].ready:
-            assert time.monotonic() < deadline, "in-process engine never became ready"
-            await asyncio.sleep(0.05)
-        yield str(server.make_url("")).rstrip("/"), app
+    return in_process_gateway(tenants=tenants, rpm=rpm,
+                              server={"state_dir": str(state_dir) if state_dir else ""})
 
 
 async def ask(http, key: str, prompt: str, ttl: str | None = None) -> tuple[int, dict]:

@@ -20,15 +20,19 @@ from tests.support.server import ADMIN_KEY, tenant_key
 
 @contextlib.asynccontextmanager
 async def in_process_gateway(tenants=("acme", "beta", "gamma", "delta"), kv_cache_gb=0.002,
-                             max_model_len=512, cache: dict | None = None, model=None):
+                             max_model_len=512, cache: dict | None = None, model=None,
+                             server: dict | None = None, rpm: dict | None = None):
     """Yields (base_url, app) once the engine is ready; shuts it down on exit. ``cache``:
-    more ``[cache]`` keys (a disk tier's ``disk_dir``, ``disk_gb``); ``model``: a
-    LoadedModel to serve (default: the shared tiny one)."""
+    more ``[cache]`` keys (a disk tier's ``disk_dir``, ``disk_gb``); ``server``: more
+    ``[server]`` keys (``state_dir``); ``rpm``: requests per minute by tenant (default
+    unlimited); ``model``: a LoadedModel to serve (default: the shared tiny one)."""
+    rpm = rpm or {}
     config = config_from_dict({
         "model": {"tiny": True, "max_model_len": max_model_len},
         "cache": {"kv_cache_gb": kv_cache_gb, **(cache or {})},
+        "server": dict(server or {}),
         "admin": {"api_keys": [ADMIN_KEY]},
-        "tenants": {t: {"api_keys": [tenant_key(t)], "requests_per_minute": 0,
+        "tenants": {t: {"api_keys": [tenant_key(t)], "requests_per_minute": rpm.get(t, 0),
                         "max_running": 64} for t in tenants}})
     app = create_app(config, lambda cfg: Engine(model or tiny_model(), engine_config(cfg)).start())
     async with TestServer(app, handler_cancellation=True) as server:

@@ -22,7 +22,7 @@ from radixgate.gateway.anthropic.convert import convert_messages_request
 from radixgate.gateway.anthropic.messages import message_body
 from radixgate.gateway.anthropic.schemas import MessagesRequest
 from radixgate.gateway.batches.execute import GroupPins, principal_for, run_request
-from radixgate.gateway.batches.runner import BatchApi
+from radixgate.gateway.batches.runner import BatchApi, prompt_key
 from radixgate.gateway.batches.store import (MAX_OPEN_PER_TENANT, MAX_REQUESTS,
                                              MAX_STORED_BYTES, Batch)
 from radixgate.gateway.errors import Api, ApiError, Kind
@@ -58,12 +58,7 @@ def ended(outcome: str, line: dict) -> dict:
 
 
 def group_key(line: dict) -> str:
-    """Requests sharing system, tools and leading messages sort next to each other."""
-    params = line.get("params") or {}
-    if not isinstance(params, dict):
-        return ""
-    return json.dumps([params.get("tools"), params.get("system"), params.get("messages")],
-                      sort_keys=True, ensure_ascii=False)
+    return prompt_key(line, ("tools", "system", "messages"))
 
 
 async def run_message(state, batch: Batch, line: dict, pins: GroupPins | None = None) -> dict:

@@ -23,7 +23,7 @@ from pydantic import ValidationError
 
 from radixgate.gateway.batches.anthropic_api import BATCHES, rfc3339
 from radixgate.gateway.batches.execute import GroupPins, principal_for, run_request
-from radixgate.gateway.batches.runner import BatchApi
+from radixgate.gateway.batches.runner import BatchApi, prompt_key
 from radixgate.gateway.batches.store import MAX_OPEN_PER_TENANT, MAX_REQUESTS, Batch
 from radixgate.gateway.errors import Api, ApiError, Kind
 from radixgate.gateway.http_util import principal_of, read_json, state_of, validation_message
@@ -74,11 +74,7 @@ def ended(outcome: str, line: dict) -> dict:
 
 
 def group_key(line: dict) -> str:
-    body = line.get("params") or {}
-    if not isinstance(body, dict):
-        return ""
-    return json.dumps([body.get("tools"), body.get("messages"), body.get("prompt")],
-                      sort_keys=True, ensure_ascii=False)
+    return prompt_key(line, ("tools", "messages", "prompt"))
 
 
 async def run_line(state, batch: Batch, line: dict, pins: GroupPins | None = None) -> dict:

@@ -15,6 +15,7 @@ rest. A restart resumes every unfinished batch from its stored results
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections import deque
 from dataclasses import dataclass
@@ -147,6 +148,15 @@ class BatchRunner:
             elif batch.status == "canceling":
                 self._maybe_end(batch)
         self.store.sweep()
+
+
+def prompt_key(line: dict, fields: tuple[str, ...]) -> str:
+    """The text a request line's ``params`` fields (tools, system, messages, prompt) make:
+    requests sharing them sort next to each other."""
+    params = line.get("params") or {}
+    if not isinstance(params, dict):
+        return ""
+    return json.dumps([params.get(f) for f in fields], sort_keys=True, ensure_ascii=False)
 
 
 def api_key(apis: dict[str, BatchApi], store: BatchStore, item: tuple[str, dict]) -> str:
