@@ -206,6 +206,25 @@ async def test_the_openai_sdk_flow_with_a_bad_line_in_the_error_file(tmp_path):
         texts = [json_module.loads(x)["response"]["body"]["choices"][0]["text"] for x in
                  (await gpt.files.content(second.output_file_id)).text.splitlines()]
         assert second.request_counts.completed == 2 and len(texts) == 2
+        turns = [{"custom_id": f"r{i}", "method": "POST", "url": "/v1/responses",
+                  "body": {"model": "gpt-4o-mini", "instructions": DOCS[1],
+                           "input": f"Question {i}?", "max_output_tokens": 2,
+                           "temperature": 0.0}} for i in range(2)]
+        (tmp_path / "turns.jsonl").write_text("".join(json_module.dumps(x) + "\n" for x in turns))
+        third = await gpt.batches.create(
+            input_file_id=(await gpt.files.create(file=(tmp_path / "turns.jsonl").open("rb"),
+                                                  purpose="batch")).id,
+            endpoint="/v1/responses", completion_window="24h")
+        for _ in range(2400):
+            third = await gpt.batches.retrieve(third.id)
+            if third.status == "completed":
+                break
+            await asyncio.sleep(0.05)
+        answers = [json_module.loads(x)["response"]["body"] for x in
+                   (await gpt.files.content(third.output_file_id)).text.splitlines()]
+        assert third.request_counts.completed == 2
+        assert all(a["object"] == "response" and a["status"] in ("completed", "incomplete")
+                   for a in answers)
         beta = openai.AsyncOpenAI(base_url=base_url + "/v1", api_key=tenant_key("beta"),
                                   max_retries=0)
         with pytest.raises(openai.NotFoundError):

@@ -4,8 +4,8 @@ GET /v1/batches/{id}, POST /v1/batches/{id}/cancel.
 
 An input file is JSONL, one ``{"custom_id", "method": "POST", "url", "body"}`` a line, at
 most ``MAX_FILE_BYTES``; a batch runs it against its ``endpoint`` (``/v1/chat/completions``,
-``/v1/completions`` (one prompt a line); ``completion_window`` 24h; ``/v1/responses`` is
-not served in batches yet). A line that does not parse, names another endpoint or has a bad
+``/v1/completions`` (one prompt a line), ``/v1/responses`` (first turns, not stored);
+``completion_window`` 24h). A line that does not parse, names another endpoint or has a bad
 body gets its own line in the error file; the batch goes on. The output and error files are
 read from the batch's stored results (``file-out-<batch>``, ``file-err-<batch>``), each line
 OpenAI's ``{"id", "custom_id", "response": {"status_code", "request_id", "body"}, "error"}``.
@@ -34,11 +34,14 @@ from radixgate.gateway.openai.completions import completion_choice, prompt_token
 from radixgate.gateway.prepare import room_for_prompt
 from radixgate.gateway.service import reserved_for
 from radixgate.gateway.openai.convert import convert_chat_request
+from radixgate.gateway.openai.responses.api import ResponseBuilder, reject_unsupported
+from radixgate.gateway.openai.responses.convert import convert_first_turn
+from radixgate.gateway.openai.responses.schemas import ResponsesRequest
 from radixgate.gateway.openai.schemas import ChatCompletionRequest, CompletionRequest
 from radixgate.gateway.batches.store import tenant_key
 from radixgate.gateway.state_dir import private_folder, write_private
 
-ENDPOINTS = ("/v1/chat/completions", "/v1/completions")
+ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/responses")
 MAX_FILE_BYTES = 100 << 20
 STATUS = {"in_progress": "in_progress", "canceling": "cancelling"}
 
@@ -74,7 +77,7 @@ def ended(outcome: str, line: dict) -> dict:
 
 
 def group_key(line: dict) -> str:
-    return prompt_key(line, ("tools", "messages", "prompt"))
+    return prompt_key(line, ("tools", "instructions", "messages", "input", "prompt"))
 
 
 async def run_line(state, batch: Batch, line: dict, pins: GroupPins | None = None) -> dict:
@@ -82,7 +85,33 @@ async def run_line(state, batch: Batch, line: dict, pins: GroupPins | None = Non
         raise ApiError(Kind.BAD_REQUEST, line["invalid"])
     if batch.extra["endpoint"] == "/v1/completions":
         return await run_completion(state, batch, line)
+    if batch.extra["endpoint"] == "/v1/responses":
+        return await run_response(state, batch, line, pins)
     return await run_chat(state, batch, line, pins)
+
+
+async def run_response(state, batch: Batch, line: dict, pins: GroupPins | None = None) -> dict:
+    """One /v1/responses request of a batch: a first turn (no ``previous_response_id``),
+    unstreamed and not stored (the result line holds the response object)."""
+    try:
+        body = ResponsesRequest.model_validate(line["params"])
+    except ValidationError as e:
+        raise ApiError(Kind.BAD_REQUEST, "body: " + validation_message(e)) from None
+    if body.stream or body.previous_response_id is not None:
+        raise ApiError(Kind.BAD_REQUEST, "body: a batch response is one unstreamed first "
+                       "turn (no previous_response_id)")
+    reject_unsupported(body)
+    state.resolve_model(body.model)
+    principal = principal_for(state, batch.tenant, bool(batch.extra.get("admin")))
+    turn = convert_first_turn(body)
+    request_id = f"{batch.id}-{line['custom_id']}"
+    finished = await run_request(state, principal, request_id, turn.converted, body,
+                                 max_tokens=body.max_output_tokens, stop=None,
+                                 cache_salt=body.cache_salt, pins=pins)
+    builder = ResponseBuilder(body, turn)
+    response = builder.final(finished, builder.output_items(finished))
+    return {"id": _line_id(), "response": {"status_code": 200, "request_id": request_id,
+                                           "body": response}, "error": None}
 
 
 async def run_completion(state, batch: Batch, line: dict) -> dict:

@@ -58,7 +58,7 @@ def usage_body(usage: Usage) -> dict:
             "total_tokens": usage.prompt_tokens + usage.output_tokens}
 
 
-def _reject_unsupported(body: ResponsesRequest) -> None:
+def reject_unsupported(body: ResponsesRequest) -> None:
     reasoning = body.reasoning or {}
     if reasoning.get("effort") not in (None, "none") or reasoning.get("summary") is not None:
         raise ApiError(Kind.BAD_REQUEST, "reasoning is not supported: this model does not "
@@ -77,7 +77,7 @@ def _previous(store: ResponseStore, tenant: str, response_id: str | None) -> Sto
 
 def _asker(store: ResponseStore):
     def ask(state, principal, body: ResponsesRequest) -> Ask:
-        _reject_unsupported(body)
+        reject_unsupported(body)
         stored = _previous(store, principal.tenant, body.previous_response_id)
         turn = convert_continuation(body, stored) if stored else convert_first_turn(body)
         salt = body.cache_salt if body.cache_salt is not None or stored is None else (
