@@ -114,6 +114,25 @@ def test_requests_naming_an_explicit_cache_go_to_the_replica_that_holds_it(serve
     assert min(read) >= size, (read, size)
 
 
+def test_a_batch_group_goes_to_one_replica(server):
+    """The requests of a Message Batch that share a system prompt carry one routing hint:
+    one replica computes the document, and every other request of the group reads it."""
+    system = " ".join(f"Section {i}: a group of batch requests shares this." for i in range(20))
+    status, batch = call(server, "/v1/messages/batches", tenant_key("beta"), {"requests": [
+        {"custom_id": f"q{i}", "params": {
+            "model": "claude-test", "max_tokens": 1, "temperature": 0, "system": system,
+            "messages": [{"role": "user", "content": f"Question {i}?"}]}} for i in range(8)]})
+    assert status == 200, batch
+    deadline = time.monotonic() + 120
+    while batch["processing_status"] != "ended" and time.monotonic() < deadline:
+        time.sleep(0.1)
+        batch = call(server, f"/v1/messages/batches/{batch['id']}", tenant_key("beta"))[1]
+    status, text = call(server, f"/v1/messages/batches/{batch['id']}/results", tenant_key("beta"))
+    reads = sorted(json.loads(line)["result"]["message"]["usage"]["cache_read_input_tokens"]
+                   for line in text.splitlines())
+    assert len(reads) == 8 and min(reads[1:]) > 100, reads
+
+
 def indexed_blocks(srv) -> list[int]:
     """Blocks of each replica in the router's prefix index."""
     return [r["indexed_blocks"] for r in call(srv, "/v1/cache/stats", ADMIN_KEY)[1]["replicas"]]
