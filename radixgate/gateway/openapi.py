@@ -14,11 +14,14 @@ from pydantic.json_schema import models_json_schema
 from radixgate.gateway.admin import FlushRequest, PrefixRequest
 from radixgate.gateway.anthropic.schemas import CountTokensRequest, MessagesRequest
 from radixgate.gateway.openai.schemas import ChatCompletionRequest, CompletionRequest
+from radixgate.gateway.gemini.schemas import (CachedContentCreate, CachedContentPatch,
+                                              GeminiCountTokensRequest, GenerateContentRequest)
 from radixgate.gateway.openai.responses.schemas import ResponsesRequest
 
 _REF = "#/components/schemas/{model}"
 _BODIES = (MessagesRequest, CountTokensRequest, ChatCompletionRequest, CompletionRequest,
-           ResponsesRequest, FlushRequest, PrefixRequest)
+           ResponsesRequest, FlushRequest, PrefixRequest, GenerateContentRequest,
+           GeminiCountTokensRequest, CachedContentCreate, CachedContentPatch)
 
 _OBJECT = {"type": "object"}
 _ANTHROPIC_ERROR = {"type": "object", "required": ["type", "error"], "properties": {
@@ -44,6 +47,12 @@ _USAGE_QUERY = [{"name": name, "in": "query", "required": False, "schema": schem
                 for name, schema in (("from", {"type": "string", "format": "date"}),
                                      ("to", {"type": "string", "format": "date"}),
                                      ("format", {"type": "string", "enum": ["json", "csv"]}))]
+_GEMINI_ERROR = {"type": "object", "required": ["error"], "properties": {"error": {
+    "type": "object", "required": ["code", "message", "status"], "properties": {
+        "code": {"type": "integer"}, "message": {"type": "string"},
+        "status": {"type": "string"}}}}}
+_MODEL = [{"name": "model", "in": "path", "required": True, "schema": {"type": "string"}}]
+_CACHE_ID = [{"name": "id", "in": "path", "required": True, "schema": {"type": "string"}}]
 _RESPONSE_ID = [{"name": "response_id", "in": "path", "required": True,
                  "schema": {"type": "string"}}]
 _OPENAI_COMPLETION = {"type": "object", "required": ["id", "object", "choices"],
@@ -64,6 +73,7 @@ def build_openapi() -> dict:
     _, defs = models_json_schema([(m, "validation") for m in _BODIES], ref_template=_REF)
     schemas = dict(defs.get("$defs", {}))
     schemas.update({"AnthropicError": _ANTHROPIC_ERROR, "OpenAIError": _OPENAI_ERROR,
+                    "GeminiError": _GEMINI_ERROR,
                     "AnthropicMessage": _ANTHROPIC_MESSAGE, "OpenAICompletion": _OPENAI_COMPLETION,
                     "OpenAIResponse": _OPENAI_RESPONSE})
     return {
@@ -114,6 +124,31 @@ def _get(summary: str, ok: dict, error: str = "OpenAIError", codes=(401, 503),
     return op
 
 
+def _gemini_paths(gen: tuple[int, ...]) -> dict:
+    """Google's Gemini API (``/v1beta/``): generation, token counts, explicit caches."""
+    def post(summary, body, codes=gen):
+        return {**_post(summary, body, _OBJECT, "GeminiError", codes), "parameters": _MODEL}
+    caches = (400, 401, 404, 429, 503)
+    return {
+        "/v1beta/models/{model}:generateContent": {"post": post(
+            "Generate content (Gemini)", "GenerateContentRequest", gen + (504,))},
+        "/v1beta/models/{model}:countTokens": {"post": post(
+            "Count tokens (Gemini)", "GeminiCountTokensRequest")},
+        "/v1beta/cachedContents": {
+            "post": _post("Create an explicit cache (Gemini)", "CachedContentCreate", _OBJECT,
+                          "GeminiError", caches),
+            "get": _get("List the caller's explicit caches", _OBJECT, "GeminiError",
+                        codes=(400, 401))},
+        "/v1beta/cachedContents/{id}": {
+            "get": {**_get("Get an explicit cache", _OBJECT, "GeminiError", codes=(401, 404)),
+                    "parameters": _CACHE_ID},
+            "patch": {**_post("Move an explicit cache's expiry", "CachedContentPatch", _OBJECT,
+                              "GeminiError", (400, 401, 404)), "parameters": _CACHE_ID},
+            "delete": {**_get("Delete an explicit cache", _OBJECT, "GeminiError",
+                              codes=(401, 404)), "parameters": _CACHE_ID}},
+    }
+
+
 def _usage_get() -> dict:
     """GET /v1/cache/usage: JSON, or CSV with ``format=csv``."""
     op = _get("Cache accounting per UTC day (the caller's tenant; admin: all), JSON or CSV",
@@ -159,6 +194,7 @@ def _paths() -> dict:
         "/v1/cache/stats": {"get": _get("Cache statistics (scoped to the caller; top_prefixes "
                                         "from the caller's own namespaces; admin: "
                                         "tree.namespaces, live cache namespaces)", _OBJECT)},
+        **_gemini_paths(gen),
         "/v1/cache/usage": {"get": _usage_get()},
         "/v1/cache/diagnostics/{request_id}": {"get": {**_get(
             "Why a recent request of the caller's tenant missed the cache", _OBJECT,

@@ -19,7 +19,7 @@ ANTHROPIC_PATH = "/v1/messages"
 CHAT_PATH = "/v1/chat/completions"
 
 # 5xx a route may answer by design (overloaded); anything else >= 500 is a bug.
-OVERLOADED_STATUS = {"anthropic": 529, "openai": 503}
+OVERLOADED_STATUS = {"anthropic": 529, "openai": 503, "gemini": 503}
 CLEAN_4XX = {400, 401, 403, 404, 405, 408, 413, 415, 422, 429}
 ANTHROPIC_STOP_REASONS = {"end_turn", "max_tokens", "stop_sequence", "tool_use"}
 OPENAI_FINISH_REASONS = {"stop", "length", "tool_calls"}
@@ -63,6 +63,8 @@ def chat_body(prompt: str, *, system: str | None = None, max_tokens: int = 8,
 
 
 def api_of(path: str) -> str:
+    if path.startswith("/v1beta/"):
+        return "gemini"
     return "anthropic" if path.startswith("/v1/messages") else "openai"
 
 
@@ -83,6 +85,11 @@ def check_error_envelope(api: str, status: int, text: str) -> str | None:
               and isinstance(body.get("error"), dict)
               and isinstance(body["error"].get("type"), str)
               and isinstance(body["error"].get("message"), str))
+    elif api == "gemini":
+        ok = (isinstance(body, dict) and isinstance(body.get("error"), dict)
+              and body["error"].get("code") == status
+              and isinstance(body["error"].get("message"), str)
+              and isinstance(body["error"].get("status"), str))
     else:
         ok = (isinstance(body, dict) and isinstance(body.get("error"), dict)
               and isinstance(body["error"].get("message"), str))

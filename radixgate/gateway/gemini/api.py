@@ -16,7 +16,7 @@ from aiohttp import web
 from radixgate.gateway.errors import Api, ApiError, Kind
 from radixgate.gateway.gemini.cache_store import CACHES, handle_prefix
 from radixgate.gateway.gemini.convert import CachedPrefix, convert_prompt
-from radixgate.gateway.gemini.schemas import (CountTokensRequest, GenerateContentRequest,
+from radixgate.gateway.gemini.schemas import (GeminiCountTokensRequest, GenerateContentRequest,
                                               GenerationConfig)
 from radixgate.gateway.http_util import request_id_of
 from radixgate.gateway.openai.choices import results
@@ -99,7 +99,7 @@ async def stream_generate(request: web.Request) -> web.StreamResponse:
 
 
 async def count_tokens(request: web.Request) -> web.Response:
-    async with admitted_body(request, CountTokensRequest) as (state, principal, body):
+    async with admitted_body(request, GeminiCountTokensRequest) as (state, principal, body):
         state.resolve_model(request.match_info["model"])
         inner = body.generate_content_request or GenerateContentRequest(contents=body.contents)
         prefix = cached_prefix(request, principal.tenant, inner, state)

@@ -124,7 +124,7 @@ class GenerateContentRequest(PromptFields):
     frequency_penalty = property(lambda self: self._generation("frequency_penalty"))
 
 
-class CountTokensRequest(_Model):
+class GeminiCountTokensRequest(_Model):
     model: str | None = None
     contents: list[Content] = Field(default_factory=list)
     generate_content_request: GenerateContentRequest | None = None
