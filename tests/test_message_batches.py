@@ -317,3 +317,16 @@ async def test_kill_9_mid_batch_loses_no_finished_result(tmp_path):
     lines = [x for p in stored.rglob("results.jsonl") for x in open(p)]
     assert done.request_counts.succeeded == len(pairs) == len(got) == len(lines)
     assert kept <= set(lines)                          # the stored results, as they were
+
+
+async def test_a_tenants_open_requests_are_bounded(monkeypatch):
+    import radixgate.gateway.batches.store as store_module
+    monkeypatch.setattr(store_module, "MAX_OPEN_REQUESTS_PER_TENANT", 5)
+    async with in_process_gateway(tenants=("acme", "beta")) as (base_url, app):
+        claude = client(base_url, "acme")
+        await claude.messages.batches.create(requests=requests([(0, q) for q in range(4)]))
+        with pytest.raises(anthropic.RateLimitError):
+            await claude.messages.batches.create(requests=requests([(1, 0), (1, 1)]))
+        other = await client(base_url, "beta").messages.batches.create(
+            requests=requests([(1, 0), (1, 1)]))                  # another tenant's own room
+        assert other.request_counts.processing == 2

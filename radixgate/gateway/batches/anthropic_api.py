@@ -23,8 +23,7 @@ from radixgate.gateway.anthropic.messages import message_body
 from radixgate.gateway.anthropic.schemas import MessagesRequest
 from radixgate.gateway.batches.execute import GroupPins, principal_for, run_request
 from radixgate.gateway.batches.runner import BatchApi, prompt_key
-from radixgate.gateway.batches.store import (MAX_OPEN_PER_TENANT, MAX_REQUESTS,
-                                             MAX_STORED_BYTES, Batch)
+from radixgate.gateway.batches.store import MAX_REQUESTS, Batch, QuotaExceeded
 from radixgate.gateway.errors import Api, ApiError, Kind
 from radixgate.gateway.http_util import (principal_of, read_json, state_of,
                                          validation_message)
@@ -110,6 +109,14 @@ def _batches(request: web.Request) -> dict:
     return request.app[BATCHES]
 
 
+def check_quota(store, tenant: str, adding: int) -> None:
+    """The tenant's batch limits as the API's 429."""
+    try:
+        store.check_room(tenant, adding)
+    except QuotaExceeded as exc:
+        raise ApiError(Kind.RATE_LIMIT, str(exc)) from None
+
+
 def _own(request: web.Request) -> Batch:
     batch = _batches(request)["store"].get(principal_of(request).tenant,
                                            request.match_info["id"])
@@ -149,12 +156,7 @@ async def create(request: web.Request) -> web.Response:
     request = request.clone(client_max_size=max(MAX_BATCH_BYTES, request.client_max_size))
     lines = _lines(await read_json(request))
     store = _batches(request)["store"]
-    if store.open_count(principal.tenant) >= MAX_OPEN_PER_TENANT:
-        raise ApiError(Kind.RATE_LIMIT, f"a tenant runs at most {MAX_OPEN_PER_TENANT} "
-                       "batches at once")
-    if store.stored_bytes(principal.tenant) > MAX_STORED_BYTES:
-        raise ApiError(Kind.RATE_LIMIT, "the tenant's stored batches are over their disk "
-                       "budget: delete ended batches first")
+    check_quota(store, principal.tenant, len(lines))
     state.check_rate(principal)
     batch = store.create("anthropic", principal.tenant, lines,
                          extra={"admin": principal.is_admin})

@@ -21,10 +21,10 @@ import time
 from aiohttp import web
 from pydantic import ValidationError
 
-from radixgate.gateway.batches.anthropic_api import BATCHES, rfc3339
+from radixgate.gateway.batches.anthropic_api import BATCHES, check_quota
 from radixgate.gateway.batches.execute import GroupPins, principal_for, run_request
 from radixgate.gateway.batches.runner import BatchApi, prompt_key
-from radixgate.gateway.batches.store import MAX_OPEN_PER_TENANT, MAX_REQUESTS, Batch
+from radixgate.gateway.batches.store import MAX_REQUESTS, Batch
 from radixgate.gateway.errors import Api, ApiError, Kind
 from radixgate.gateway.http_util import principal_of, read_json, state_of, validation_message
 from radixgate.gateway.constraint_fields import openai_constraint
@@ -338,9 +338,7 @@ async def create(request: web.Request) -> web.Response:
         raise ApiError(Kind.BAD_REQUEST, f"input_file_id: 1 to {MAX_REQUESTS} requests",
                        param="input_file_id")
     store = request.app[BATCHES]["store"]
-    if store.open_count(principal.tenant) >= MAX_OPEN_PER_TENANT:
-        raise ApiError(Kind.RATE_LIMIT, f"a tenant runs at most {MAX_OPEN_PER_TENANT} "
-                       "batches at once")
+    check_quota(store, principal.tenant, len(lines))
     state.check_rate(principal)
     batch = store.create("openai", principal.tenant, lines, prefix="batch_", extra={
         "admin": principal.is_admin, "endpoint": endpoint, "input_file_id": meta["id"],

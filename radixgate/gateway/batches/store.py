@@ -33,10 +33,15 @@ from radixgate.runtime.kv_tier.folders import PRIVATE_FILE
 log = logging.getLogger("radixgate.gateway")
 MAX_REQUESTS = 10_000
 MAX_OPEN_PER_TENANT = 16
+MAX_OPEN_REQUESTS_PER_TENANT = 100_000   # requests not yet done across a tenant's batches
 MAX_STORED_BYTES = 2 << 30
 COMPLETION_WINDOW_S = 86400.0          # unfinished requests expire a day after creation
 RESULTS_KEPT_S = 29 * 86400.0          # as Anthropic: results kept 29 days after creation
 OUTCOMES = ("succeeded", "errored", "canceled", "expired")
+
+
+class QuotaExceeded(Exception):
+    """A tenant's batch limits (the API answers 429)."""
 
 
 @dataclass
@@ -91,6 +96,22 @@ class BatchStore:
 
     def open_count(self, tenant: str) -> int:
         return sum(1 for b in self.batches.values() if b.tenant == tenant and b.status != "ended")
+
+    def open_requests(self, tenant: str) -> int:
+        return sum(b.processing for b in self.batches.values()
+                   if b.tenant == tenant and b.status != "ended")
+
+    def check_room(self, tenant: str, adding: int) -> None:
+        """Raises ``QuotaExceeded`` when ``tenant`` may not open a batch of ``adding``
+        requests now (open batches, open requests, stored bytes)."""
+        if self.open_count(tenant) >= MAX_OPEN_PER_TENANT:
+            raise QuotaExceeded(f"a tenant runs at most {MAX_OPEN_PER_TENANT} batches at once")
+        if self.open_requests(tenant) + adding > MAX_OPEN_REQUESTS_PER_TENANT:
+            raise QuotaExceeded(f"a tenant's unfinished batches hold at most "
+                                f"{MAX_OPEN_REQUESTS_PER_TENANT} requests")
+        if self.stored_bytes(tenant) > MAX_STORED_BYTES:
+            raise QuotaExceeded("the tenant's stored batches are over their disk budget: "
+                                "delete ended batches first")
 
     def stored_bytes(self, tenant: str) -> int:
         folder = self.root / tenant_key(tenant)
