@@ -69,8 +69,12 @@ async def test_full_queue_answers_overloaded_in_each_apis_envelope(http, tight_s
         assert c.check_answer(path, False, status, text, max_tokens) is None, text
     statuses = {(path, status) for path, status, _, _ in results}
     assert (c.ANTHROPIC_PATH, 529) in statuses and (c.CHAT_PATH, 503) in statuses
-    assert (c.ANTHROPIC_PATH, 200) in statuses and (c.CHAT_PATH, 200) in statuses
+    assert any(status == 200 for _, status in statuses)
     stats = await c.wait_quiescent(http, tight_server.base_url, ADMIN_KEY)
+    # which API's requests win the two queue slots is a race (CI once saw every chat request
+    # refused): once the flood drains, each API answers again
+    for i in (100, 101):
+        assert (await one(i))[1] == 200
     assert c.block_accounting_violation(stats) is None
     assert await c.integrity_violation(http, tight_server.base_url, ADMIN_KEY) is None
 
