@@ -149,6 +149,6 @@ class BlockTracker:
         if run:
             events.append(BlockStored(tuple(run), run_parent, tuple(tokens), self.block_size))
         if self._windowless:
-            events.append(BlockRemoved(tuple(self._announced[key][0] for key in self._windowless),
-                                       WINDOW_MEDIUM))
+            events.append(BlockRemoved(tuple(entry[0] for key, entry in self._announced.items()
+                                             if key in self._windowless), WINDOW_MEDIUM))
         return events
