@@ -93,9 +93,10 @@ async def cache_stats(request: web.Request) -> web.Response:
 def explicit_caches(state, principal) -> list[dict]:
     """The caller's Gemini caches (an admin's: every tenant's), oldest first."""
     store = store_of(state)
-    handles = store.list(principal.tenant) if not principal.is_admin else sorted(
-        (h for tenant in {h.tenant for h in store.handles.values()} for h in store.list(tenant)),
-        key=lambda h: (h.create_time, h.name))
+    tenants = {h.tenant for h in store.handles.values()} if principal.is_admin else \
+        {principal.tenant}
+    handles = sorted((h for tenant in tenants for h in store.list(tenant)),
+                     key=lambda h: (h.create_time, h.name))
     return [{"name": h.name, "display_name": h.display_name, "tenant": h.tenant,
              "tokens": h.token_count, "expires_in_s": round(h.expire_time - store.clock())}
             for h in handles]

@@ -74,10 +74,6 @@ class WindowSlots:
             if self.pool.decref(wid):
                 self.index[block] = self.trash
 
-    def fresh_needed(self, blocks: Sequence[int]) -> int:
-        """How many fresh window ids ``hold(blocks)`` takes."""
-        return sum(1 for b in blocks if not self.has(b))
-
     # -- the tree's references -----------------------------------------------------------
     def keep(self, blocks: Iterable[int]) -> None:
         """The tree caches ``blocks``: it keeps those that have window data (once each)."""
