@@ -44,12 +44,19 @@ def test_partial_marker_is_held_back_until_decided():
     assert parser.feed("thing>") == [("text", "<tool_thing>")]
 
 
-def test_unknown_tool_bad_json_and_unterminated_calls_stay_text():
+def test_invalid_calls_and_stray_markers_never_reach_the_text():
     unknown = '<tool_call>{"name": "rm_rf", "arguments": {}}</tool_call>'
     bad = '<tool_call>{"name": "search", "arguments": </tool_call>'
+    for text in (unknown, bad, "</tool_call>"):
+        assert split_output("a " + text + " b", NAMES, "x") == [("text", "a  b")], text
+    assert split_output('a <tool_call>{"name": "search"', NAMES, "x") == [("text", "a ")]
+    assert split_output("use <tool_call> tags", NAMES, "x") == [("text", "use  tags")]
+
+
+def test_a_complete_call_without_its_closing_tag_still_counts():
     trailing = '<tool_call>{"name": "search", "arguments": {}} and more words'
-    for text in (unknown, bad, '<tool_call>{"name": "search"', trailing):
-        assert split_output(text, NAMES, "x") == [("text", text)]
+    assert kinds(split_output(trailing, NAMES, "x")) == [("tool", ("search", {})),
+                                                        ("text", " and more words")]
 
 
 def test_arguments_as_json_string_or_input_key_are_accepted():

@@ -8,11 +8,14 @@ The fixed formats (documented in docs/PROMPT_FORMAT.md) for templates without to
 - a call the assistant made: ``<tool_call>{"id": ..., "name": ..., "arguments": {...}}</tool_call>``;
 - a result: ``<tool_result id="ID">text</tool_result>`` (``error="true"`` when is_error);
 - model output: every ``<tool_call>{json}</tool_call>`` whose JSON has a declared ``name``
-  and an object ``arguments`` (or ``input``) becomes a tool call; anything else stays text.
+  and an object ``arguments`` (or ``input``) becomes a tool call. The JSON's end is found
+  by its structure, never by the first closing tag; markup that is not a valid call is
+  dropped, so the format never reaches a client (``ToolCallParser``).
 """
 from __future__ import annotations
 
 import json
+import re
 import secrets
 from dataclasses import dataclass
 from typing import Iterable
@@ -40,6 +43,15 @@ class ToolCall:
     id: str
     name: str
     arguments: dict
+
+
+@dataclass(frozen=True, slots=True)
+class PartialCall:
+    """A call the output stopped inside: ``arguments_text`` is its arguments' JSON so far."""
+
+    id: str
+    name: str
+    arguments_text: str
 
 
 def _dumps(value) -> str:
@@ -79,7 +91,7 @@ def new_call_id(prefix: str) -> str:
 
 
 def parse_call(body: str, allowed: Iterable[str], id_prefix: str) -> ToolCall | None:
-    """The call inside one ``<tool_call>...</tool_call>``, or None when it is not a valid call."""
+    """The call in one call's JSON text, or None when it is not a valid call."""
     try:
         data = json.loads(body)
     except ValueError:
@@ -97,14 +109,88 @@ def parse_call(body: str, allowed: Iterable[str], id_prefix: str) -> ToolCall | 
     return ToolCall(new_call_id(id_prefix), data["name"], arguments)
 
 
+_PARTIAL_HEAD = re.compile(r'\s*\{\s*(?:"id"\s*:\s*"(?:[^"\\]|\\.)*"\s*,\s*)?'
+                           r'"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"(?:arguments|input)"\s*:\s*',
+                           re.DOTALL)
+
+
+def parse_partial_call(body: str, allowed: Iterable[str], id_prefix: str) -> PartialCall | None:
+    """The call an output ends inside (``body``: its JSON text so far), when its name is
+    complete and declared: the arguments are the JSON text after ``"arguments": ``."""
+    head = _PARTIAL_HEAD.match(body)
+    if head is None:
+        return None
+    name = json.loads(head.group(1))
+    if name not in set(allowed):
+        return None
+    return PartialCall(new_call_id(id_prefix), name, body[head.end():])
+
+
+_JSON_OUTSIDE_STRINGS = frozenset(' \t\n\r{}[],:-+.0123456789eEtrufalsn"')
+
+
+class JsonEnd:
+    """Finds where the JSON value at the start of a growing text ends, following its
+    strings, escapes and nesting (a ``</tool_call>`` inside a string is string content).
+    ``find(text)`` scans only what it has not seen (``text`` must grow by appending) and
+    returns the end's index once the outermost object or array is closed, or the index of
+    the first character that no JSON has there (outside strings), ``broken`` then set;
+    else None. It checks structure only: the caller validates the value (``json.loads``)."""
+
+    __slots__ = ("_pos", "_depth", "_in_string", "_escaped", "_end", "broken")
+
+    def __init__(self):
+        self._pos, self._depth, self._in_string, self._escaped = 0, 0, False, False
+        self._end: int | None = None
+        self.broken = False
+
+    def find(self, text: str) -> int | None:
+        for i in range(self._pos, len(text) if self._end is None else 0):
+            ch = text[i]
+            if not self._in_string and ch not in _JSON_OUTSIDE_STRINGS:
+                self._end, self.broken = i, True
+            elif self._step(ch):
+                self._end = i + 1
+            if self._end is not None:
+                break
+        self._pos = len(text)
+        return self._end
+
+    def _step(self, ch: str) -> bool:
+        if self._in_string:
+            if self._escaped:
+                self._escaped = False
+            elif ch == "\\":
+                self._escaped = True
+            elif ch == '"':
+                self._in_string = False
+            return False
+        if ch == '"':
+            self._in_string = True
+        elif ch in "{[":
+            self._depth += 1
+        elif ch in "}]":
+            self._depth -= 1
+            return self._depth <= 0
+        return False
+
+
 class ToolCallParser:
     """Splits streamed output text into text pieces and tool calls.
 
     ``feed(text)`` and ``finish()`` return ``("text", str)`` and ``("tool", ToolCall)`` items
-    in output order. Text that might be the start of ``<tool_call>`` is held back until it
-    is decided; an unterminated or invalid call is released as text. Whitespace-only text
-    after a tool call is dropped (it would otherwise become an empty text block).
-    ``max_calls``: valid calls beyond this many are dropped (parallel calls disabled).
+    in output order, and at the very end ``("partial", PartialCall)`` when the output stops
+    inside a call whose name is known (cut by ``max_tokens`` or a stop sequence).
+
+    A call is ``<tool_call>``, a JSON object, then ``</tool_call>``: the object's end is found
+    by following its structure (``JsonEnd``), so the format's markers inside a JSON string
+    stay in the string. The format never reaches the text: a call that is not valid (bad
+    JSON, an undeclared name) is dropped, and so are stray ``</tool_call>`` markers and a
+    ``<tool_call>`` not followed by an object. A complete object whose closing tag is
+    missing still counts. Text that might be the start of a marker is held back until it is
+    decided. Whitespace-only text after a tool call is dropped (it would otherwise become
+    an empty text block). ``max_calls``: valid calls beyond this many are dropped
+    (parallel calls disabled).
     """
 
     def __init__(self, allowed_names: Iterable[str], id_prefix: str,
@@ -112,68 +198,89 @@ class ToolCallParser:
         self._allowed = frozenset(allowed_names)
         self._id_prefix = id_prefix
         self._max_calls = max_calls
-        self._buffer = ""
+        self._buffer = ""          # text not decided yet; inside a call: the call's body
+        self._call: JsonEnd | None = None    # set: inside a call, after <tool_call>
         self._pending_space = ""
         self.calls: list[ToolCall] = []
 
     def feed(self, text: str) -> list[tuple[str, object]]:
         self._buffer += text
         out: list[tuple[str, object]] = []
-        while True:
-            start = self._buffer.find(CALL_OPEN)
-            if start < 0:
-                keep = _partial_suffix(self._buffer, CALL_OPEN)
-                self._emit_text(out, self._buffer[:len(self._buffer) - keep])
-                self._buffer = self._buffer[len(self._buffer) - keep:]
-                return out
-            end = self._buffer.find(CALL_CLOSE, start)
-            if end < 0:
-                self._emit_text(out, self._buffer[:start])
-                self._buffer = self._buffer[start:]
-                return out
-            self._emit_text(out, self._buffer[:start])
-            raw = self._buffer[start:end + len(CALL_CLOSE)]
-            call = parse_call(self._buffer[start + len(CALL_OPEN):end], self._allowed,
-                              self._id_prefix)
-            if call is None:
-                self._emit_text(out, raw)
-            elif self._room_for_call():
-                self.calls.append(call)
-                self._pending_space = ""
-                out.append(("tool", call))
-            self._buffer = self._buffer[end + len(CALL_CLOSE):]
-
-    def finish(self) -> list[tuple[str, object]]:
-        """Releases held text. An unterminated call at the very end still counts when its
-        JSON is complete and only whitespace follows (small models often stop right there)."""
-        out: list[tuple[str, object]] = []
-        call = self._unterminated_call()
-        if call is not None and not self._room_for_call():
-            self._buffer = ""
-        elif call is not None:
-            self.calls.append(call)
-            self._pending_space = ""
-            self._buffer = ""
-            out.append(("tool", call))
-        self._emit_text(out, self._buffer)
-        self._buffer = ""
-        self._pending_space = ""
+        while self._step(out):
+            pass
         return out
 
-    def _room_for_call(self) -> bool:
-        return self._max_calls is None or len(self.calls) < self._max_calls
+    def finish(self) -> list[tuple[str, object]]:
+        """Releases held text (less a marker cut at the very end); a call whose object is
+        complete counts without its closing tag, one cut inside its object is the
+        ``partial`` item (or nothing, when its name is not complete yet)."""
+        out: list[tuple[str, object]] = []
+        if self._call is not None:
+            self._finish_call(out)
+        else:                      # less a marker cut at the very end
+            self._emit_text(out, self._buffer[:len(self._buffer) - _held_marker(self._buffer)])
+        self._buffer = self._pending_space = ""
+        self._call = None
+        return out
 
-    def _unterminated_call(self) -> ToolCall | None:
-        if not self._buffer.startswith(CALL_OPEN):
-            return None
-        body = self._buffer[len(CALL_OPEN):].lstrip()
-        try:
-            _, end = json.JSONDecoder().raw_decode(body)
-        except ValueError:
-            return None
-        if body[end:].strip():
-            return None
-        return parse_call(body[:end], self._allowed, self._id_prefix)
+    def _step(self, out: list) -> bool:
+        """Decides what it can at the front of the buffer; False: wait for more text."""
+        if self._call is not None:
+            return self._step_in_call(out)
+        start, marker = _first_marker(self._buffer)
+        if start < 0:
+            keep = _held_marker(self._buffer)
+            self._emit_text(out, self._buffer[:len(self._buffer) - keep])
+            self._buffer = self._buffer[len(self._buffer) - keep:]
+            return False
+        self._emit_text(out, self._buffer[:start])
+        self._buffer = self._buffer[start + len(marker):]
+        if marker == CALL_OPEN:
+            self._call = JsonEnd()
+        return True
+
+    def _step_in_call(self, out: list) -> bool:
+        body = self._buffer.lstrip()
+        if not body:
+            return False
+        if body[0] != "{":         # not a call: the marker goes, the rest is text
+            self._call = None
+            return True
+        end = self._call.find(self._buffer)
+        if end is None:
+            return False
+        if self._call.broken:      # not JSON: what was read goes, the rest is read again
+            self._call = None
+            self._buffer = self._buffer[end:]
+            return True
+        after = self._buffer[end:].lstrip()
+        if CALL_CLOSE.startswith(after) and len(after) < len(CALL_CLOSE):
+            return False           # the closing tag may follow
+        self._end_call(out, self._buffer[:end])
+        rest = self._buffer[end:]
+        self._buffer = after[len(CALL_CLOSE):] if after.startswith(CALL_CLOSE) else rest
+        return True
+
+    def _finish_call(self, out: list) -> None:
+        end = self._call.find(self._buffer)
+        if end is not None:
+            self._end_call(out, self._buffer[:end])
+            self._emit_text(out, _without_partial_close(self._buffer[end:]))
+            return
+        partial = parse_partial_call(self._buffer, self._allowed, self._id_prefix)
+        if partial is not None:
+            out.append(("partial", partial))
+
+    def _end_call(self, out: list, body: str) -> None:
+        self._call = None
+        call = parse_call(body, self._allowed, self._id_prefix)
+        if call is None:
+            return
+        if self._max_calls is not None and len(self.calls) >= self._max_calls:
+            return
+        self.calls.append(call)
+        self._pending_space = ""
+        out.append(("tool", call))
 
     def _emit_text(self, out: list, text: str) -> None:
         if not text:
@@ -183,6 +290,23 @@ class ToolCallParser:
             return
         out.append(("text", self._pending_space + text))
         self._pending_space = ""
+
+
+def _first_marker(text: str) -> tuple[int, str]:
+    """(index, marker) of the first ``<tool_call>`` or ``</tool_call>`` in text; (-1, "")."""
+    found = [(i, m) for m in (CALL_OPEN, CALL_CLOSE) if (i := text.find(m)) >= 0]
+    return min(found) if found else (-1, "")
+
+
+def _without_partial_close(text: str) -> str:
+    """``text`` less a cut ``</tool_call>`` after a call's object (the output ended there)."""
+    stripped = text.lstrip()
+    return "" if CALL_CLOSE.startswith(stripped) else text
+
+
+def _held_marker(text: str) -> int:
+    """Length of the end of ``text`` that may be the start of a marker."""
+    return max(_partial_suffix(text, marker) for marker in (CALL_OPEN, CALL_CLOSE))
 
 
 def _partial_suffix(text: str, marker: str) -> int:
@@ -195,7 +319,8 @@ def _partial_suffix(text: str, marker: str) -> int:
 
 def split_output(text: str, allowed_names: Iterable[str], id_prefix: str,
                  max_calls: int | None = None) -> list[tuple[str, object]]:
-    """Whole-output version of ToolCallParser: merged text pieces and tool calls."""
+    """Whole-output version of ToolCallParser: merged text pieces, tool calls and the
+    final partial call, if any."""
     parser = ToolCallParser(allowed_names, id_prefix, max_calls)
     items = parser.feed(text) + parser.finish()
     merged: list[tuple[str, object]] = []

@@ -20,7 +20,7 @@ from radixgate.gateway.http_util import request_id_of
 from radixgate.gateway.pipeline import Ask, admit, prompt_tokens
 from radixgate.gateway.prompt_parts import ConvertedPrompt
 from radixgate.gateway.streaming import Frame, admitted_body, stream_answer
-from radixgate.gateway.output import AnswerReader, answer_items
+from radixgate.gateway.output import AnswerReader, cut_short, read_answer
 from radixgate.runtime.engine.api import Finished, FinishReason, Usage
 
 _STOP_REASONS = {FinishReason.EOS: "end_turn", FinishReason.LENGTH: "max_tokens",
@@ -74,11 +74,12 @@ def usage_body(usage: Usage, output_tokens: int | None = None) -> dict:
 
 def message_body(message_id: str, model: str, converted: ConvertedPrompt,
                  finished: Finished) -> dict:
-    items = answer_items(converted, finished.text, "toolu_")
-    content = [_block(kind, value) for kind, value in items]
-    has_tool = any(kind == "tool" for kind, _ in items)
+    answer = read_answer(converted, finished.text, "toolu_")
+    content = [_block(kind, value) for kind, value in answer.items]
+    has_tool = any(kind == "tool" for kind, _ in answer.items)
+    stop = _stop_reason(finished, has_tool, cut_short(finished, answer.ends_in_call))
     return {"id": message_id, "type": "message", "role": "assistant", "model": model,
-            "content": content, "stop_reason": _stop_reason(finished, has_tool),
+            "content": content, "stop_reason": stop,
             "stop_sequence": finished.stop_sequence, "usage": usage_body(finished.usage)}
 
 
@@ -88,7 +89,11 @@ def _block(kind: str, value) -> dict:
     return {"type": "tool_use", "id": value.id, "name": value.name, "input": value.arguments}
 
 
-def _stop_reason(finished: Finished, has_tool: bool) -> str:
+def _stop_reason(finished: Finished, has_tool: bool, cut: bool) -> str:
+    """``max_tokens`` when it cut the answer, even after finished calls (a call it cut is
+    left out), else ``tool_use`` when the answer has calls, else the engine's reason."""
+    if cut:
+        return "max_tokens"
     if has_tool:
         return "tool_use"
     return _STOP_REASONS.get(finished.reason, "end_turn")
@@ -122,8 +127,10 @@ class MessageStream:
 
     def end(self, finished: Finished) -> list[Frame]:
         frames = self._items(self.reader.finish()) + self._close_text()
-        delta = {"stop_reason": _stop_reason(finished, self.has_tool_call),
-                 "stop_sequence": finished.stop_sequence}
+        stop = _stop_reason(finished, self.has_tool_call,
+                            cut_short(finished, self.reader.ends_in_call))
+        self.has_tool_call = stop == "tool_use"     # a cut answer expects no tool results
+        delta = {"stop_reason": stop, "stop_sequence": finished.stop_sequence}
         return frames + [_frame({"type": "message_delta", "delta": delta,
                                  "usage": usage_body(finished.usage)}),
                          _frame({"type": "message_stop"})]

@@ -26,7 +26,8 @@ from radixgate.gateway.openai.schemas import ChatCompletionRequest
 from radixgate.gateway.pipeline import Ask, admit
 from radixgate.gateway.prompt_parts import ConvertedPrompt
 from radixgate.gateway.streaming import Frame, stream_answer, stream_choices
-from radixgate.gateway.output import AnswerReader, answer_items
+from radixgate.gateway.output import AnswerReader, cut_short, read_answer
+from radixgate.gateway.tools import PartialCall, ToolCall
 from radixgate.runtime.engine.api import Finished, FinishReason, Usage
 
 FINISH_REASONS = {FinishReason.EOS: "stop", FinishReason.STOP_SEQUENCE: "stop",
@@ -108,22 +109,34 @@ def chat_body(completion_id: str, model: str, converted: ConvertedPrompt,
 
 def _chat_choice(index: int, converted: ConvertedPrompt, finished: Finished,
                  token_bytes) -> dict:
-    items = answer_items(converted, finished.text, "call_")
-    content = "".join(v for k, v in items if k == "text")
-    calls = [_tool_call(v) for k, v in items if k == "tool"]
+    answer = read_answer(converted, finished.text, "call_")
+    content = "".join(v for k, v in answer.items if k == "text")
+    calls = [_tool_call(v) for k, v in answer.items if k == "tool"]
+    cut = cut_short(finished, answer.ends_in_call)
+    if cut and answer.partial is not None:
+        calls.append(_tool_call(answer.partial))
     message = {"role": "assistant", "content": content if (content or not calls) else None,
                "refusal": None}
     if calls:
         message["tool_calls"] = calls
     return {"index": index, "message": message,
             "logprobs": chat_logprobs(finished.logprobs, token_bytes) if token_bytes else None,
-            "finish_reason": ("tool_calls" if calls
-                              else FINISH_REASONS.get(finished.reason, "stop"))}
+            "finish_reason": _finish_reason(finished, cut, bool(calls))}
 
 
-def _tool_call(call, index: int | None = None) -> dict:
+def _finish_reason(finished: Finished, cut: bool, has_calls: bool) -> str:
+    """``length`` when max_tokens cut the answer (a call it cut is in ``tool_calls`` with
+    the arguments' JSON text so far, as OpenAI sends it), else ``tool_calls`` or the stop."""
+    if cut:
+        return "length"
+    return "tool_calls" if has_calls else FINISH_REASONS.get(finished.reason, "stop")
+
+
+def _tool_call(call: ToolCall | PartialCall, index: int | None = None) -> dict:
+    arguments = (call.arguments_text if isinstance(call, PartialCall)
+                 else json.dumps(call.arguments))
     out = {"id": call.id, "type": "function",
-           "function": {"name": call.name, "arguments": json.dumps(call.arguments)}}
+           "function": {"name": call.name, "arguments": arguments}}
     if index is not None:
         out["index"] = index
     return out
@@ -144,6 +157,7 @@ class ChatStream:
         self._logprobs: list = []           # of tokens whose text no chunk carried yet
         self.reader = AnswerReader(converted, "call_")
         self.num_calls = 0
+        self.finish_reason: str | None = None
 
     def _chunk(self, delta: dict, finish_reason=None) -> dict:
         chunk = {**self.base, "choices": [{"index": self.index, "delta": delta, "logprobs": None,
@@ -154,7 +168,8 @@ class ChatStream:
 
     @property
     def has_tool_call(self) -> bool:
-        return self.num_calls > 0
+        """The answer ended in tool calls (its client will send their results)."""
+        return self.finish_reason == "tool_calls"
 
     def start(self, first) -> list[Frame]:
         return [(None, self._chunk({"role": "assistant", "content": ""}))]
@@ -168,8 +183,11 @@ class ChatStream:
 
     def end(self, finished: Finished) -> list[Frame]:
         out = self._items(self.reader.finish())
-        reason = "tool_calls" if self.num_calls else FINISH_REASONS.get(finished.reason, "stop")
-        out.append((None, self._chunk({}, reason)))
+        cut = cut_short(finished, self.reader.ends_in_call)
+        if cut and self.reader.partial is not None:
+            out.append((None, self._item("tool", self.reader.partial)))
+        self.finish_reason = _finish_reason(finished, cut, self.num_calls > 0)
+        out.append((None, self._chunk({}, self.finish_reason)))
         if not self.final:
             return self._with_logprobs(out)
         return self._with_logprobs(out) + usage_and_done(self.base, self.include_usage,

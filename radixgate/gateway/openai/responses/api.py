@@ -32,11 +32,11 @@ from radixgate.gateway.openai.responses.convert import (ResponsesTurn, continuat
                                                         tools_body)
 from radixgate.gateway.openai.responses.schemas import NamedFunctionChoice, ResponsesRequest
 from radixgate.gateway.openai.responses.store import ResponseStore, StoredTurn
-from radixgate.gateway.output import AnswerReader, answer_items
+from radixgate.gateway.output import AnswerReader, cut_short, read_answer
 from radixgate.gateway.pipeline import Ask, Continuation, admit
 from radixgate.gateway.streaming import Frame, stream_answer
 from radixgate.gateway.tools import ToolCall
-from radixgate.runtime.engine.api import Finished, FinishReason, TextDelta, Usage
+from radixgate.runtime.engine.api import Finished, TextDelta, Usage
 
 STORE = web.AppKey("response_store", ResponseStore)
 _FAILED_CODES = {Kind.RATE_LIMIT: "rate_limit_exceeded", Kind.BAD_REQUEST: "invalid_prompt"}
@@ -111,7 +111,8 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     output = builder.output_items(finished)
     response_body = builder.final(finished, output)
     save(finished, response_body)
-    if any(item["type"] == "function_call" for item in output):
+    if response_body["status"] == "completed" and any(
+            item["type"] == "function_call" for item in output):
         generation.expect_continuation()
     return web.json_response(response_body)
 
@@ -143,6 +144,7 @@ class ResponseBuilder:
         self.turn = turn
         self.response_id = _new_id("resp_")
         self.created_at = int(time.time())
+        self.ends_in_call = False     # set when the answer is read (output_items, a stream)
 
     def base(self, status: str) -> dict:
         body = self.body
@@ -168,16 +170,19 @@ class ResponseBuilder:
                 "usage": None, "user": body.user}
 
     def output_items(self, finished: Finished) -> list[dict]:
-        items = answer_items(self.turn.converted, finished.text, "call_")
-        has_calls = any(kind == "tool" for kind, _ in items)
-        status = "incomplete" if _incomplete(finished, has_calls) else "completed"
+        """The answer's items (a call it stopped inside is left out); also notes whether
+        it ends in a finished call, which ``final`` reads."""
+        answer = read_answer(self.turn.converted, finished.text, "call_")
+        self.ends_in_call = answer.ends_in_call
+        status = "incomplete" if cut_short(finished, self.ends_in_call) else "completed"
         output = [message_item(_new_id("msg_"), value, status) if kind == "text"
-                  else call_item(_new_id("fc_"), value) for kind, value in items]
+                  else call_item(_new_id("fc_"), value) for kind, value in answer.items]
         return output or [message_item(_new_id("msg_"), "", status)]
 
     def final(self, finished: Finished, output: list[dict]) -> dict:
-        has_calls = any(item["type"] == "function_call" for item in output)
-        incomplete = _incomplete(finished, has_calls)
+        """The response: ``incomplete`` (``max_output_tokens``) when max_tokens cut the
+        answer, even after finished calls, else ``completed``."""
+        incomplete = cut_short(finished, self.ends_in_call)
         response = self.base("incomplete" if incomplete else "completed")
         response.update(output=output, usage=usage_body(finished.usage))
         if incomplete:
@@ -191,10 +196,6 @@ class ResponseBuilder:
         code = _FAILED_CODES.get(error.kind, "server_error")
         response.update(output=output, error={"code": code, "message": error.message})
         return response
-
-
-def _incomplete(finished: Finished, has_calls: bool) -> bool:
-    return finished.reason is FinishReason.LENGTH and not has_calls
 
 
 def _format_body(body: ResponsesRequest) -> dict:
@@ -235,10 +236,13 @@ class ResponseStream:
         self.output: list[dict] = []          # items already done, in output order
         self.message: dict | None = None      # the message item being streamed
         self.message_text = ""
+        self.incomplete = False               # set at the end: max_tokens cut the answer
 
     @property
     def has_tool_call(self) -> bool:
-        return any(item["type"] == "function_call" for item in self.output)
+        """Read at the end: the answer has calls and was not cut (their results follow)."""
+        return not self.incomplete and any(
+            item["type"] == "function_call" for item in self.output)
 
     def _event(self, kind: str, **fields) -> Frame:
         data = {"type": kind, "sequence_number": self.sequence_number, **fields}
@@ -309,7 +313,8 @@ class ResponseStream:
 
     def end(self, finished: Finished) -> list[Frame]:
         frames = self._items(self.reader.finish())
-        incomplete = _incomplete(finished, self.has_tool_call)
+        self.builder.ends_in_call = self.reader.ends_in_call
+        incomplete = self.incomplete = cut_short(finished, self.reader.ends_in_call)
         if not self.output and self.message is None:
             frames += self._open_message()
         frames += self._close_message("incomplete" if incomplete else "completed")
