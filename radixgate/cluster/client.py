@@ -145,6 +145,9 @@ class ClusterEngine:
     def flush(self, namespace: str | None = None) -> Future:
         return self._combined("flush", sum, namespace)
 
+    def holds_namespace(self, namespace: str) -> Future:
+        return self._combined("holds_namespace", any, namespace)
+
     def pin(self, namespace, tokens, ttl_s: float, owner: str = "") -> Future:
         return self._combined("pin", max, namespace, list(tokens), ttl_s, owner)
 

@@ -10,9 +10,10 @@ endpoint with a free port (the replica's id is the topic), and answers:
   stream (the gateway's client left) aborts the engine request; a structured-output
   request's grammar is compiled here from its source (a grammar state does not pickle);
 - ``call(command, *args, target=...)``: an engine command (flush, pin, unpin, publish,
-  expect_continuation, check_integrity, snapshot, retire_namespace) on this replica; ``target`` (and
-  ``generate``'s ``exclude``) is read by the router only (``serve_router.py``: a call for
-  one replica goes to that one; a retried request avoids the replicas that failed it);
+  expect_continuation, check_integrity, snapshot, retire_namespace, holds_namespace) on this
+  replica; ``target`` (and ``generate``'s ``exclude``) is read by the router only
+  (``serve_router.py``: a call for one replica goes to that one; a retried request avoids
+  the replicas that failed it);
 - ``record_routing_stats()``: what the router and the gateway's stats read (Ray Serve
   polls it): the KV-event endpoints (live, replay) and hash seed, block size, running / waiting requests,
   block counts, pinned tokens per tenant, ``pins_settled`` (the requests with breakpoints
@@ -51,7 +52,7 @@ GRAMMAR_CACHE = 64
 PIN_ENDS_KEPT = 4096          # requests with breakpoints that ended, for ``pins_settled``
 PIN_ENDS_WINDOW_S = 60.0      # ... listed in every report for this long after the snapshot
 COMMANDS = ("flush", "pin", "unpin", "publish", "expect_continuation", "check_integrity",
-            "request_snapshot", "retire_namespace")
+            "request_snapshot", "retire_namespace", "holds_namespace")
 
 
 class EngineReplica:

@@ -1,8 +1,10 @@
-"""Operations routes: /health, /metrics, /v1/cache/stats, cache flush/prefixes, integrity.
+"""Operations routes: / (links), /health, /metrics, /v1/cache/stats, cache flush/prefixes,
+integrity.
 
 Admin only: POST /v1/cache/flush, GET|POST|DELETE /v1/cache/prefixes,
 GET /v1/admin/integrity. A tenant key may read /v1/cache/stats and /metrics, scoped to
-its own tenant.
+its own tenant. A flush naming a tenant no key belongs to, or a ``cache_salt`` under which
+nothing is cached, is a 404.
 
 A prefix is given as ``tokens`` (ids), ``text`` (raw text, tokenized as is) or ``system``
 (a system prompt, rendered exactly as requests render it: the tokens up to the end of the
@@ -13,13 +15,14 @@ optional ``cache_salt``), computing the prefix first if it is not cached.
 from __future__ import annotations
 
 import asyncio
+import html
 from typing import Literal
 
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field
 
 from radixgate.gateway.gemini.cache_store import store_of
-from radixgate.gateway.auth import namespace_for
+from radixgate.gateway.auth import ADMIN_TENANT, DEFAULT_TENANT, namespace_for
 from radixgate.radix_cache import PUBLIC_NAMESPACE
 from radixgate.gateway.cache_stats import build_stats
 from radixgate.gateway.errors import ApiError, Kind
@@ -48,6 +51,7 @@ class PrefixRequest(BaseModel):
 
 
 def add_routes(app: web.Application) -> None:
+    app.router.add_get("/", index)
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/v1/cache/stats", cache_stats)
@@ -56,6 +60,37 @@ def add_routes(app: web.Application) -> None:
     app.router.add_post("/v1/cache/prefixes", add_prefix)
     app.router.add_delete("/v1/cache/prefixes", remove_prefix)
     app.router.add_get("/v1/admin/integrity", integrity)
+
+
+async def index(request: web.Request) -> web.Response:
+    """GET /: where to go from here (the dashboard, the API description, the endpoints);
+    a small HTML page for a browser, JSON otherwise. It holds no data: no key needed."""
+    links = index_links(state_of(request))
+    if "text/html" in request.headers.get("accept", ""):
+        return web.Response(text=_index_html(links), content_type="text/html")
+    return web.json_response(links)
+
+
+def index_links(state) -> dict:
+    return {"name": "radixgate", "model": state.model_name,
+            "dashboard": "/dashboard", "openapi": "/openapi.json", "health": "/health",
+            "metrics": "/metrics", "cache_stats": "/v1/cache/stats",
+            "endpoints": {"anthropic": "/v1/messages", "openai_chat": "/v1/chat/completions",
+                          "openai_responses": "/v1/responses",
+                          "gemini": "/v1beta/models/{model}:generateContent"},
+            "docs": "docs/USAGE.md in the radixgate source tree (endpoints, settings, limits)"}
+
+
+def _index_html(links: dict) -> str:
+    rows = "".join(f'<li><a href="{href}">{label}</a></li>' for label, href in (
+        ("Cache dashboard", links["dashboard"]), ("API description (OpenAPI)", links["openapi"]),
+        ("Health", links["health"]), ("Metrics (Prometheus)", links["metrics"])))
+    model = html.escape(links["model"])
+    return (f"<!doctype html><html><head><meta charset=\"utf-8\"><title>radixgate</title>"
+            f"</head><body><h1>radixgate</h1><p>Serving {model}: Anthropic "
+            f"<code>/v1/messages</code>, OpenAI <code>/v1/chat/completions</code> and "
+            f"<code>/v1/responses</code>, Gemini <code>/v1beta</code>.</p><ul>{rows}</ul>"
+            f"<p>Documentation: {html.escape(links['docs'])}.</p></body></html>")
 
 
 async def health(request: web.Request) -> web.Response:
@@ -107,14 +142,43 @@ async def flush(request: web.Request) -> web.Response:
     state = state_of(request)
     engine = state.require_engine()
     body = await _optional_body(request, FlushRequest)
-    namespace = None
-    if body.public:
-        namespace = PUBLIC_NAMESPACE
-    elif body.tenant is not None:
-        namespace = namespace_for(body.tenant, body.cache_salt)
+    namespace = await _flushed_namespace(state, engine, body)
     freed = await asyncio.wrap_future(engine.flush(namespace))
     await asyncio.wrap_future(engine.request_snapshot())
     return web.json_response({"flushed": True, "namespace": namespace, "freed_blocks": freed})
+
+
+async def _flushed_namespace(state, engine, body: FlushRequest) -> str | None:
+    """The namespace a flush names (None: every one); 404 for a tenant no key belongs to,
+    or a ``cache_salt`` under which the cache (either tier) holds nothing."""
+    if body.public:
+        return PUBLIC_NAMESPACE
+    if body.tenant is None:
+        if body.cache_salt is not None:
+            raise ApiError(Kind.BAD_REQUEST, "cache_salt names a namespace of a tenant: "
+                           "give tenant too", param="cache_salt")
+        return None
+    if body.tenant not in known_tenants(state):
+        raise ApiError(Kind.NOT_FOUND, f"tenant {body.tenant!r} does not exist (no API key "
+                       "belongs to it)", param="tenant")
+    namespace = namespace_for(body.tenant, body.cache_salt)
+    if body.cache_salt is not None and not await asyncio.wrap_future(
+            engine.holds_namespace(namespace)):
+        raise ApiError(Kind.NOT_FOUND, f"nothing is cached under cache_salt "
+                       f"{body.cache_salt!r} of tenant {body.tenant!r}", param="cache_salt")
+    return namespace
+
+
+def known_tenants(state) -> set[str]:
+    """The tenants requests can come from: the configured ones, ``admin`` when admin keys
+    exist, ``default`` on a server without keys."""
+    config = state.config
+    names = {t.name for t in config.tenants}
+    if config.admin_keys:
+        names.add(ADMIN_TENANT)
+    if state.keyring.open:
+        names.add(DEFAULT_TENANT)
+    return names
 
 
 async def _optional_body(request: web.Request, model):

@@ -147,7 +147,8 @@ def from_engine(kind: ErrorKind | None, message: str, request_id: str = "") -> A
         message = "internal error while generating" + (
             f" (request id {request_id})" if request_id else "")
     retry = 1.0 if mapped in (Kind.RATE_LIMIT, Kind.OVERLOADED) else None
-    return ApiError(mapped, message or mapped.value, retry_after_s=retry)
+    code = "context_length_exceeded" if kind is ErrorKind.TOO_LONG else None
+    return ApiError(mapped, message or mapped.value, code=code, retry_after_s=retry)
 
 
 def api_for_path(path: str) -> Api:

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ValidationError
 
 from radixgate.gateway.auth import Principal
 from radixgate.gateway.errors import ApiError, Kind
+from radixgate.gateway.field_paths import UserError, user_errors
 from radixgate.gateway.state import GatewayState
 
 STATE = web.AppKey("radixgate_state", GatewayState)
@@ -92,24 +93,21 @@ async def parse_body(request: web.Request, model: type[M]) -> M:
     try:
         return model.model_validate(data)
     except ValidationError as e:
-        raise ApiError(Kind.BAD_REQUEST, validation_message(e),
-                       param=_first_loc(e)) from None
+        errors = user_errors(e, model)
+        raise ApiError(Kind.BAD_REQUEST, _message(errors),
+                       param=(errors[0].path or None) if errors else None) from None
 
 
-def validation_message(error: ValidationError) -> str:
-    parts = []
-    for item in error.errors(include_url=False)[:3]:
-        loc = ".".join(str(p) for p in item["loc"]) or "body"
-        parts.append(f"{loc}: {item['msg']}")
-    more = len(error.errors()) - len(parts)
+def validation_message(error: ValidationError, model: type[BaseModel] | None = None) -> str:
+    """The first three errors, each at the client's field path (``field_paths``: pass the
+    validated ``model`` so that pydantic's union and tag names are left out)."""
+    return _message(user_errors(error, model))
+
+
+def _message(errors: list[UserError]) -> str:
+    parts = [f"{e.path or 'body'}: {e.message}" for e in errors[:3]]
+    more = len(errors) - len(parts)
     return "; ".join(parts) + (f" (and {more} more errors)" if more > 0 else "")
-
-
-def _first_loc(error: ValidationError) -> str | None:
-    errors = error.errors(include_url=False)
-    if not errors:
-        return None
-    return ".".join(str(p) for p in errors[0]["loc"]) or None
 
 
 def require_admin(request: web.Request) -> Principal:

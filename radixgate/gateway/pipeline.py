@@ -27,7 +27,7 @@ from aiohttp import web
 from radixgate.gateway import diagnostics
 from radixgate.gateway.auth import Principal
 from radixgate.gateway.http_util import request_id_of
-from radixgate.gateway.prepare import room_for_prompt
+from radixgate.gateway.prepare import ContextExceeded, room_for_prompt
 from radixgate.gateway.prompt_parts import ConvertedPrompt
 from radixgate.gateway.render import RenderedPrompt
 from radixgate.gateway.service import (SEED_MODULUS, Generation, answer_tokens, engine_request,
@@ -105,7 +105,10 @@ async def admit(request: web.Request, model: type, convert: Convert) -> Admitted
         constraint = ask.constraint or (ask.converted.constraint if ask.converted else None)
         grammar = await compile_constraint(state, principal.tenant, constraint)
         reserved = reserved_for(state, ask.max_tokens)
-        prompts = await _prompts(state, principal, ask, reserved)
+        try:
+            prompts = await _prompts(state, principal, ask, reserved)
+        except ContextExceeded as e:        # name the max_tokens the client sent
+            raise e.naming(ask.max_tokens) from None
         admitted = Admitted(state, principal, body, ask, prompts)
         count = len(prompts) * ask.n
         for p, prompt in enumerate(prompts):

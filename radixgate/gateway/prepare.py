@@ -88,11 +88,36 @@ def check_length_bound(texts: Iterable[str], tokenizer, room: int, reserved: int
         raise too_long(room, reserved, context=room + reserved, at_least=least)
 
 
-def too_long(room: int, reserved: int, context: int, at_least: int | None = None) -> ApiError:
+class ContextExceeded(ApiError):
+    """400: the prompt and the room kept for the answer (``reserved`` tokens) do not fit the
+    context window; OpenAI's code ``context_length_exceeded``. The message names the
+    ``max_tokens`` the client sent once the caller says it (``naming``): with clamping on
+    (the default) only one answer token is reserved, which is not what the client asked."""
+
+    def __init__(self, prompt: str, context: int, reserved: int, sent: int | None = None):
+        self.prompt, self.context, self.reserved, self.sent = prompt, context, reserved, sent
+        super().__init__(Kind.BAD_REQUEST, self._message(), code="context_length_exceeded")
+
+    def naming(self, sent: int | None) -> "ContextExceeded":
+        """The same error, naming the client's ``max_tokens`` (None: it sent none)."""
+        return ContextExceeded(self.prompt, self.context, self.reserved, sent)
+
+    def _message(self) -> str:
+        head = f"prompt is too long: the prompt ({self.prompt})"
+        window = f"the context window of {self.context} tokens"
+        if not self.reserved:
+            return f"{head} exceeds {window}"
+        if self.sent == self.reserved or (self.sent is None and self.reserved > 1):
+            return f"{head} + max_tokens ({self.reserved}) exceeds {window}"
+        clamped = (f" (max_tokens {self.sent} is clamped to the room the prompt leaves)"
+                   if self.sent is not None else "")
+        return f"{head} leaves no room for an answer in {window}{clamped}"
+
+
+def too_long(room: int, reserved: int, context: int, at_least: int | None = None
+             ) -> ContextExceeded:
     size = f"at least {at_least} tokens" if at_least is not None else f"more than {room} tokens"
-    tail = f" + max_tokens ({reserved})" if reserved else ""
-    return ApiError(Kind.BAD_REQUEST, f"prompt is too long: the prompt ({size}){tail} exceeds "
-                    f"the context window of {context} tokens")
+    return ContextExceeded(size, context, reserved)
 
 
 def conversation_texts(conversation: Conversation) -> list[str]:

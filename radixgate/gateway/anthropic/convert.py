@@ -28,6 +28,7 @@ def convert_messages_request(req: PromptFields) -> ConvertedPrompt:
     specs = [ToolSpec(t.name, t.description, t.input_schema) for t in tools]
     system = tool_pieces([(spec, _ttl(t.cache_control)) for spec, t in zip(specs, tools)], rules)
     system += _system_pieces(req.system, rules)
+    check_tool_results(req.messages)
     messages = [_message(m, i, rules) for i, m in enumerate(req.messages)]
     if req.cache_control is not None:
         messages = _mark_last_block(messages, req.cache_control, rules)
@@ -53,6 +54,23 @@ def convert_messages_request(req: PromptFields) -> ConvertedPrompt:
         anthropic_constraint(req), specs if names else [], strict if names else set(), parallel))
     return ConvertedPrompt(Conversation(tuple(system), tuple(messages), prefill),
                            tuple(names), output_prefix, forced or auto, None if parallel else 1)
+
+
+def check_tool_results(messages: list[InputMessage]) -> None:
+    """Each ``tool_result`` answers a ``tool_use`` with its id in an earlier message; one
+    that does not is a 400, as Anthropic answers it (the model would read a result of a
+    call it never made)."""
+    called: set[str] = set()
+    for i, message in enumerate(messages):
+        for j, block in enumerate(message.content if isinstance(message.content, list) else ()):
+            if isinstance(block, ToolUseBlock):
+                called.add(block.id)
+            elif isinstance(block, ToolResultBlock) and block.tool_use_id not in called:
+                where = f"messages.{i}.content.{j}"
+                raise ApiError(Kind.BAD_REQUEST, f"{where}: unexpected `tool_use_id` found in "
+                               f"`tool_result` blocks: {block.tool_use_id}. Each `tool_result` "
+                               "block must have a corresponding `tool_use` block in an earlier "
+                               "message.", param=where)
 
 
 def _ttl(cache_control: CacheControl | None) -> str | None:

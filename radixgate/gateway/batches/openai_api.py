@@ -96,7 +96,8 @@ async def run_response(state, batch: Batch, line: dict, pins: GroupPins | None =
     try:
         body = ResponsesRequest.model_validate(line["params"])
     except ValidationError as e:
-        raise ApiError(Kind.BAD_REQUEST, "body: " + validation_message(e)) from None
+        raise ApiError(Kind.BAD_REQUEST,
+                       "body: " + validation_message(e, ResponsesRequest)) from None
     if body.stream or body.previous_response_id is not None:
         raise ApiError(Kind.BAD_REQUEST, "body: a batch response is one unstreamed first "
                        "turn (no previous_response_id)")
@@ -119,7 +120,8 @@ async def run_completion(state, batch: Batch, line: dict) -> dict:
     try:
         body = CompletionRequest.model_validate(line["params"])
     except ValidationError as e:
-        raise ApiError(Kind.BAD_REQUEST, "body: " + validation_message(e)) from None
+        raise ApiError(Kind.BAD_REQUEST,
+                       "body: " + validation_message(e, CompletionRequest)) from None
     if body.stream or body.n != 1 or body.logprobs is not None or body.suffix:
         raise ApiError(Kind.BAD_REQUEST, "body: a batch completion runs one choice, "
                        "unstreamed, without logprobs or suffix")
@@ -148,7 +150,8 @@ async def run_chat(state, batch: Batch, line: dict, pins: GroupPins | None = Non
     try:
         body = ChatCompletionRequest.model_validate(line["params"])
     except ValidationError as e:
-        raise ApiError(Kind.BAD_REQUEST, "body: " + validation_message(e)) from None
+        raise ApiError(Kind.BAD_REQUEST,
+                       "body: " + validation_message(e, ChatCompletionRequest)) from None
     if body.stream or body.n != 1:
         raise ApiError(Kind.BAD_REQUEST, "body: a batch request runs one choice, unstreamed")
     served = state.resolve_model(body.model)

@@ -44,6 +44,7 @@ class EngineClient(Protocol):
     def snapshot(self) -> EngineSnapshot: ...
     def request_snapshot(self) -> Future: ...          # Future[EngineSnapshot], taken now
     def flush(self, namespace: str | None = None) -> Future: ...      # Future[freed blocks]
+    def holds_namespace(self, namespace: str) -> Future: ...          # Future[bool]
     def pin(self, namespace: str, tokens: Sequence[int], ttl_s: float,
             owner: str = "") -> Future: ...            # Future[pinned length]
     def unpin(self, namespace: str, tokens: Sequence[int]) -> Future: ...   # Future[bool]

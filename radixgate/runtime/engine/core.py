@@ -440,6 +440,12 @@ class EngineCore:
             self.tier.purge(namespace)
         return freed
 
+    def holds_namespace(self, namespace: str) -> bool:
+        """Whether ``namespace`` is live in the tree (content, locks or open requests) or
+        has blocks in the lower tier: what a flush of it could reach."""
+        return (self.tree.namespace(namespace) is not None
+                or (self.tier is not None and self.tier.holds_namespace(namespace)))
+
     def close(self) -> None:
         """The engine stopped: the lower tier keeps what the tree holds, then closes."""
         if self.tier is not None:

@@ -181,6 +181,10 @@ class Engine:
         tier's blocks of ``namespace`` (all when None); returns freed memory blocks."""
         return self._command(self.core.flush, namespace)
 
+    def holds_namespace(self, namespace: str) -> Future:
+        """Future[bool]: whether the cache (either tier) holds anything of ``namespace``."""
+        return self._command(self.core.holds_namespace, namespace)
+
     def evict(self, num_blocks: int) -> Future:
         """Future[int]: evicts up to ``num_blocks`` unlocked blocks as memory pressure
         would (into the lower tier, when there is one); returns the blocks freed."""

@@ -123,7 +123,7 @@ def _convert(body: ResponsesRequest, messages: list[dict], tools: tuple[dict, ..
     try:
         request = ChatCompletionRequest.model_validate(chat)
     except ValidationError as e:
-        raise ApiError(Kind.BAD_REQUEST, validation_message(e)) from None
+        raise ApiError(Kind.BAD_REQUEST, validation_message(e, ChatCompletionRequest)) from None
     converted = convert_chat_request(request)
     found = converted.constraint
     if found is not None and found.param.startswith("response_format"):   # name our field
