@@ -77,6 +77,7 @@ class Record:
     before: dict = field(default_factory=dict)          # offset -> new | expired | evicted
     finished: bool = False
     reason: str = ""                                    # REASONS: why it read what it read
+    model: str | None = None       # the model a Messages request named (cache_diagnostics)
 
 
 def digest(tokens) -> str:
@@ -224,6 +225,15 @@ class DiagnosticsBook:
             if record is not None and record.finished:
                 return record
         return None
+
+    def find(self, tenant: str, request_id: str) -> Record | None:
+        """A recent request of ``tenant``, finished or not (its parts are known from its
+        admission on)."""
+        book = self.tenants.get(tenant)
+        if book is None:
+            return None
+        self._trim(book)
+        return book.get(request_id)
 
     def _trim(self, book: OrderedDict) -> None:
         oldest = self.clock() - KEEP_S

@@ -12,6 +12,7 @@ import json
 
 from aiohttp import web
 
+from radixgate.gateway.anthropic.cache_diagnostics import response_fields
 from radixgate.gateway.anthropic.convert import convert_messages_request
 from radixgate.gateway.anthropic.schemas import CountTokensRequest, MessagesRequest
 from radixgate.gateway.errors import Api, ApiError
@@ -49,12 +50,13 @@ async def messages(request: web.Request) -> web.StreamResponse:
     admitted = await admit(request, MessagesRequest, _ask)
     body, converted, generation = admitted.body, admitted.ask.converted, admitted.generation
     message_id = "msg_" + request_id_of(request).removeprefix("req_")
+    extra = response_fields(admitted)        # {"diagnostics": ...} when asked for
     if body.stream:
         return await stream_answer(request, generation,
-                                   MessageStream(converted, body.model, message_id))
+                                   MessageStream(converted, body.model, message_id, extra))
     async with generation:
         finished = await generation.result()
-    response_body = message_body(message_id, body.model, converted, finished)
+    response_body = message_body(message_id, body.model, converted, finished, extra)
     if response_body["stop_reason"] == "tool_use":
         generation.expect_continuation()
     return web.json_response(response_body)
@@ -73,14 +75,16 @@ def usage_body(usage: Usage, output_tokens: int | None = None) -> dict:
 
 
 def message_body(message_id: str, model: str, converted: ConvertedPrompt,
-                 finished: Finished) -> dict:
+                 finished: Finished, extra: dict | None = None) -> dict:
+    """The Message; ``extra``: more fields (``diagnostics``, anthropic/cache_diagnostics.py)."""
     answer = read_answer(converted, finished.text, "toolu_")
     content = [_block(kind, value) for kind, value in answer.items]
     has_tool = any(kind == "tool" for kind, _ in answer.items)
     stop = _stop_reason(finished, has_tool, cut_short(finished, answer.ends_in_call))
     return {"id": message_id, "type": "message", "role": "assistant", "model": model,
             "content": content, "stop_reason": stop,
-            "stop_sequence": finished.stop_sequence, "usage": usage_body(finished.usage)}
+            "stop_sequence": finished.stop_sequence, "usage": usage_body(finished.usage),
+            **(extra or {})}
 
 
 def _block(kind: str, value) -> dict:
@@ -103,8 +107,10 @@ class MessageStream:
     """message_start, content_block_* (text and tool_use blocks), message_delta,
     message_stop; an error closes the open block and ends with an ``error`` event."""
 
-    def __init__(self, converted: ConvertedPrompt, model: str, message_id: str):
+    def __init__(self, converted: ConvertedPrompt, model: str, message_id: str,
+                 extra: dict | None = None):
         self.converted = converted
+        self.extra = extra or {}          # more fields of message_start's message
         self.model = model
         self.message_id = message_id
         self.index = -1
@@ -116,7 +122,7 @@ class MessageStream:
         usage = first.usage if first.usage is not None else Usage()
         message = {"id": self.message_id, "type": "message", "role": "assistant",
                    "model": self.model, "content": [], "stop_reason": None,
-                   "stop_sequence": None, "usage": usage_body(usage)}
+                   "stop_sequence": None, "usage": usage_body(usage), **self.extra}
         return [_frame({"type": "message_start", "message": message}), _frame({"type": "ping"})]
 
     def delta(self, event) -> list[Frame]:

@@ -88,6 +88,13 @@ class Metadata(_Model):
     user_id: str | None = None
 
 
+class Diagnostics(_Model):
+    """Anthropic's cache diagnostics (anthropic/cache_diagnostics.py); another field is a 400."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    previous_message_id: str | None = None     # null: a first turn, nothing to compare
+
+
 class Thinking(_Model):
     type: Literal["enabled", "disabled"]
     budget_tokens: int | None = None
@@ -125,6 +132,7 @@ class MessagesRequest(PromptFields):
     stream: bool = False
     metadata: Metadata | None = None
     cache_salt: str | None = None      # extension (as vLLM's): a separate cache namespace
+    diagnostics: Diagnostics | None = None   # why the cache missed a previous message's prefix
 
 
 class CountTokensRequest(PromptFields):

@@ -18,6 +18,7 @@ import re
 from aiohttp import web
 from pydantic import ValidationError
 
+from radixgate.gateway.anthropic.cache_diagnostics import batch_fields
 from radixgate.gateway.anthropic.convert import convert_messages_request
 from radixgate.gateway.anthropic.messages import message_body
 from radixgate.gateway.anthropic.schemas import MessagesRequest
@@ -77,7 +78,7 @@ async def run_message(state, batch: Batch, line: dict, pins: GroupPins | None = 
                                  max_tokens=body.max_tokens, stop=body.stop_sequences,
                                  cache_salt=body.cache_salt, pins=pins)
     message = message_body("msg_" + request_id.replace("-", "_")[-24:], body.model,
-                           converted, finished)
+                           converted, finished, batch_fields(body))
     return {"result": {"type": "succeeded", "message": message}}
 
 
