@@ -13,7 +13,7 @@ import argparse
 import json
 from pathlib import Path
 
-OUT_DIR = Path("benchmarks/out")
+OUT_DIR = Path(__file__).parent / "out"     # the checkout's benchmarks/out, from any folder
 
 
 def size_parser(doc: str | None, quick: str, full: str | None = None,

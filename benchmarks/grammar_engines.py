@@ -59,7 +59,7 @@ NESTED_INSTANCE = {"customer": {"name": "Ada Lovelace", "email": "ada@example.or
                    "notes": None}
 
 RADIXGATE_RUNTIME = ("torch", "triton", "aiohttp", "xxhash", "pydantic", "gguf",
-                     "tokenizers", "jinja2", "numpy", "safetensors", "prometheus-client", "tqdm")
+                     "tokenizers", "jinja2", "numpy", "safetensors", "prometheus-client")
 
 
 class LLGuidanceEngine:

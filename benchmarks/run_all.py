@@ -161,43 +161,62 @@ def run_other_script(name: str, quick: bool, out_dir: Path, timeout_s: float) ->
     return None
 
 
-def parse_args(argv):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+OUT_DIR = Path(__file__).parent / "out"     # the checkout's benchmarks/out, from any folder
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        description="Run the whole benchmark suite: the radix tree alone, the workloads over "
+                    "HTTP against radixgate servers, the offline upper bound, the peers and "
+                    "the other benchmark scripts")
     mode = parser.add_mutually_exclusive_group()
-    mode.add_argument("--quick", action="store_true", help="small sizes (default)")
+    mode.add_argument("--quick", action="store_true", help="small sizes (the default)")
     mode.add_argument("--full", action="store_true",
-                      help="full-size prompts, fewer sessions (workloads.HTTP_FULL)")
-    parser.add_argument("--seed", type=int, default=0)
+                      help="full-size prompts, fewer sessions (default: off, quick sizes)")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="seed of the workloads' generator (default 0)")
     parser.add_argument("--out", type=Path, default=None,
-                        help="where results.json, the plots and logs go (default "
-                             "benchmarks/out, full mode benchmarks/out/full)")
-    parser.add_argument("--concurrency", type=int, default=4)
+                        help="where results.json, the plots and logs go (default: the "
+                             "checkout's benchmarks/out, full mode benchmarks/out/full)")
+    parser.add_argument("--concurrency", type=int, default=4,
+                        help="requests in flight per workload over HTTP (default 4)")
     parser.add_argument("--variants", default=",".join(DEFAULT_VARIANTS),
-                        help=f"server variants to run (comma separated; empty for none): "
-                             f"{', '.join(VARIANTS)}")
-    parser.add_argument("--workloads", default="", help="only these workloads (comma separated)")
+                        help=f"server variants to run, comma separated, empty for none; of "
+                             f"{', '.join(VARIANTS)} (default {','.join(DEFAULT_VARIANTS)})")
+    parser.add_argument("--workloads", default="",
+                        help="only these workloads, comma separated (default: all)")
     parser.add_argument("--cache-control", action="store_true",
-                        help="mark system prompts and tool lists with cache_control breakpoints")
-    parser.add_argument("--no-transformers", action="store_true")
+                        help="mark system prompts and tool lists with cache_control "
+                             "breakpoints (default: off)")
+    parser.add_argument("--no-transformers", action="store_true",
+                        help="skip the transformers baseline (default: it runs)")
     parser.add_argument("--sample", type=int, default=4,
                         help="cache off and transformers run N requests of each workload, "
                              "spread evenly over its arrival order (early and late turns); "
                              "0 = all (default 4)")
-    parser.add_argument("--peers", action="store_true", help="also llama.cpp when installed")
-    parser.add_argument("--no-scripts", action="store_true", help="skip the other scripts")
-    parser.add_argument("--tiny", action="store_true", help="servers with --tiny weights")
+    parser.add_argument("--peers", action="store_true",
+                        help="also llama.cpp when installed (default: off)")
+    parser.add_argument("--no-scripts", action="store_true",
+                        help="skip the other benchmark scripts (default: they run)")
+    parser.add_argument("--tiny", action="store_true",
+                        help="servers with small random weights (default: off, the real model)")
     parser.add_argument("--sweep-quick", action="store_true",
                         help="sweep the quick-size traces (default: full size in both modes; "
                              "the sweep runs no model and takes about 25 s)")
     parser.add_argument("--kv-cache-gb", type=float, default=None,
-                        help="KV budget of each server (small: a run under memory pressure)")
+                        help="KV budget of each server in GiB, small for a run under "
+                             "memory pressure (default 1, full mode 2)")
     parser.add_argument("--max-tokens", type=int, default=None,
                         help="output tokens per request (default: the mode's)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def parse_args(argv):
+    args = build_parser().parse_args(argv)
     args.quick = not args.full
     args.sample = args.sample or None
     if args.out is None:
-        args.out = Path("benchmarks/out" if args.quick else "benchmarks/out/full")
+        args.out = OUT_DIR if args.quick else OUT_DIR / "full"
     if args.kv_cache_gb is None:       # room for every workload's working set: no eviction
         args.kv_cache_gb = 1.0 if args.quick else 2.0
     return args

@@ -11,6 +11,8 @@ root first.
 
 import os as _os
 
+__version__ = "0.1.0"   # the one version string: the wheel's metadata and ``radixgate --version``
+
 # torch's CPU workers (libgomp) spin-wait between parallel regions; by default for ~300,000
 # turns (~3 ms), which collapses decode when another process takes a core. 30,000 (~0.3 ms)
 # still spans the gaps between the ~150 regions of a decode step (1,000 did not: each region

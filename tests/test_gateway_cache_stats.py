@@ -118,7 +118,8 @@ def test_kv_dtype_and_capacity_are_shown_to_admin_and_tenants(book):
         got = stats(book, scope)
         assert got["kv_dtype"] == "int8"
         assert got["capacity"] == {"blocks": 100, "tokens": 1600, "bytes_per_token": 11880,
-                                   "bytes": 1600 * 11880}
+                                   "bytes": 1600 * 11880, "replicas": 1,
+                                   "bytes_per_replica": 1600 * 11880}
 
 
 def test_engine_step_times_are_the_admins_only(book):

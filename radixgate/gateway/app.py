@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import weakref
 
 from aiohttp import web
 
@@ -35,6 +36,7 @@ from radixgate.gateway.vllm import utility as vllm_utility
 log = logging.getLogger("radixgate.gateway")
 DRAIN_FLUSH_S = 0.2
 _drain_tasks: set[asyncio.Task] = set()     # the loop keeps only weak references
+_drains: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # state -> its one drain
 ROUTES = (messages, batches, chat, completions, models, responses, gemini, gemini_caches,
           vllm_utility, admin, cache_usage, diagnostics_api, openapi)
 
@@ -70,9 +72,16 @@ async def _engine_ctx(app: web.Application):
 
 
 async def _drain(app: web.Application) -> None:
-    """SIGTERM: refuse new requests, let running ones finish within the grace period."""
+    """SIGTERM: refuse new requests, let running ones finish within the grace period.
+    Once per server: the signal's drain and the shutdown hook after it share one task."""
     state = app[STATE]
     state.draining = True
+    if state not in _drains:
+        _drains[state] = asyncio.ensure_future(_drain_engine(state))
+    await asyncio.shield(_drains[state])
+
+
+async def _drain_engine(state: GatewayState) -> None:
     if state.ready:
         log.info("draining: up to %.1f s for running requests", state.config.server.shutdown_grace_s)
         await asyncio.to_thread(state.shutdown, state.config.server.shutdown_grace_s)

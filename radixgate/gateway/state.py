@@ -22,6 +22,7 @@ from radixgate.gateway.model_names import model_names
 from radixgate.gateway.prepare import PrepareGate
 from radixgate.gateway.diagnostics import DiagnosticsBook, diagnostics_file
 from radixgate.gateway.usage_book import UsageBook
+from radixgate.plural import plural
 
 if TYPE_CHECKING:       # the runtime is imported lazily: importing the gateway never loads torch
     from radixgate.runtime.engine.client import EngineClient
@@ -146,9 +147,10 @@ class GatewayState:
         _warm_up(self.engine.tokenizer)
         _freeze_startup_objects()
         self.ready = True
-        log.info("engine ready: model %s (%s), %d KV blocks of %d tokens, context %d, in %.1f s",
-                 self.model_name, info.name, self.engine.num_blocks,
-                 self.engine.block_size, self.engine.max_model_len, time.perf_counter() - start)
+        log.info("engine ready: model %s (%s), %s of %s, context %d, in %.1f s",
+                 self.model_name, info.name, plural(self.engine.num_blocks, "KV block"),
+                 plural(self.engine.block_size, "token"), self.engine.max_model_len,
+                 time.perf_counter() - start)
 
     def shutdown(self, grace_s: float) -> None:
         if self.engine is not None:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import logging
 
+from radixgate.plural import plural
+
 from . import open_disk_tier
 from .fingerprint import model_fingerprint
 from .tier import KVTier
@@ -21,8 +23,8 @@ def open_tier(loaded, config, kv, tree) -> KVTier | None:
         return None
     tier = open_disk_tier(cache, kv, model_fingerprint(loaded, kv), description=loaded.name)
     tree.spill = lambda node, start, end, blocks: spill_path(tier, node, end)
-    log.info("KV disk tier at %s: %.2f GiB budget, %d blocks held", cache.disk_dir,
-             cache.disk_gb, tier.stats().blocks)
+    log.info("KV disk tier at %s: %.2f GiB budget, %s held", cache.disk_dir,
+             cache.disk_gb, plural(tier.stats().blocks, "block"))
     return tier
 
 
@@ -61,7 +63,8 @@ def close_tier(tier: KVTier, tree) -> None:
     """Keep everything the tree holds in the tier (a restart finds it), then close it."""
     try:
         staged = tier.persist(tree_nodes(tree))
-        log.info("KV %s tier: %d blocks of the cache kept at shutdown", tier.kind, staged)
+        log.info("KV %s tier: %s of the cache kept at shutdown", tier.kind,
+                 plural(staged, "block"))
     finally:
         tier.close()
 

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Callable, Mapping
 
+from radixgate.plural import plural
 from radixgate.radix_cache.block_hash import block_hashes, root_hash
 from radixgate.radix_cache.tier_index import TierIndex, TierRecord, TierRun, block_addresses
 
@@ -124,8 +125,8 @@ class KVTier:
             self.index.remove(record.digest)
             self.backend.delete(record)
         if len(self.index):
-            log.info("KV %s tier %s: %d blocks (%.1f MiB) from an earlier run", self.kind,
-                     self.folder, len(self.index), self.index.nbytes / 2**20)
+            log.info("KV %s tier %s: %s (%.1f MiB) from an earlier run", self.kind,
+                     self.folder, plural(len(self.index), "block"), self.index.nbytes / 2**20)
 
     # ---- sizes and addresses ------------------------------------------------------------
     def payload_bytes(self, count: int) -> int:

@@ -167,15 +167,35 @@ def _window_cell(p: Plan) -> str:
             f"{_size(p.window_bytes_per_token)}/tok")
 
 
+def _kv_cell(p: Plan) -> str:
+    """KV/token; marked ``*`` where every layer is windowed (no KV grows with the context)."""
+    return _size(p.bytes_per_token) + ("*" if _all_windowed(p) else "")
+
+
+def _all_windowed(p: Plan) -> bool:
+    return bool(p.window) and p.bytes_per_token == 0
+
+
+def _all_windowed_notes(plans: list[Plan]) -> list[str]:
+    """One line under the table for each model whose every layer is windowed: why its
+    KV/token is 0 B, and where its KV is."""
+    return [f"* {p.name}: every layer has a {p.window:,}-token sliding window, so no KV grows "
+            f"with the context: each conversation keeps its last "
+            f"{min(p.context_tokens, p.window + PLAN_BLOCK_SIZE):,} tokens in the window pool "
+            f"(its bytes per token: the window pool column)"
+            for p in {p.name: p for p in plans if _all_windowed(p)}.values()]
+
+
 def format_plan_table(plans: list[Plan], conversations: int | None = None) -> str:
-    """A fixed-width table: one row per plan; with ``conversations``, the memory they need."""
+    """A fixed-width table: one row per plan; with ``conversations``, the memory they need.
+    A model whose every layer is windowed shows KV/token ``0 B*`` and a note that says why."""
     header = ["model", "KV/token", f"per {plans[0].context_tokens:,} tok" if plans else "per ctx",
               "budget", "tokens fit", "conversations fit", "window pool"]
     if conversations:
         header.append(f"{conversations} conv need")
     rows = [header]
     for p in plans:
-        row = [f"{p.name} ({p.kv_dtype})" if p.kv_dtype else p.name, _size(p.bytes_per_token), _size(p.bytes_per_conversation),
+        row = [f"{p.name} ({p.kv_dtype})" if p.kv_dtype else p.name, _kv_cell(p), _size(p.bytes_per_conversation),
                _size(p.memory_bytes), f"{p.max_tokens:,}", f"{p.max_conversations:,}",
                _window_cell(p)]
         if conversations:
@@ -185,4 +205,4 @@ def format_plan_table(plans: list[Plan], conversations: int | None = None) -> st
     lines = ["  ".join(cell.ljust(w) if i == 0 else cell.rjust(w)
                        for i, (cell, w) in enumerate(zip(r, widths))) for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
+    return "\n".join(lines + _all_windowed_notes(plans))
