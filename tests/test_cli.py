@@ -1,14 +1,28 @@
 """The ``radixgate`` command line: flags over the config file, the loopback guard, CPU
-threads (flag, env, config), generate with cache reuse, the plan command."""
+threads (flag, env, config), generate with cache reuse, the plan command, refusals before
+anything loads (a port in use, a missing model), ``--version``, ``bench`` from any folder,
+one "draining" at shutdown, and what the stats say about budgets with replicas."""
 from __future__ import annotations
 
+import os
 import re
+import socket
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
+from benchmarks.launch import free_port, radixgate_command
 from radixgate.gateway.cli import build_parser, config_from_args, main
 from radixgate.gateway.config import ConfigError, config_from_dict
 from radixgate.radix_cache import CacheConfig, CreditParams
+from tests.support.server import ServerProcess, ServerSpec
+
+
+def _env_without_repo() -> dict[str, str]:
+    """The environment without PYTHONPATH: the command finds the checkout on its own."""
+    return {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "RADIXGATE_REPO")}
 
 
 def test_flags_override_the_config_file(tmp_path):
@@ -207,16 +221,151 @@ def test_kv_dtype_flag_and_cache_key_reach_the_cache_config(tmp_path, kv_dtype):
 def test_serve_exits_with_status_1_and_the_reason_when_the_model_fails_to_load(tmp_path):
     """The model loads on a thread started before the web stack (early_engine_factory):
     its failure still reaches the server, which exits 1 with one line saying why."""
-    import subprocess
-    import sys
-
-    from benchmarks.launch import free_port
-    missing = tmp_path / "missing.gguf"
-    done = subprocess.run([sys.executable, "-m", "radixgate.gateway.cli", "serve", "--model",
-                           str(missing), "--port", str(free_port())],
-                          capture_output=True, text=True, timeout=120)
+    broken = tmp_path / "broken.gguf"
+    broken.write_bytes(b"not a gguf file at all")
+    done = _serve(["--model", str(broken), "--port", str(free_port())], cwd=tmp_path)
     assert done.returncode == 1, done.stderr[-2000:]
-    assert f"exiting: FileNotFoundError: model path {missing}" in done.stderr
+    assert "exiting: " in done.stderr and "model load failed" in done.stderr
+
+
+def _serve(args: list[str], cwd, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "radixgate.gateway.cli", "serve", *args],
+                          capture_output=True, text=True, timeout=timeout, cwd=cwd)
+
+
+def _one_line_refusal(done: subprocess.CompletedProcess) -> str:
+    """A refusal before anything loads: exit status 2, one line on stderr, no model log."""
+    assert done.returncode == 2, done.stderr[-2000:]
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr and "loaded" not in done.stderr
+    return lines[0]
+
+
+def test_a_model_path_that_does_not_exist_is_one_line_and_status_2_before_loading(tmp_path):
+    missing = tmp_path / "missing.gguf"
+    line = _one_line_refusal(_serve(["--model", str(missing), "--port", str(free_port())],
+                                    cwd=tmp_path))
+    assert line == f"radixgate: model path {missing} does not exist (--model or [model] path)"
+
+
+def test_a_port_in_use_is_one_line_and_status_2_before_loading(tmp_path):
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        line = _one_line_refusal(_serve(["--tiny", "--port", str(port)], cwd=tmp_path))
+    assert line.startswith(f"radixgate: cannot listen on 127.0.0.1:{port}: ")
+    assert "in use" in line
+
+
+def test_the_port_check_lets_a_free_port_through():
+    from radixgate.gateway.cli_preflight import check_port_free
+    check_port_free("127.0.0.1", free_port())
+    with pytest.raises(ConfigError, match="cannot listen on no-such-host.invalid"):
+        check_port_free("no-such-host.invalid", 8080)
+
+
+def test_version_is_the_packages_version_string(capsys):
+    import radixgate
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--version"])
+    assert exit_info.value.code == 0
+    assert capsys.readouterr().out.strip() == f"radixgate {radixgate.__version__}"
+
+
+@pytest.mark.parametrize("flags", [["--memory-gb", "0"], ["--memory-gb", "-1"],
+                                   ["--context", "0"], ["--context", "-8"],
+                                   ["--conversations", "0"], ["--dtype-bytes", "0"],
+                                   ["--window-ratio", "-0.5"], ["--memory-gb", "nan"]])
+def test_plan_refuses_budgets_and_contexts_of_zero_or_less(flags, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["plan", "default", *flags])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: radixgate plan") and flags[0] in err
+
+
+def test_plan_says_why_a_model_with_every_layer_windowed_has_no_kv_per_token(capsys):
+    assert main(["plan", "mistral-7b", "--context", "32768"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    row = lines[2].split()
+    assert row[:3] == ["mistral-7b", "0", "B*"]
+    assert lines[3].startswith("* mistral-7b: every layer has a 4,096-token sliding window")
+    assert "last 4,112 tokens in the window pool" in lines[3]
+    assert main(["plan", "mistral-7b", "--context", "2048"]) == 0      # the window spans it
+    assert "*" not in capsys.readouterr().out
+
+
+def test_bench_runs_from_another_folder_with_its_own_usage_line(tmp_path):
+    done = subprocess.run([*radixgate_command(), "bench", "--help"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120, env=_env_without_repo())
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.startswith("usage: radixgate bench ") and "--quick" in done.stdout
+
+
+def test_bench_finds_the_checkout_by_flag_env_or_the_working_folder(tmp_path, monkeypatch):
+    from radixgate.gateway import cli_bench
+    repo = Path(__file__).resolve().parents[1]
+    monkeypatch.setattr(cli_bench.radixgate, "__file__", str(tmp_path / "site" / "radixgate" /
+                                                             "__init__.py"))
+    monkeypatch.delenv(cli_bench.REPO_ENV, raising=False)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(cli_bench.CheckoutNotFound, match="--repo DIR or set RADIXGATE_REPO"):
+        cli_bench.find_checkout()
+    assert cli_bench.find_checkout(str(repo)) == repo
+    with pytest.raises(cli_bench.CheckoutNotFound, match="not a radixgate source checkout"):
+        cli_bench.find_checkout(str(tmp_path))
+    monkeypatch.setenv(cli_bench.REPO_ENV, str(repo))
+    assert cli_bench.find_checkout() == repo
+    monkeypatch.delenv(cli_bench.REPO_ENV)
+    monkeypatch.chdir(repo / "docs")
+    assert cli_bench.find_checkout() == repo                     # a parent of the working folder
+    assert cli_bench.split_repo_flag(["--repo", "x", "--quick"]) == ("x", ["--quick"])
+    assert cli_bench.split_repo_flag(["--repo=x"]) == ("x", [])
+
+
+def test_bench_outside_a_checkout_is_one_line_and_status_2(tmp_path, monkeypatch, capsys):
+    from radixgate.gateway import cli_bench
+    monkeypatch.setattr(cli_bench.radixgate, "__file__", str(tmp_path / "radixgate" /
+                                                             "__init__.py"))
+    monkeypatch.delenv(cli_bench.REPO_ENV, raising=False)
+    monkeypatch.chdir(tmp_path)
+    assert main(["bench", "--quick"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("radixgate bench: the benchmark suite lives in")
+
+
+def test_sigterm_logs_draining_once_and_the_server_exits_0(tmp_path):
+    server = ServerProcess(ServerSpec()).start()
+    try:
+        server.send_sigterm()
+        assert server.wait(60) == 0
+    finally:
+        server.kill()
+    log = server.log_path.read_text(errors="replace")
+    assert log.count("draining:") == 1, log[-3000:]
+    assert re.search(r"engine ready: .* \d+ KV blocks of 16 tokens", log)
+
+
+def test_stats_say_memory_is_each_replicas_and_the_disk_budget_is_split():
+    from dataclasses import fields, replace
+
+    from radixgate.gateway.cache_stats import build_stats
+    from radixgate.gateway.usage_book import UsageBook
+    from radixgate.runtime.engine.snapshot import BlockCounts, ReplicaCounts, empty_snapshot
+    from radixgate.runtime.kv_tier.tier import TierStats
+    each = BlockCounts(total=100, free=100, cached=0, pinned=0, in_use=0)
+    tier = TierStats(**{f.name: 0 for f in fields(TierStats)}
+                     | {"kind": "disk", "folder": "/kv", "budget_bytes": 2 << 30, "drops": {}})
+    snap = replace(empty_snapshot(200, 16), kv_bytes_per_token=512, tier=tier,
+                   replicas=(ReplicaCounts("r0", each, 0.0, 0, 0),
+                             ReplicaCounts("r1", each, 0.0, 0, 0)))
+    stats = build_stats(snap, UsageBook(), model="m", tenant=None, decode=None)
+    assert stats["capacity"]["replicas"] == 2
+    assert stats["capacity"]["bytes_per_replica"] * 2 == stats["capacity"]["bytes"]
+    disk = stats["tiers"]["disk"]
+    assert disk["budget_bytes"] == 2 << 30 and disk["budget_bytes_per_replica"] == 1 << 30
 
 
 def test_deterministic_flag_and_model_key_reach_the_engine_and_its_replicas(tmp_path):
@@ -245,3 +394,10 @@ def test_a_deterministic_engine_refuses_to_start_without_the_native_kernels(monk
     monkeypatch.setattr(native, "usable", lambda *tensors: False)
     with pytest.raises(ValueError, match="deterministic mode needs the native CPU kernels"):
         Engine(tiny_model(), EngineConfig(num_blocks=16, deterministic=True))
+
+
+def test_counts_in_log_lines_agree_with_their_nouns():
+    from radixgate.plural import plural
+    assert [plural(n, "block") for n in (0, 1, 2, 1200)] == [
+        "0 blocks", "1 block", "2 blocks", "1,200 blocks"]
+    assert plural(1, "KV block") == "1 KV block" and plural(3, "entry", "entries") == "3 entries"

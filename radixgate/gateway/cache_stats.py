@@ -9,10 +9,13 @@ scope, null for admin), ``prefill_tokens_per_s``, the 5m/1h split of ``cache_cre
 in every ``tokens``, ``requests.preemptions`` (server-wide, admin only), ``tree.namespaces``
 (live cache namespaces, admin only), a per-second ``history`` in each ``tenants.<name>`` entry,
 ``kv_dtype`` and ``capacity`` (blocks, tokens, bytes per token and bytes of the KV cache in
-that dtype: configuration, so a tenant sees it too), ``tiers`` (the KV held in memory and
+that dtype: configuration, so a tenant sees it too; with replicas the sum over them, each with
+its own ``kv_cache_gb``: ``replicas`` and ``bytes_per_replica`` say so), ``tiers`` (the KV held in memory and
 in the disk tier: blocks, bytes, prompt tokens served from each, the disk tier's loads,
 writes, drops by reason and whether its disk is full; server-wide, so admin only: a tenant
-gets zeros, and ``enabled`` and the disk budget, which are configuration), ``replicas``
+gets zeros, and ``enabled`` and the disk budget, which are configuration: with replicas
+``budget_bytes`` is the deployment's, split evenly, ``budget_bytes_per_replica`` one's share),
+``replicas``
 (scale-out: each
 engine replica's blocks, hit rate, running and waiting; the other counts are their sums;
 empty with one engine), ``engine`` (steps since start, seconds inside them and in the model
@@ -104,6 +107,8 @@ def _tiers(snapshot, admin: bool) -> dict:
     memory = {"blocks": held, "bytes": held * block_bytes, "hit_tokens": hits.get("memory", 0)}
     disk = {"enabled": tier is not None,
             "budget_bytes": tier.budget_bytes if tier is not None else 0,
+            "budget_bytes_per_replica": (tier.budget_bytes // _replica_count(snapshot)
+                                         if tier is not None else 0),
             **{key: getattr(tier, key, 0) for key in DISK_COUNTS},
             "load_gb_per_s": _rate(tier.load_bytes, tier.load_s) if tier is not None else None,
             "drops": dict(tier.drops) if tier is not None else {},
@@ -157,11 +162,18 @@ def _queue_counts(snapshot, tenant: str | None) -> tuple[int, int]:
 
 def _capacity(snapshot) -> dict:
     """How much the KV cache holds in its dtype (bytes per token include 8-bit scales;
-    ``bytes``: both pools where the window layers have their own)."""
+    ``bytes``: both pools where the window layers have their own). With replicas each has
+    its own ``kv_cache_gb``: the counts are their sum, ``bytes_per_replica`` one's share."""
     tokens = snapshot.blocks.total * snapshot.block_size
+    total = snapshot.kv_bytes or tokens * snapshot.kv_bytes_per_token
+    replicas = _replica_count(snapshot)
     return {"blocks": snapshot.blocks.total, "tokens": tokens,
-            "bytes_per_token": snapshot.kv_bytes_per_token,
-            "bytes": snapshot.kv_bytes or tokens * snapshot.kv_bytes_per_token}
+            "bytes_per_token": snapshot.kv_bytes_per_token, "bytes": total,
+            "replicas": replicas, "bytes_per_replica": total // replicas}
+
+
+def _replica_count(snapshot) -> int:
+    return max(1, len(getattr(snapshot, "replicas", ())))
 
 
 def _pools(snapshot, admin: bool) -> dict | None:

