@@ -68,7 +68,8 @@ def _copy_sources(target: Path) -> Path:
 def _clean_env() -> dict[str, str]:
     """The caller's environment without anything that would put the checkout on sys.path."""
     env = {k: v for k, v in os.environ.items()
-           if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME", "PYTHONSTARTUP")}
+           if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME", "PYTHONSTARTUP",
+                        "RADIXGATE_REPO")}
     env["PYTHONNOUSERSITE"] = "1"
     return env
 
