@@ -99,6 +99,11 @@ def build_parser() -> argparse.ArgumentParser:
                        help="the gateway's state folder: cache usage history, explicit cache "
                             "handles ([server] state_dir; default: beside the disk tier's "
                             "folder, none without a tier)")
+    serve.add_argument("--json-schema-open-objects", action="store_true", default=None,
+                       help="read JSON schemas plainly: an object that does not say "
+                            "additionalProperties may get properties it does not list "
+                            "([server] json_schema_open_objects; default: off, such objects "
+                            "are closed, as vLLM's default grammar backend reads them)")
     gen = sub.add_parser("generate", help="run one prompt through the engine (no HTTP)",
                          description="Run one prompt through the engine, without HTTP, and "
                                      "print the answer and its usage.")
@@ -189,7 +194,8 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
                  "kv_disk_gb": getattr(args, "kv_disk_gb", None)}
     for name in ("host", "port", "log_level", "enable_prefix_cache", "page_rounded_match",
                  "body_timeout_s", "max_unsent_events", "stream_send_buffer_bytes",
-                 "replicas", "ray_address", "kv_events_endpoint", "state_dir"):
+                 "replicas", "ray_address", "kv_events_endpoint", "state_dir",
+                 "json_schema_open_objects"):
         overrides[name] = getattr(args, name, None)
     return load_config(getattr(args, "config", None), overrides)
 

@@ -36,6 +36,8 @@ class ServerConfig:
     port: int = 8080
     max_queue: int = 256             # waiting requests beyond this: overloaded
     strict_max_tokens: bool = False  # True: prompt + max_tokens over the context is 400 (else clamped)
+    json_schema_open_objects: bool = False  # True: a schema's object without additionalProperties
+                                            # allows more properties (else closed, as vLLM)
     cors_allow_origins: tuple[str, ...] = ()   # browser origins allowed (CORS); "*": any; () off
     request_timeout_s: float = 600.0
     max_body_bytes: int = 8 * 1024 * 1024
@@ -157,6 +159,7 @@ _FLAG_FIELDS = {
     "page_rounded_match": ("cache", "page_rounded_match"),
     "kv_events_endpoint": ("server", "kv_events_endpoint"),
     "state_dir": ("server", "state_dir"),
+    "json_schema_open_objects": ("server", "json_schema_open_objects"),
     "replicas": ("cluster", "replicas"), "ray_address": ("cluster", "ray_address"),
 }
 

@@ -40,10 +40,18 @@ COMPILE_TIMEOUT_S = 10.0   # a compile still running then is answered with a 400
 
 @dataclass(frozen=True, slots=True)
 class Constraint:
-    """``source``: the grammar; ``param``: the request field it came from (for errors)."""
+    """``source``: the grammar; ``param``: the request field it came from (for errors);
+    ``open_source``: the same grammar with its JSON schemas read plainly (an object that
+    does not say ``additionalProperties`` open), served under the server's
+    ``[server] json_schema_open_objects``; None where it is ``source`` (no schema inside)."""
 
     source: str
     param: str
+    open_source: str | None = None
+
+    def for_objects(self, open_objects: bool) -> str:
+        """The grammar to compile under the server's setting."""
+        return self.open_source if open_objects and self.open_source else self.source
 
 
 def grammars() -> ModuleType:
@@ -64,6 +72,18 @@ def constraint(param: str, build, *args) -> Constraint:
         raise ApiError(Kind.BAD_REQUEST, f"{param}: {exc}", param=param) from None
 
 
+def schema_constraint(param: str, build, *args) -> Constraint:
+    """``constraint`` for a builder with JSON schemas inside: ``build(grammars())(*args,
+    open_objects)`` both ways (objects closed where a schema does not say
+    ``additionalProperties``, as vLLM's default backend reads schemas; and open)."""
+    g = grammars()
+    try:
+        closed, open_ = build(g)(*args, False), build(g)(*args, True)
+    except g.GrammarError as exc:
+        raise ApiError(Kind.BAD_REQUEST, f"{param}: {exc}", param=param) from None
+    return Constraint(closed, param, open_ if open_ != closed else None)
+
+
 def json_schema(param: str, schema) -> Constraint:
     if isinstance(schema, str):
         try:
@@ -71,7 +91,7 @@ def json_schema(param: str, schema) -> Constraint:
         except ValueError:
             raise ApiError(Kind.BAD_REQUEST, f"{param}: the schema is not valid JSON",
                            param=param) from None
-    return constraint(param, lambda g: g.json_grammar, schema)
+    return schema_constraint(param, lambda g: g.json_grammar, schema)
 
 
 def json_object(param: str) -> Constraint:
@@ -105,14 +125,14 @@ def tool_calls(param: str, tools: list[ToolSpec], forced: str | None,
     """The grammar of the text after ``forced_call_prefill(forced)``: the rest of one call
     (to ``forced``, or to any of ``tools`` when None), then, when ``parallel``, more calls
     (to the same tool when one is forced), each after a newline."""
-    return constraint(param, lambda g: _forced_calls_source, tools, forced, parallel)
+    return schema_constraint(param, lambda g: _forced_calls_source, tools, forced, parallel)
 
 
 def strict_tool_calls(param: str, tools: list[ToolSpec], strict: set[str],
                       parallel: bool) -> Constraint:
     """``tool_choice`` auto with strict tools: free text (without ``<tool_call>``), or text
     then calls; a strict tool's arguments match its schema, another's are any object."""
-    return constraint(param, lambda g: _auto_calls_source, tools, strict, parallel)
+    return schema_constraint(param, lambda g: _auto_calls_source, tools, strict, parallel)
 
 
 def format_or_calls(fmt: Constraint, tools: list[ToolSpec], strict: set[str],
@@ -121,7 +141,9 @@ def format_or_calls(fmt: Constraint, tools: list[ToolSpec], strict: set[str],
     either in that format or tool calls alone (no text before them: any text would be
     outside the format), as OpenAI does. Arguments as in ``strict_tool_calls``. The format's
     grammar is embedded whole (``@answer``), so any format combines."""
-    return Constraint(_format_or_calls_source(fmt.source, tools, strict, parallel), fmt.param)
+    closed = _format_or_calls_source(fmt.source, tools, strict, parallel, False)
+    open_ = _format_or_calls_source(fmt.for_objects(True), tools, strict, parallel, True)
+    return Constraint(closed, fmt.param, open_ if open_ != closed else None)
 
 
 def auto_tool_constraint(fmt: Constraint | None, tools: list[ToolSpec], strict: set[str],
@@ -139,33 +161,35 @@ def _literal(text: str) -> str:
     return grammars().lark_literal(text)
 
 
-def _lark_json(schema: dict | bool) -> str:
-    return grammars().lark_json(schema)
+def _lark_json(schema: dict | bool, open_objects: bool) -> str:
+    return grammars().lark_json(schema, open_objects)
 
 
 NAME_OPEN = CALL_OPEN + '{"name": "'     # what forced_call_prefill(None) prefills
 FREE_TEXT = "/(?s:.*)/ & ~/(?s:.*" + CALL_OPEN + ".*)/"
 
 
-def _forced_calls_source(tools: list[ToolSpec], forced: str | None, parallel: bool) -> str:
+def _forced_calls_source(tools: list[ToolSpec], forced: str | None, parallel: bool,
+                         open_objects: bool) -> str:
     callable_ = [t for t in tools if forced is None or t.name == forced]
     first = "args_0 close" if forced is not None else "named"
     return "\n".join([f"start: {first}{_more_calls(parallel)}",
-                      *_call_rules(callable_, {t.name for t in callable_})])
+                      *_call_rules(callable_, {t.name for t in callable_}, open_objects)])
 
 
-def _auto_calls_source(tools: list[ToolSpec], strict: set[str], parallel: bool) -> str:
+def _auto_calls_source(tools: list[ToolSpec], strict: set[str], parallel: bool,
+                       open_objects: bool) -> str:
     return "\n".join([
         f"start: FREE | text {_literal(NAME_OPEN[len(CALL_OPEN):])} named"
         f"{_more_calls(parallel)}",
         f"FREE: {FREE_TEXT}", f"text[suffix={_literal(CALL_OPEN)}]: /(?s:.*)/",
-        *_call_rules(tools, strict)])
+        *_call_rules(tools, strict, open_objects)])
 
 
 def _format_or_calls_source(answer: str, tools: list[ToolSpec], strict: set[str],
-                            parallel: bool) -> str:
+                            parallel: bool, open_objects: bool) -> str:
     main = "\n".join([f"start: @answer | {_literal(NAME_OPEN)} named{_more_calls(parallel)}",
-                      *_call_rules(tools, strict)])
+                      *_call_rules(tools, strict, open_objects)])
     return json.dumps({"grammars": [{"lark_grammar": main},
                                     {"name": "answer", "lark_grammar": answer}]})
 
@@ -174,14 +198,14 @@ def _more_calls(parallel: bool) -> str:
     return f" ({_literal(chr(10) + NAME_OPEN)} named)*" if parallel else ""
 
 
-def _call_rules(tools: list[ToolSpec], strict: set[str]) -> list[str]:
+def _call_rules(tools: list[ToolSpec], strict: set[str], open_objects: bool) -> list[str]:
     """``named``: the rest of a call after NAME_OPEN, to one of ``tools``; arguments match
     the schema of the tools in ``strict``, any JSON object for the others."""
     after_name = '", "arguments": '
     rules = [f"tool_{i}: {_literal(t.name + after_name)} args_{i} close"
              for i, t in enumerate(tools)]
-    rules += [f"args_{i}: {_lark_json(t.input_schema if t.name in strict else {'type': 'object'})}"
-              for i, t in enumerate(tools)]
+    schemas = [t.input_schema if t.name in strict else {"type": "object"} for t in tools]
+    rules += [f"args_{i}: {_lark_json(schema, open_objects)}" for i, schema in enumerate(schemas)]
     return ["named: " + " | ".join(f"tool_{i}" for i in range(len(tools))),
             f"close: {_literal('}' + CALL_CLOSE)}", *rules]
 
@@ -247,8 +271,9 @@ async def compile_constraint(state, tenant: str, found: Constraint | None
     if found is None:
         return None
     cache = grammar_cache(state)
+    source = found.for_objects(state.config.server.json_schema_open_objects)
     try:
-        return await asyncio.wait_for(asyncio.to_thread(cache.get, tenant, found.source),
+        return await asyncio.wait_for(asyncio.to_thread(cache.get, tenant, source),
                                       COMPILE_TIMEOUT_S)
     except grammars().GrammarError as exc:
         raise ApiError(Kind.BAD_REQUEST, f"{found.param}: {exc}", param=found.param) from None

@@ -13,7 +13,11 @@ or whose next-token mask (after the lexer is built) costs over ``MAX_MASK_S`` of
 raises ``GrammarError`` (a 400 at the API; ``GrammarTooSlow`` for the cost, never cached).
 
 JSON is generated compactly with the prompt format's separators (``", "`` and ``": "``) and
-no other whitespace, so a model can never loop on spaces or newlines.
+no other whitespace, so a model can never loop on spaces or newlines. A JSON schema's objects
+are closed where it does not say ``additionalProperties`` (``closed_objects``), as vLLM's
+default backend reads schemas, so a model cannot invent properties until ``max_tokens``;
+``open_objects`` keeps the plain JSON Schema reading (the server's
+``[server] json_schema_open_objects``).
 
 Why llguidance (``python -m benchmarks.grammar_engines``): compile of a tool schema ~0.3 ms
 (xgrammar ~4 ms), per-token masks of a few microseconds for both, 7.5 MB installed with no
@@ -53,14 +57,53 @@ def lark_literal(text: str) -> str:
     return json.dumps(text, ensure_ascii=False)
 
 
-def lark_json(schema: dict | bool) -> str:
-    """A ``%json`` rule body for ``schema`` in the compact format (``JSON_FORMAT``)."""
+def lark_json(schema: dict | bool, open_objects: bool = False) -> str:
+    """A ``%json`` rule body for ``schema`` in the compact format (``JSON_FORMAT``), its
+    objects closed (``closed_objects``) unless ``open_objects``."""
     if schema is True or schema == {}:
         schema = {}
     elif not isinstance(schema, dict):
         raise GrammarError("a JSON schema must be an object")
+    if not open_objects:
+        schema = closed_objects(schema)
     body = {**schema, "x-guidance": {**schema.get("x-guidance", {}), **JSON_FORMAT}}
     return "%json " + json.dumps(body, ensure_ascii=False)
+
+
+# keywords whose value is a schema, a list of schemas, or a name -> schema map
+_SUBSCHEMA = ("additionalProperties", "items", "contains", "not", "if", "then", "else",
+              "unevaluatedItems", "propertyNames")
+_SUBSCHEMA_LISTS = ("items", "prefixItems", "anyOf", "oneOf")
+_SUBSCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions",
+                   "dependentSchemas")
+
+
+def closed_objects(schema, close: bool = True):
+    """``schema`` read as vLLM's default grammar backend (xgrammar) reads it: an object
+    schema that lists ``properties`` and says neither ``additionalProperties`` nor
+    ``unevaluatedProperties`` gets ``additionalProperties: false``, at every depth (nested
+    properties, array items, ``$defs``, ``anyOf`` / ``oneOf`` branches, ...). An object
+    listing no properties stays open (any object). The branches of an ``allOf`` are not
+    closed themselves (each would refuse the others' properties), their subschemas are.
+    Returns a new schema; the input is not changed."""
+    if not isinstance(schema, dict):
+        return schema
+    out = dict(schema)
+    for key in _SUBSCHEMA:
+        if isinstance(out.get(key), dict):
+            out[key] = closed_objects(out[key])
+    for key in _SUBSCHEMA_LISTS:
+        if isinstance(out.get(key), list):
+            out[key] = [closed_objects(s) for s in out[key]]
+    for key in _SUBSCHEMA_MAPS:
+        if isinstance(out.get(key), dict):
+            out[key] = {name: closed_objects(s) for name, s in out[key].items()}
+    if isinstance(out.get("allOf"), list):
+        out["allOf"] = [closed_objects(s, close=False) for s in out["allOf"]]
+    if (close and isinstance(out.get("properties"), dict) and "additionalProperties" not in out
+            and "unevaluatedProperties" not in out and "allOf" not in out):
+        out["additionalProperties"] = False
+    return out
 
 
 def lark_regex(regex: str) -> str:
@@ -71,8 +114,8 @@ def lark_regex(regex: str) -> str:
     return "/" + llguidance.regex_to_lark(regex, "") + "/"
 
 
-def json_grammar(schema: dict | bool) -> str:
-    return "start: " + lark_json(schema)
+def json_grammar(schema: dict | bool, open_objects: bool = False) -> str:
+    return "start: " + lark_json(schema, open_objects)
 
 
 def regex_grammar(regex: str) -> str:
