@@ -6,6 +6,12 @@ queued: a bad schema, an unsupported keyword or a regex too large is a 400 namin
 parameter and the problem. Compiled grammars are cached per (tenant, grammar), so a
 tenant's repeated schema compiles once and no tenant's entries answer another's requests.
 
+A client's JSON schema is read as vLLM's default grammar backend reads it: an object that
+does not say ``additionalProperties`` gets no property it does not list
+(``grammar.closed_objects``). Each Constraint carries that grammar and, where it differs,
+the plain reading (``open_source``), which the server's ``[server]
+json_schema_open_objects`` picks at compile time.
+
 Forced tool calls keep the prompt format of docs/PROMPT_FORMAT.md: the assistant turn is
 prefilled (``tools.forced_call_prefill``) and the grammar covers the rest of the call, so
 ``tools.ToolCallParser`` reads a call whose arguments match that tool's schema::
