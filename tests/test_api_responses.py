@@ -29,8 +29,12 @@ from tests.support.server import ServerSpec, shared_server, tenant_key
 
 SPEC = ServerSpec(tenants=("resp_one", "resp_two"), max_pinned_tokens=4096, kv_cache_gb=0.008)
 MODEL = "gpt-4o-mini"
+# additionalProperties true: the forced call's random 4 tokens then end on a sampled token
+# (a closed object makes the grammar force the last ones, appended without their KV, and the
+# follow-up's cached count below would be less than earlier - 1)
 TOOL = {"type": "function", "name": "get_weather", "description": "Weather in a city.",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                       "additionalProperties": True}}
 STREAM_EVENT = TypeAdapter(ResponseStreamEvent)
 CALL = '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>'
 
