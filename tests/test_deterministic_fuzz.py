@@ -29,6 +29,7 @@ from radixgate.runtime.engine.api import Request, SamplingParams
 from radixgate.runtime.engine.engine import Engine
 from radixgate.runtime.engine.engine_config import EngineConfig
 from radixgate.runtime.engine.grammar import GrammarCompiler, regex_grammar
+from tests.support.finished import assert_finished
 
 ANSWER = 4                       # generated positions per request
 TOP = 20                         # OpenAI's most: every one of them compared
@@ -148,7 +149,8 @@ def engine_for(loaded, kv_dtype: str, num_blocks: int, chunk: int | None, seqs: 
 
 def run_all(engine, requests: list[Request]):
     with ThreadPoolExecutor(max_workers=len(requests)) as pool:
-        return list(pool.map(lambda r: engine.generate(r, timeout=180), requests))
+        return assert_finished(list(pool.map(lambda r: engine.generate(r, timeout=180),
+                                             requests)))
 
 
 prompt_specs = st.tuples(st.integers(0, len(PREFIX_LENGTHS) - 1), st.integers(0, 20),

@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from radixgate.gateway.gemini.cache_store import store_of
 from radixgate.gateway.auth import ADMIN_TENANT, DEFAULT_TENANT, namespace_for
 from radixgate.radix_cache import PUBLIC_NAMESPACE
-from radixgate.gateway.cache_stats import build_stats
+from radixgate.gateway.cache_stats import build_stats, template_headers
 from radixgate.gateway.errors import ApiError, Kind
 from radixgate.gateway.http_util import (parse_body, principal_of, read_body, require_admin,
                                          state_of)
@@ -118,8 +118,9 @@ async def cache_stats(request: web.Request) -> web.Response:
     decode = (lambda ids: engine.tokenizer.decode(ids)) if principal.is_admin else None
     snapshot = await asyncio.wrap_future(engine.request_snapshot())   # taken between steps
     scope = None if principal.is_admin else principal.tenant
+    headers = await asyncio.to_thread(template_headers, state.tokenizer)   # cached
     stats = build_stats(snapshot, state.book, model=state.model_name, tenant=scope,
-                        decode=decode)
+                        decode=decode, headers=headers)
     stats["miss_reasons"] = state.diagnostics.reasons(scope)
     stats["explicit_caches"] = explicit_caches(state, principal)
     return web.json_response(stats)

@@ -31,9 +31,12 @@ name, display_name, tenant, tokens, expires_in_s; an admin's: every tenant's).
 """
 from __future__ import annotations
 
+import functools
 import math
-from typing import Callable
+from typing import Callable, Sequence
 
+from radixgate.gateway.render import (ChatMessage, Conversation, Piece, TemplateError,
+                                      render_prompt)
 from radixgate.gateway.usage_book import UsageBook, percentile
 
 PREVIEW_TOKENS = 48
@@ -41,8 +44,10 @@ PREVIEW_CHARS = 160
 
 
 def build_stats(snapshot, book: UsageBook, *, model: str, tenant: str | None,
-                decode: Callable[[list[int]], str] | None) -> dict:
-    """``tenant`` None = admin view; ``decode`` renders previews (admin only)."""
+                decode: Callable[[list[int]], str] | None,
+                headers: Sequence[Sequence[int]] = ()) -> dict:
+    """``tenant`` None = admin view; ``decode`` renders previews (admin only); ``headers``:
+    the chat template's openings (``template_headers``), which ``top_prefixes`` leaves out."""
     totals = book.totals(tenant)
     admin = tenant is None
     running, waiting = _queue_counts(snapshot, tenant)
@@ -64,7 +69,7 @@ def build_stats(snapshot, book: UsageBook, *, model: str, tenant: str | None,
         "evictions": {reason: (snapshot.evictions.get(reason, 0) if admin else 0)
                       for reason in ("lru", "ttl", "flush")},
         "tenants": _tenants(snapshot, book, tenant),
-        "top_prefixes": _prefixes(snapshot, tenant, decode if admin else None),
+        "top_prefixes": _prefixes(snapshot, tenant, decode if admin else None, headers),
         "history": book.history(tenant),
         "prefill_tokens_per_s": _prefill_rate(snapshot.prefill_tokens_per_s, admin),
         "tiers": _tiers(snapshot, admin),
@@ -229,14 +234,19 @@ def _tenants(snapshot, book: UsageBook, tenant: str | None) -> dict:
     return out
 
 
-def _prefixes(snapshot, tenant: str | None, decode) -> list[dict]:
+def _prefixes(snapshot, tenant: str | None, decode, headers) -> list[dict]:
     """The admin gets the server-wide list; a tenant the list computed from its own
     namespaces (never a filter of the server-wide one, whose length and gaps would tell it
-    about the others' traffic)."""
+    about the others' traffic). A prefix that starts with the chat template's opening and
+    holds less than a block beyond it is left out: every conversation shares
+    ``<|im_start|>system\\n``, which says nothing about what the cache is good for."""
     out = []
     entries = snapshot.top_prefixes if tenant is None else snapshot.tenant_prefixes.get(tenant, ())
     for entry in entries:
         if tenant is not None and entry.tenant != tenant:
+            continue
+        header = _header_length(entry.token_ids, headers)
+        if header and entry.length < header + snapshot.block_size:
             continue
         item = {"tenant": entry.tenant, "tokens": entry.length, "hits": entry.hits,
                 "pin_ttl_s": round(entry.pin_ttl_s, 1)}
@@ -245,3 +255,27 @@ def _prefixes(snapshot, tenant: str | None, decode) -> list[dict]:
             item["preview"] = text[:PREVIEW_CHARS]
         out.append(item)
     return out
+
+
+def _header_length(tokens: Sequence[int], headers: Sequence[Sequence[int]]) -> int:
+    """The longest of ``headers`` that ``tokens`` start with (0: none)."""
+    return max((len(h) for h in headers if tuple(tokens[:len(h)]) == tuple(h)), default=0)
+
+
+@functools.lru_cache(maxsize=8)
+def template_headers(tokenizer) -> tuple[tuple[int, ...], ...]:
+    """What the chat template renders before the client's first text: for a conversation
+    that opens with a system message (``<|im_start|>system\\n``) and for one that opens with
+    a user message (a template may put a default system prompt there). Measured by
+    rendering two empty pieces: the first segment is then the template's text alone."""
+    empty = (Piece(""), Piece(""))
+    shapes = (Conversation(system=empty, messages=(ChatMessage("user", (Piece("."),)),)),
+              Conversation(messages=(ChatMessage("user", empty),)))
+    out = []
+    for conversation in shapes:
+        try:
+            rendered = render_prompt(tokenizer, conversation)
+        except TemplateError:        # e.g. a template without a system role
+            continue
+        out.append(tuple(rendered.tokens[:rendered.segment_ends[0]]))
+    return tuple(out)

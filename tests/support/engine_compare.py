@@ -9,10 +9,14 @@ from dataclasses import dataclass
 
 import torch
 
-from radixgate.runtime.engine.api import Finished, Request, SamplingParams
+from radixgate.runtime.engine.api import FinishReason, Finished, Request, SamplingParams
 from radixgate.runtime.engine.engine import Engine
+from tests.support.finished import COMPLETED, assert_finished
 
 NEAR_TIE = 1e-3
+# requests generate_all keeps in flight: below the engine's 256-place queue (a request
+# over it is refused at once, and its empty output would count as an answer)
+IN_FLIGHT = 128
 
 
 @contextlib.contextmanager
@@ -33,10 +37,14 @@ def greedy(tokens, max_tokens: int = 8, **request_fields) -> Request:
                                                 ignore_eos=True), **request_fields)
 
 
-def generate_all(engine: Engine, requests: list[Request], timeout: float = 300) -> list[Finished]:
-    """Runs requests concurrently (one blocking generate per thread) and returns in order."""
-    with ThreadPoolExecutor(max_workers=len(requests)) as pool:
-        return list(pool.map(lambda r: engine.generate(r, timeout=timeout), requests))
+def generate_all(engine: Engine, requests: list[Request], timeout: float = 300,
+                 expect: tuple[FinishReason, ...] = COMPLETED) -> list[Finished]:
+    """Runs requests concurrently (one blocking generate per thread, at most ``IN_FLIGHT``
+    at once) and returns in order, each checked to have finished for one of ``expect``
+    (by default: it completed, no error or abort)."""
+    with ThreadPoolExecutor(max_workers=min(len(requests), IN_FLIGHT)) as pool:
+        finished = list(pool.map(lambda r: engine.generate(r, timeout=timeout), requests))
+    return assert_finished(finished, *expect)
 
 
 def assert_clean(engine: Engine) -> dict:

@@ -99,20 +99,43 @@ function tokenBars(points, x, yTokens, barW) {
   return out;
 }
 
-function ratePath(points, x, y) {
-  return points.map((p, i) => `${i ? 'L' : 'M'}${r1(x(p.t))},${r1(y(p.rate))}`).join(' ');
+// Samples further apart than this are not joined: seconds without requests have no hit
+// rate, so the line breaks there (a gap) instead of bridging the quiet time or dropping
+// to 0%.
+export const GAP_S = 10;
+
+// Rated points -> runs of samples at most GAP_S apart, oldest first.
+export function rateRuns(points, gapS = GAP_S) {
+  const runs = [];
+  points.forEach((p, i) => {
+    if (!i || p.t - points[i - 1].t > gapS) runs.push([]);
+    runs[runs.length - 1].push(p);
+  });
+  return runs;
+}
+
+// One subpath per run (each starts with M): the gaps between runs are not drawn.
+export function ratePath(points, x, y) {
+  return rateRuns(points).map((run) => run.map(
+    (p, i) => `${i ? 'L' : 'M'}${r1(x(p.t))},${r1(y(p.rate))}`).join(' ')).join(' ');
+}
+
+function runArea(run, x, y) {
+  const first = run[0], last = run[run.length - 1];
+  return `${ratePath(run, x, y)} L${r1(x(last.t))},${r1(y(0))} L${r1(x(first.t))},${r1(y(0))} Z`;
 }
 
 function rateLine(rated, x, y, tMax) {
   const d = ratePath(rated, x, y);
-  const first = rated[0], last = rated[rated.length - 1];
-  const area = `${d} L${r1(x(last.t))},${r1(y(0))} L${r1(x(first.t))},${r1(y(0))} Z`;
+  const last = rated[rated.length - 1];
+  const area = rateRuns(rated).map((run) => runArea(run, x, y)).join(' ');
   let out = `<path class="rate-area" d="${area}"/>`;
   out += `<path class="rate-line" id="hit-line" data-points="${rated.length}" d="${d}"/>`;
-  out += rated.length <= 120
-    ? rated.map((p) => `<circle class="rate-dot" cx="${r1(x(p.t))}" cy="${r1(y(p.rate))}" r="2.2">`
-      + `<title>${Math.round(tMax - p.t)} s ago: ${(100 * p.rate).toFixed(1)}% of ${p.prompt} prompt tokens</title></circle>`).join('')
-    : '';
+  // every sample a dot while there are few; else only the lone ones (a run of one has no line)
+  const dotted = rated.length <= 120 ? rated
+    : rateRuns(rated).filter((run) => run.length === 1).flat();
+  out += dotted.map((p) => `<circle class="rate-dot" cx="${r1(x(p.t))}" cy="${r1(y(p.rate))}" r="2.2">`
+    + `<title>${Math.round(tMax - p.t)} s ago: ${(100 * p.rate).toFixed(1)}% of ${p.prompt} prompt tokens</title></circle>`).join('');
   out += `<circle class="rate-last" cx="${r1(x(last.t))}" cy="${r1(y(last.rate))}" r="4"/>`;
   return out;
 }
@@ -134,9 +157,9 @@ function panelLayout(h) {
 }
 
 // points: [{t, prompt, read, rate}] oldest first (see format.historyPoints), `now` on the
-// same clock as t. Draws the per-sample hit rate as a line in the top panel and each
-// sample's prompt tokens as a stacked bar in the panel below; returns how many samples
-// carried a hit rate (the line's vertices).
+// same clock as t. Draws the per-sample hit rate as a line in the top panel (broken where
+// samples are more than GAP_S apart) and each sample's prompt tokens as a stacked bar in
+// the panel below; returns how many samples carried a hit rate (the line's vertices).
 export function drawHitChart(svg, allPoints, now, maxSpanS = 600) {
   const { w, h } = fitViewBox(svg, 640, 300);
   const { tMin, tMax } = chartWindow(allPoints, now, maxSpanS);

@@ -169,6 +169,7 @@ class EngineCore:
         nothing either until a command arrives or the clock passes ``next_wake()``."""
         started = time.perf_counter()
         chunks: list[Chunk] = []
+        prefill = 0
         try:
             plan = self.scheduler.schedule()
             self.counters.preemptions += len(plan.preempted)
@@ -180,11 +181,15 @@ class EngineCore:
             chunks = plan.chunks
             if not chunks:
                 return not plan.stalled
+            prefill = sum(c.num_tokens for c in chunks if not c.seq.prefill_inserted)
             self._run(chunks)
         except Exception as exc:  # noqa: BLE001 - isolate the failure to this step's requests
             self._fail_step(chunks or list(self.scheduler.running), exc)
+            prefill = 0
+        elapsed = time.perf_counter() - started
         self.counters.steps += 1
-        self.counters.step_s += time.perf_counter() - started
+        self.counters.step_s += elapsed
+        self.counters.record_prefill(prefill, _prefill_share(elapsed, prefill, chunks))
         return True
 
     def next_wake(self) -> float | None:
@@ -248,7 +253,6 @@ class EngineCore:
     def _forward_and_emit(self, chunks: list[Chunk]) -> None:
         self._maybe_inject_fault(chunks)
         sampling = [chunk.samples for chunk in chunks]
-        prefill_tokens = sum(c.num_tokens for c in chunks if not c.seq.prefill_inserted)
         rows = [_logits_rows(c, s) for c, s in zip(chunks, sampling)]
         batch = build_forward_batch(
             [c.seq.tokens[c.seq.num_computed:c.seq.num_computed + c.num_tokens] + list(c.drafts)
@@ -271,7 +275,6 @@ class EngineCore:
         forward_s = time.perf_counter() - forward_started
         logits = self._record_prompt_logprobs(chunks, sampling, rows, logits)
         self.counters.forward_s += forward_s
-        self.counters.record_prefill(prefill_tokens, forward_s)
         for chunk in chunks:
             chunk.seq.num_computed += chunk.num_tokens
         starts = _sampling_row_starts(chunks, sampling)
@@ -528,6 +531,14 @@ def _computes_prompt_logprobs(seq: Sequence) -> bool:
     """seq asked for prompt logprobs and is computing its prompt (before this step's
     ``num_computed`` update)."""
     return seq.params.prompt_logprobs is not None and seq.num_computed < seq.num_prompt
+
+
+def _prefill_share(step_s: float, prefill_tokens: int, chunks: list[Chunk]) -> float:
+    """The part of a step's time spent on its prompt tokens (what the prefill rate counts:
+    scheduling, the forward and inserting into the tree, as a cached prompt saves them all);
+    shared out by tokens when decode rows (and drafts) of other requests ran in the step."""
+    computed = sum(c.num_tokens + len(c.drafts) for c in chunks)
+    return step_s * prefill_tokens / computed if computed else 0.0
 
 
 def _logits_rows(chunk: Chunk, samples: bool) -> list[int]:
