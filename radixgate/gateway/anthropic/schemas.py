@@ -8,11 +8,29 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic_core import PydanticCustomError
 
 
 class _Model(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True)   # "yes" is not a bool, "4" not an int
+
+
+def _whole_number(value):
+    """JSON has one number type: ``1e12``, ``1000000000000.0`` and ``1000000000000`` are the
+    same count of tokens, so a number with an integral value is that integer whatever its
+    spelling; a fraction is refused."""
+    if isinstance(value, float):
+        if not value.is_integer():
+            raise PydanticCustomError("int_from_float", "Input should be a whole number")
+        return int(value)
+    return value
+
+
+# ``max_tokens`` and its kin: a whole number >= 1 however it is spelled, of any size (a
+# count beyond the room left in the context window is clamped to it, as 32000 is; with
+# ``[server] strict_max_tokens`` it is a 400 naming it)
+TokenCount = Annotated[int, BeforeValidator(_whole_number), Field(ge=1)]
 
 
 class CacheControl(_Model):
@@ -116,7 +134,7 @@ class PromptFields(_Model):
 class MessagesRequest(PromptFields):
     """POST /v1/messages."""
 
-    max_tokens: int = Field(ge=1)
+    max_tokens: TokenCount
     cached_content: str | None = None   # extension: a Gemini explicit cache's name first
     temperature: float | None = Field(default=None, ge=0.0, le=1.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)

@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from radixgate.gateway.anthropic.schemas import CacheControl
+from radixgate.gateway.anthropic.schemas import CacheControl, TokenCount
 
 
 class _Model(BaseModel):
@@ -115,7 +115,7 @@ class StreamOptions(_Model):
 
 class _SamplingFields(_Model):
     model: str | None = None           # omitted: the served model
-    max_tokens: int | None = Field(default=None, ge=1)
+    max_tokens: TokenCount | None = None
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     top_k: int | None = Field(default=None, ge=-1)
@@ -152,7 +152,7 @@ class ChatCompletionRequest(_SamplingFields):
 
     messages: list[ChatMessageIn] = Field(min_length=1)
     cached_content: str | None = None   # extension: a Gemini explicit cache's name first
-    max_completion_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: TokenCount | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
     tools: list[ToolDef] | None = None
