@@ -67,7 +67,8 @@ async def run_message(state, batch: Batch, line: dict, pins: GroupPins | None = 
     try:
         body = MessagesRequest.model_validate(line["params"])
     except ValidationError as e:
-        raise ApiError(Kind.BAD_REQUEST, "params: " + validation_message(e)) from None
+        raise ApiError(Kind.BAD_REQUEST,
+                       "params: " + validation_message(e, MessagesRequest)) from None
     if body.stream:
         raise ApiError(Kind.BAD_REQUEST, "params.stream: a batch request cannot stream")
     state.resolve_model(body.model)
