@@ -100,6 +100,17 @@ class ClusterEngine:
                                             for s in stats}, self.block_size)
         return self._latest
 
+    def learn_block_count(self, timeout_s: float = SNAPSHOT_DEADLINE_S) -> None:
+        """``num_blocks`` from one replica's snapshot (every replica has the same KV budget),
+        so the start's log says what a replica holds; left 0 (learned from the first stats)
+        when none answers in time. Called once the deployment is up, off the event loop."""
+        try:
+            _, snap = self.handle.call.remote("request_snapshot").result(timeout_s=timeout_s)
+        except Exception as e:  # noqa: BLE001 - a count for the log, never a failed start
+            log.warning("no replica reported its KV blocks within %g s: %s", timeout_s, e)
+            return
+        self.num_blocks = snap.blocks.total
+
     def request_done(self, replica: str, request_id: str) -> None:
         from .registry import routers
         for router in routers():

@@ -20,6 +20,9 @@ endpoint with a free port (the replica's id is the topic), and answers:
   whose stream ended before that snapshot: its pinned counts include their pins; the
   gateway's ``admission.PinBook`` drops their reservations) and the engine's latest snapshot;
 - ``check_health()``: raises once the engine thread has stopped, so Serve replaces it.
+
+On a loopback Ray node the replica keeps Serve's own gRPC server on loopback too
+(``local_ray.serve_grpc_on_loopback``).
 """
 from __future__ import annotations
 
@@ -60,6 +63,9 @@ class EngineReplica:
         from radixgate.runtime.engine.engine import Engine
         from radixgate.runtime.engine.cpu_threads import set_cpu_threads
         from radixgate.runtime.model.loader import load_model
+
+        from .local_ray import serve_grpc_on_loopback
+        serve_grpc_on_loopback()
         self.name = _replica_name()
         self.index, self._claim, cache = replica_cache(spec)
         set_cpu_threads(spec.threads)

@@ -1,11 +1,13 @@
 """Starting the engine replicas as a Ray Serve deployment, and stopping them.
 
-``start_cluster(settings, spec)`` starts a local Ray cluster (or joins ``ray_address``),
-runs the ``radixgate-engines`` deployment (``replica.EngineReplica`` x N, or Ray Serve
-autoscaling between ``min_replicas`` and ``max_replicas``) with the prefix router
-(``serve_router.RadixPrefixRouter``) and returns its handle. Ray restarts a replica whose
-health check fails or whose process dies. ``stop_cluster`` shuts Serve down and, when this
-process started Ray, Ray too.
+``start_cluster(settings, spec)`` starts a local Ray cluster, bound to loopback unless
+``ray_host`` names another address (``local_ray.py``: binding, token authentication, the
+watchdog), or joins ``ray_address``; runs the ``radixgate-engines`` deployment
+(``replica.EngineReplica`` x N, or Ray Serve autoscaling between ``min_replicas`` and
+``max_replicas``) with the prefix router (``serve_router.RadixPrefixRouter``) and returns
+its handle. Ray restarts a replica whose health check fails or whose process dies.
+``stop_cluster`` stops the deployment: on a local cluster, the application and then Ray
+(``local_ray.stop_local_cluster``); on a joined one, Serve.
 """
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import logging
 import os
 from dataclasses import asdict, dataclass
 
+from .local_ray import init_local_ray, quiet_unactionable_logs, stop_local_cluster
 from .policy import RoutingParams
 from .replica import EngineReplica, ReplicaSpec
 
@@ -27,6 +30,7 @@ STATS_PERIOD_S = 0.5
 class ClusterSettings:
     replicas: int = 2
     ray_address: str = ""            # "": start a local Ray cluster in this process
+    ray_host: str = "127.0.0.1"      # a local cluster's processes bind here
     min_replicas: int = 0            # both 0: a fixed number of replicas; else autoscaling
     max_replicas: int = 0
     target_ongoing_requests: float = 8.0
@@ -46,11 +50,10 @@ def start_cluster(settings: ClusterSettings, spec: ReplicaSpec):
     from ray.serve.config import RequestRouterConfig
     if not ray.is_initialized():
         if settings.ray_address:
+            quiet_unactionable_logs()
             ray.init(address=settings.ray_address, log_to_driver=False)
         else:
-            os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-            ray.init(num_cpus=settings.num_cpus, include_dashboard=False, log_to_driver=False,
-                     runtime_env={"env_vars": _replica_env()})
+            init_local_ray(settings.ray_host, settings.num_cpus, _replica_env())
     serve.start(http_options={"location": "NoServer"})
     deployment = serve.deployment(
         EngineReplica, name=DEPLOYMENT_NAME,
@@ -89,10 +92,8 @@ def _replica_env() -> dict:
 
 
 def stop_cluster(started_ray: bool = True) -> None:
-    import ray
+    if started_ray:
+        stop_local_cluster(APP_NAME)
+        return
     from ray import serve
-    try:
-        serve.shutdown()
-    finally:
-        if started_ray and ray.is_initialized():
-            ray.shutdown()
+    serve.shutdown()

@@ -88,9 +88,15 @@ def build_parser() -> argparse.ArgumentParser:
                        help="deprecated spelling of --policy lru (default: off)")
     serve.add_argument("--replicas", type=int, metavar="N",
                        help="N engine replicas on Ray Serve behind the prefix router "
-                            "([cluster] replicas; 1: one engine in this process)")
+                            "([cluster] replicas; default 1: one engine in this process); "
+                            "the local Ray cluster listens on [cluster] ray_host only "
+                            "(default 127.0.0.1), with Ray's token authentication")
     serve.add_argument("--ray-address", metavar="ADDR",
-                       help="join this Ray cluster instead of starting a local one")
+                       help="join this Ray cluster instead of starting a local one "
+                            "([cluster] ray_address; default: a local one); securing it is "
+                            "yours: Ray's token authentication on (RAY_AUTH_MODE=token, "
+                            "its token in RAY_AUTH_TOKEN or ~/.ray/auth_token) and its "
+                            "ports reachable from its nodes and this gateway only")
     serve.add_argument("--kv-events-endpoint", metavar="tcp://127.0.0.1:PORT",
                        help="publish KV cache events (vLLM's format, ZMQ PUB) here; a "
                             "loopback address unless [server] kv_events_allow_remote "

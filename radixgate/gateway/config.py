@@ -91,6 +91,8 @@ class ClusterConfig:
     routed_ttl_s: float = 30.0       # a routed prefix counts as cached there until its KV
                                      # events confirm it, or for this long
     events_host: str = "127.0.0.1"   # replicas bind their KV-event endpoints here
+    ray_host: str = "127.0.0.1"      # a local Ray cluster's processes bind here (another
+                                     # address: Ray's token authentication is required)
 
     @property
     def enabled(self) -> bool:

@@ -49,7 +49,8 @@ def start_cluster_engine(config: GatewayConfig, gateway_engine) -> ClusterEngine
                        engine_config=replica_engine, events_host=c.events_host,
                        replica_slots=slots)
     settings = ClusterSettings(
-        replicas=c.replicas, ray_address=c.ray_address, min_replicas=c.min_replicas,
+        replicas=c.replicas, ray_address=c.ray_address, ray_host=c.ray_host,
+        min_replicas=c.min_replicas,
         max_replicas=c.max_replicas, num_cpus=c.num_cpus or None,
         routing=RoutingParams(balance_abs=c.balance_abs, balance_rel=c.balance_rel,
                               load_tokens=c.load_tokens, routed_ttl_s=c.routed_ttl_s))
@@ -58,7 +59,9 @@ def start_cluster_engine(config: GatewayConfig, gateway_engine) -> ClusterEngine
     handle = start_cluster(settings, spec)
     log.info("%d engine replicas on Ray Serve (%s), %d torch threads each", c.replicas,
              c.ray_address or "local cluster", spec.threads)
-    return ClusterEngine(handle, model_info, gateway_engine, started_ray=not c.ray_address)
+    engine = ClusterEngine(handle, model_info, gateway_engine, started_ray=not c.ray_address)
+    engine.learn_block_count()
+    return engine
 
 
 def replica_slots(config: GatewayConfig) -> int:
