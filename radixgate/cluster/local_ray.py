@@ -29,6 +29,7 @@ import os
 import threading
 import time
 
+from . import ray_internals
 from .watchdog import start_watchdog, stop_watchdog
 
 log = logging.getLogger(__name__)
@@ -75,9 +76,8 @@ def init_local_ray(host: str, num_cpus: float | None, env_vars: dict) -> None:
     if loopback:
         os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
     import ray
-    import ray._private.ray_constants as ray_constants
     if loopback:                  # read at import: ``ray`` may have been imported before
-        ray_constants.ENABLE_RAY_CLUSTER = False
+        ray_internals.keep_node_address_local()
     quiet_unactionable_logs()
     if _watchdog is None:
         _watchdog = start_watchdog()
@@ -97,8 +97,7 @@ def _require_token_auth(loopback: bool) -> None:
                            f"cluster needs Ray's token authentication, but RAY_AUTH_MODE="
                            f"{os.environ['RAY_AUTH_MODE']}; unset it or set it to token")
     os.environ.setdefault("RAY_AUTH_MODE", "token")     # set: no warning that it is on
-    from ray._raylet import Config
-    Config.initialize("")         # this process reads the mode again, as Ray does after setting it
+    ray_internals.reload_auth_config()
 
 
 class _Unactionable(logging.Filter):
@@ -123,7 +122,7 @@ def serve_grpc_on_loopback() -> None:
     Serve hard-codes ``[::]:0``). Called from the replica's constructor, which runs before
     Serve starts that server."""
     import ray
-    import ray.serve._private.replica as serve_replica
+    serve_replica = ray_internals.serve_replica_module()
     if not is_loopback(ray.util.get_node_ip_address()):
         return
     add_port = getattr(serve_replica, "add_port_to_grpc_server", None)
@@ -138,8 +137,7 @@ def serve_grpc_on_loopback() -> None:
 
 def cluster_intact() -> bool:
     """Every process ``ray.init`` started (GCS, raylet, ...) still runs."""
-    import ray
-    node = ray._private.worker._global_node
+    node = ray_internals.global_node()
     return node is not None and not node.dead_processes()
 
 
