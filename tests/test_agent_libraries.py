@@ -29,6 +29,11 @@ SYSTEM = ("You are the city desk of an atlas. Answer with the city and its count
 QUESTION = "Which city is the capital of France?"
 
 
+# greedy, with a budget the answer fits: at the default temperature the 135M model now and
+# then writes a string until max_tokens (4,096 by default in pydantic-ai) and the agent retries
+CHEAP = {"max_tokens": 128, "temperature": 0.0}
+
+
 class City(BaseModel):
     name: str
     country: str
@@ -68,7 +73,8 @@ def test_pydantic_ai_agent_gives_a_validated_object_over_openai(server, api_key)
 
     model = OpenAIChatModel("gpt-4o-mini", provider=OpenAIProvider(
         base_url=server.base_url + "/v1", api_key=api_key))
-    result = Agent(model, output_type=City, system_prompt=SYSTEM).run_sync(QUESTION)
+    result = Agent(model, output_type=City, system_prompt=SYSTEM,
+                   model_settings=CHEAP).run_sync(QUESTION)
     assert isinstance(result.output, City)
     assert result.output.name and result.output.country
 
@@ -80,7 +86,10 @@ def test_pydantic_ai_agent_gives_a_validated_object_over_anthropic(server, api_k
 
     model = AnthropicModel("claude-sonnet-4", provider=AnthropicProvider(
         base_url=server.base_url, api_key=api_key))
-    result = Agent(model, output_type=City, system_prompt=SYSTEM).run_sync(QUESTION)
+    # pydantic-ai drops temperature for Anthropic's newest API version unless told the older one
+    settings = {**CHEAP, "extra_headers": {"anthropic-version": "2023-06-01"}}
+    result = Agent(model, output_type=City, system_prompt=SYSTEM,
+                   model_settings=settings).run_sync(QUESTION)
     assert isinstance(result.output, City)
     assert result.output.name and result.output.country
 
@@ -108,7 +117,7 @@ def _agents_run(server, api_key, model_kind: str):
     agent = agents.Agent(name="atlas", instructions=SYSTEM, model=model, tools=[record_city],
                          model_settings=agents.ModelSettings(tool_choice="required",
                                                              parallel_tool_calls=False,
-                                                             max_tokens=64),
+                                                             max_tokens=64, temperature=0.0),
                          tool_use_behavior="stop_on_first_tool")
     result = agents.Runner.run_sync(agent, QUESTION,
                                     run_config=agents.RunConfig(tracing_disabled=True))
@@ -147,7 +156,7 @@ def test_langchain_chat_openai_structured_output(server, api_key):
     from langchain_openai import ChatOpenAI
 
     chat = ChatOpenAI(model="gpt-4o-mini", base_url=server.base_url + "/v1", api_key=api_key,
-                      max_tokens=96, max_retries=0)
+                      max_tokens=96, temperature=0.0, max_retries=0)
     answer = chat.with_structured_output(City).invoke(QUESTION)
     assert isinstance(answer, City)
 
@@ -163,7 +172,7 @@ def test_instructor_returns_the_response_model(server, api_key, mode):
         openai.OpenAI(base_url=server.base_url + "/v1", api_key=api_key, max_retries=0),
         mode=getattr(instructor.Mode, mode))
     answer = client.chat.completions.create(
-        model="gpt-4o-mini", response_model=City, max_tokens=96, max_retries=0,
+        model="gpt-4o-mini", response_model=City, max_tokens=96, temperature=0.0, max_retries=0,
         messages=[{"role": "system", "content": SYSTEM}, {"role": "user", "content": QUESTION}])
     assert isinstance(answer, City)
 
