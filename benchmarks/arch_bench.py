@@ -71,7 +71,7 @@ POOL_RATIO = 0.5
 
 def measure(folder: Path, prompts: list[list[int]], decode_tokens: int,
             window_ratio: float = 1.0) -> dict:
-    from radixgate.radix_cache import CacheConfig
+    from radixgate.kv import CacheConfig
     from radixgate.runtime.engine.api import Request, SamplingParams
     from radixgate.runtime.engine.engine import Engine
     from radixgate.runtime.engine.engine_config import EngineConfig

@@ -32,7 +32,7 @@ from pathlib import Path
 
 from benchmarks.cli import size_parser, write_result
 
-from radixgate.radix_cache import BlockPool, CacheConfig, RadixTree
+from radixgate.kv import BlockPool, CacheConfig, RadixTree
 from radixgate.runtime.engine.api import Request, SamplingParams
 from radixgate.runtime.engine.engine import Engine
 from radixgate.runtime.engine.engine_config import EngineConfig

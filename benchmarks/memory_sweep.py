@@ -8,7 +8,7 @@ block), insert the prompt, drop the request's references, then evict down to the
 The budget is the cache's capacity between requests; the running request's blocks come on
 top of it. Policies:
 
-- ``radixgate``     ``radixgate.radix_cache.RadixTree`` with its own eviction: leaves'
+- ``radixgate``     ``radixgate.kv.RadixTree`` with its own eviction: leaves'
                     partly filled last blocks first, then LRU with credits for expected
                     continuations and branching prefixes (``CreditPolicy``), trimming a
                     victim leaf's tail instead of dropping all of it when that frees enough. A request whose response is a tool
@@ -50,7 +50,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-from radixgate.radix_cache import BlockPool, CacheConfig, RadixTree, make_policy
+from radixgate.kv import BlockPool, CacheConfig, RadixTree, make_policy
 
 from benchmarks.belady import SESSION_POLICIES, BeladyCache
 from benchmarks.cli import size_parser

@@ -310,8 +310,8 @@ class RadixgateModelFacts:
 
 
 def radixgate_model_facts(tiny: bool) -> RadixgateModelFacts:
-    from radixgate.radix_cache import CacheConfig
-    from radixgate.radix_cache.kv_dtypes import kv_bytes_per_token
+    from radixgate.kv import CacheConfig
+    from radixgate.kv.dtypes import kv_bytes_per_token
     from radixgate.runtime.model.kv_cache import resolve_kv_dtype
     from radixgate.runtime.model.loader import load_model
     loaded = load_model(tiny=tiny)
@@ -381,7 +381,7 @@ def run_llama(binary: Path, prompts: Prompts, sizes: Sizes) -> dict:
 
 def radixgate_default_budget(prompts: Prompts, tiny: bool) -> dict:
     """radixgate at its default KV budget under light load (one short request)."""
-    from radixgate.radix_cache import CacheConfig
+    from radixgate.kv import CacheConfig
     budget = CacheConfig().kv_cache_gb
     started = time.perf_counter()
     server = ServerProcess(bench_spec(("--threads", str(THREADS)), tiny=tiny,

@@ -25,7 +25,7 @@ import time
 from array import array
 from pathlib import Path
 
-from radixgate.radix_cache import BlockPool, RadixTree, token_array
+from radixgate.kv import BlockPool, RadixTree, token_array
 
 from benchmarks.cli import size_parser, write_result
 

@@ -1,6 +1,6 @@
 """The token ids of every reply a bench server generated, for the offline upper bound.
 
-After a request the engine caches prompt + output[:-1] (``radixgate/runtime/engine/block_manager.py``), and a
+After a request the engine caches prompt + output[:-1] (``radixgate/kv/manager.py``), and a
 session's next scripted turn re-sends the prompt followed by the *scripted* assistant turn: where
 the model's reply begins like that turn, the server reuses more than a replay of prompts
 alone allows. So the bound replays prompt + reply[:-1], and needs the reply's exact ids. The

@@ -12,7 +12,7 @@ clones share exactly what real sessions of a tenant share), tenants cloned with 
 namespaces. Routers:
 
 - ``prefix``      ``cluster.policy.PrefixRouter``, the code the Ray Serve router runs, fed
-                  by the replicas' KV events (``radix_cache.kv_events``);
+                  by the replicas' KV events (``kv.events.blocks``);
 - ``round_robin``, ``pow2`` (power of two choices, least loaded: Ray Serve's default);
 - ``text_affinity`` Ray's ``PrefixCacheAffinityRouter``: a prefix tree of what it routed
                   (no namespaces, no knowledge of evictions), the longest match when it
@@ -36,8 +36,8 @@ from array import array
 from dataclasses import replace
 from pathlib import Path
 
-from radixgate.radix_cache import BlockPool, RadixTree
-from radixgate.radix_cache.kv_events import prompt_block_ids
+from radixgate.kv import BlockPool, RadixTree
+from radixgate.kv.events.blocks import prompt_block_ids
 
 from benchmarks.cli import size_parser
 from benchmarks.sim_cluster import Cluster, Rates

@@ -19,8 +19,8 @@ from array import array
 from collections import deque
 from dataclasses import dataclass, field
 
-from radixgate.radix_cache import BlockPool, RadixTree
-from radixgate.radix_cache.kv_events import BlockTracker
+from radixgate.kv import BlockPool, RadixTree
+from radixgate.kv.events.blocks import BlockTracker
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,7 @@ from radixgate.runtime.engine.engine import Engine
 from radixgate.runtime.engine.engine_config import EngineConfig
 from radixgate.runtime.engine.grammar import GrammarCompiler, json_grammar
 from radixgate.runtime.model.loader import load_model
-from radixgate.radix_cache import CacheConfig
+from radixgate.kv import CacheConfig
 
 ROWS = {"type": "object", "additionalProperties": False, "required": ["rows"],
         "properties": {"rows": {"type": "array", "minItems": 8, "maxItems": 8, "items": {

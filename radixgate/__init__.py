@@ -1,7 +1,8 @@
 """radixgate: a prompt-prefix caching inference gateway.
 
-Subpackages: radix_cache (pure-Python cache core), kernels (paged attention ops),
-runtime (model + engine), gateway (HTTP APIs and the ``radixgate`` CLI).
+Subpackages: kv (the books of KV blocks: the torch-free tree and pool, the manager, the
+window pool, the disk tier, KV events), kernels (paged attention ops), runtime (model +
+engine), cluster (replicas on Ray Serve), gateway (HTTP APIs and the ``radixgate`` CLI).
 
 The subpackages live here, not at the repository's top level: a bare top-level ``kernels``
 (or ``runtime``...) on ``sys.path`` would shadow the installed package of that name for

@@ -4,9 +4,9 @@ the scheduling pass (was: a peek per candidate per admission, then a walk for th
 and one for the match)."""
 import pytest
 
-from radixgate.radix_cache import BlockPool, RadixTree
+from radixgate.kv import BlockPool, RadixTree
 from radixgate.runtime.engine.api import Request
-from radixgate.runtime.engine.block_manager import BlockManager
+from radixgate.kv.manager import KVManager
 from radixgate.runtime.engine.engine_config import EngineConfig
 from radixgate.runtime.engine.scheduler import CANDIDATE_WINDOW, Scheduler
 from radixgate.runtime.engine.sequence import Sequence
@@ -26,7 +26,7 @@ def scheduler_with_waiting(use_public: bool, max_num_seqs: int = 4):
         pool.decref_many(blocks)
     scheduler = Scheduler(EngineConfig(num_blocks=4096, max_num_seqs=max_num_seqs,
                                        max_step_tokens=100_000),
-                          BlockManager(tree, pool, NoCopyKV()))
+                          KVManager(tree, pool, NoCopyKV()))
     for i in range(CANDIDATE_WINDOW):
         tokens = list(range(50 + i)) + [1000 + i] * 16        # each splits the cached prompt
         scheduler.add(Sequence(Request(tokens, namespace="ns", use_public=use_public),

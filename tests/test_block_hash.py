@@ -1,7 +1,7 @@
 """Chained block hashes: equal exactly for equal (seed, namespace, token prefix)."""
 from hypothesis import given, strategies as st
 
-from radixgate.radix_cache.block_hash import as_event_id, block_hashes, root_hash, tail_hash
+from radixgate.kv.core.block_hash import as_event_id, block_hashes, root_hash, tail_hash
 
 TOKENS = st.lists(st.integers(0, 49151), max_size=80)
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from radixgate.radix_cache import BlockPool, BlockPoolError, OutOfBlocks
+from radixgate.kv import BlockPool, BlockPoolError, OutOfBlocks
 
 
 def test_allocate_hands_out_distinct_blocks_with_one_reference():

@@ -16,7 +16,7 @@ import pytest
 from benchmarks.launch import free_port, radixgate_command
 from radixgate.gateway.cli import build_parser, config_from_args, main
 from radixgate.gateway.config import ConfigError, config_from_dict
-from radixgate.radix_cache import CacheConfig, CreditParams
+from radixgate.kv import CacheConfig, CreditParams
 from tests.support.server import ServerProcess, ServerSpec
 
 
@@ -354,7 +354,7 @@ def test_stats_say_memory_is_each_replicas_and_the_disk_budget_is_split():
     from radixgate.gateway.cache_stats import build_stats
     from radixgate.gateway.usage_book import UsageBook
     from radixgate.runtime.engine.snapshot import BlockCounts, ReplicaCounts, empty_snapshot
-    from radixgate.runtime.kv_tier.tier import TierStats
+    from radixgate.kv.tiers.disk.tier import TierStats
     each = BlockCounts(total=100, free=100, cached=0, pinned=0, in_use=0)
     tier = TierStats(**{f.name: 0 for f in fields(TierStats)}
                      | {"kind": "disk", "folder": "/kv", "budget_bytes": 2 << 30, "drops": {}})

@@ -12,7 +12,7 @@ import pytest
 from radixgate.cluster import registry
 from radixgate.cluster.admission import SETTLE_TIMEOUT_S
 from radixgate.cluster.client import ClusterEngine
-from radixgate.radix_cache import BlockPool, RadixTree
+from radixgate.kv import BlockPool, RadixTree
 from radixgate.runtime.engine.api import Breakpoint, Finished, FinishReason, Request, Usage
 from radixgate.runtime.engine.engine_config import EngineConfig, TenantQuota
 from radixgate.runtime.model.model_info import ModelInfo

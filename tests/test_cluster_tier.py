@@ -18,8 +18,8 @@ import pytest
 
 from radixgate.cluster.tier_folders import (claim_replica_index, prepare_deployment_folder,
                                             release_deployment_folder)
-from radixgate.radix_cache import CacheConfig
-from radixgate.runtime.kv_tier import TierFolderError, TierStats
+from radixgate.kv import CacheConfig
+from radixgate.kv.tiers.disk import TierFolderError, TierStats
 from tests.support.server import ADMIN_KEY, ServerProcess, ServerSpec
 
 

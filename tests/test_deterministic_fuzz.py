@@ -23,7 +23,7 @@ import torch
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from radixgate.radix_cache import CacheConfig
+from radixgate.kv import CacheConfig
 from radixgate.runtime.engine import engine as engine_module
 from radixgate.runtime.engine.api import Request, SamplingParams
 from radixgate.runtime.engine.engine import Engine

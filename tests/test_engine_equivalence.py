@@ -11,7 +11,7 @@ weights: oneDNN's GEMMs in fixed 16-row tiles).
 """
 import pytest
 
-from radixgate.radix_cache import CacheConfig
+from radixgate.kv import CacheConfig
 from radixgate.runtime.engine.api import FinishReason
 from radixgate.runtime.engine.engine import Engine
 from radixgate.runtime.engine.engine_config import EngineConfig

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import HealthCheck, settings
 
-from radixgate.radix_cache import BlockPool, CreditParams, CreditPolicy, LRUPolicy, RadixTree
+from radixgate.kv import BlockPool, CreditParams, CreditPolicy, LRUPolicy, RadixTree
 from tests.test_radix_stateful import B, RadixMachine, machine_for
 
 TIGHT_BLOCKS = 10

@@ -1,7 +1,8 @@
 """The import graph, as an import-graph tool (grimp) sees the package: every subpackage is
 visible under radixgate/, dependencies point downwards
-only (ARCHITECTURE.md section 1: gateway -> cluster -> runtime -> kernels, radix_cache;
-inside the runtime, engine -> kv_tier -> model) and no modules import each other in a cycle."""
+only (ARCHITECTURE.md section 1: gateway -> cluster -> runtime -> kernels, kv; inside the KV
+package, the manager -> the tiers, groups and events -> the torch-free core) and no modules
+import each other in a cycle."""
 from __future__ import annotations
 
 import grimp
@@ -10,12 +11,14 @@ import pytest
 from tests.support.graphs import import_cycles
 
 LAYERS = ("radixgate.gateway", "radixgate.cluster", "radixgate.runtime", "radixgate.kernels",
-          "radixgate.radix_cache")
-# The runtime's three rooms, highest first: the model side knows nothing of requests or
-# tiers; the tier (its engine glue included) reaches the engine's tree only through the
-# objects the engine hands it, and reads the model side only for a GGUF header.
-RUNTIME_LAYERS = ("radixgate.runtime.engine", "radixgate.runtime.kv_tier",
-                  "radixgate.runtime.model")
+          "radixgate.kv")
+# The KV package's rooms, highest first: the manager sees everything below it; the tiers,
+# the attention groups and the events know nothing of the manager; the core (tree, pool,
+# policies) knows none of them.
+KV_LAYERS = ("radixgate.kv.manager", "radixgate.kv.tiers", "radixgate.kv.core")
+KV_SIDE_PACKAGES = ("radixgate.kv.groups", "radixgate.kv.events")
+# The runtime's model side knows nothing of requests (the engine side).
+RUNTIME_LAYERS = ("radixgate.runtime.engine", "radixgate.runtime.model")
 
 
 def downward_pairs(layers):
@@ -29,7 +32,7 @@ def graph():
 
 
 def test_the_tool_sees_every_subpackage_and_their_imports(graph):
-    for package in LAYERS + RUNTIME_LAYERS:
+    for package in LAYERS + RUNTIME_LAYERS + ("radixgate.kv.core", "radixgate.kv.tiers"):
         assert len(graph.find_descendants(package)) >= 5, package
     imported = graph.find_modules_directly_imported_by("radixgate.gateway.service")
     assert "radixgate.runtime.engine.api" in imported
@@ -43,8 +46,15 @@ def test_dependencies_point_downwards(graph, lower, upper):
 
 @pytest.mark.parametrize("lower, upper", downward_pairs(RUNTIME_LAYERS))
 def test_the_model_side_imports_nothing_of_the_engine_side(graph, lower, upper):
-    """runtime.model reaches neither runtime.engine nor runtime.kv_tier, and runtime.kv_tier
-    (glue.py included) reaches no module of runtime.engine, not even through another."""
+    """runtime.model reaches no module of runtime.engine, not even through another."""
+    chain = graph.find_shortest_chain(importer=lower, imported=upper, as_packages=True)
+    assert chain is None, f"{lower} reaches {upper} through {chain}"
+
+
+@pytest.mark.parametrize("lower, upper", downward_pairs(KV_LAYERS) + [
+    (side, "radixgate.kv.manager") for side in KV_SIDE_PACKAGES] + [
+    ("radixgate.kv.core", side) for side in KV_SIDE_PACKAGES])
+def test_inside_the_kv_package_dependencies_point_downwards(graph, lower, upper):
     chain = graph.find_shortest_chain(importer=lower, imported=upper, as_packages=True)
     assert chain is None, f"{lower} reaches {upper} through {chain}"
 

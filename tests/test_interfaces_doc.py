@@ -14,13 +14,13 @@ BLOCKS = python_blocks(DOC.read_text())
 
 # (module, name) pairs the document must describe: what other parts code against.
 REQUIRED = [
-    ("radixgate.radix_cache", "BlockPool"), ("radixgate.radix_cache", "RadixTree"),
-    ("radixgate.radix_cache", "MatchResult"), ("radixgate.radix_cache", "InsertResult"),
-    ("radixgate.radix_cache", "EvictionPolicy"), ("radixgate.radix_cache", "CacheConfig"),
+    ("radixgate.kv", "BlockPool"), ("radixgate.kv", "RadixTree"),
+    ("radixgate.kv", "MatchResult"), ("radixgate.kv", "InsertResult"),
+    ("radixgate.kv", "EvictionPolicy"), ("radixgate.kv", "CacheConfig"),
     ("radixgate.runtime.engine.api", "Request"), ("radixgate.runtime.engine.api", "SamplingParams"),
     ("radixgate.runtime.engine.api", "Finished"), ("radixgate.runtime.engine.engine", "Engine"),
-    ("radixgate.runtime.kv_tier", "KVTier"), ("radixgate.runtime.kv_tier", "open_disk_tier"),
-    ("radixgate.runtime.kv_tier", "TierBackend"), ("radixgate.runtime.model.loader", "load_model"),
+    ("radixgate.kv.tiers.disk", "KVTier"), ("radixgate.kv.tiers.disk", "open_disk_tier"),
+    ("radixgate.kv.tiers.disk", "TierBackend"), ("radixgate.runtime.model.loader", "load_model"),
 ]
 
 
@@ -63,9 +63,9 @@ DRIFTED = {
 
 @pytest.mark.parametrize("what", DRIFTED)
 def test_the_check_sees_drift(what):
-    assert check_block("radixgate.radix_cache", DRIFTED[what]), what
+    assert check_block("radixgate.kv", DRIFTED[what]), what
 
 
 def test_the_check_accepts_the_truth():
-    assert check_block("radixgate.radix_cache", "class BlockPool:\n    num_blocks: int\n"
+    assert check_block("radixgate.kv", "class BlockPool:\n    num_blocks: int\n"
                        "    def num_free(self) -> int: ...") == []

@@ -8,8 +8,8 @@ import torch
 
 from radixgate.kernels import copy_blocks, dequantize_kv, paged_attention, quantize_kv, store_kv
 from radixgate.kernels.testing import make_paged_case
-from radixgate.radix_cache import CacheConfig
-from radixgate.radix_cache.kv_dtypes import KV_DTYPE_BYTES, KV_DTYPES, KV_SCALE_BYTES, kv_bytes_per_token
+from radixgate.kv import CacheConfig
+from radixgate.kv.dtypes import KV_DTYPE_BYTES, KV_DTYPES, KV_SCALE_BYTES, kv_bytes_per_token
 from radixgate.runtime.engine.engine import Engine
 from radixgate.runtime.engine.engine_config import EngineConfig
 from radixgate.runtime.model.kv_cache import KVCache, resolve_kv_dtype
@@ -49,7 +49,7 @@ def test_one_list_of_kv_dtypes_with_their_torch_dtypes_and_sizes():
 
 @pytest.mark.parametrize("kv_dtype", DTYPES)
 def test_one_bytes_per_token_formula_matches_the_allocated_pool(kv_dtype):
-    """The formula (radix_cache.kv_dtypes) that the model config, the planner, the budget
+    """The formula (kv.dtypes) that the model config, the planner, the budget
     split and the snapshot use is what a pool of that dtype really allocates, scales included."""
     config = ModelConfig(vocab_size=8, hidden_size=16, intermediate_size=32, num_layers=2,
                          num_heads=3, num_kv_heads=3, head_dim=8)

@@ -8,12 +8,12 @@ import time
 import msgpack
 import pytest
 
-from radixgate.cluster.kv_decode import decode_batch
-from radixgate.radix_cache import BlockPool, RadixTree
-from radixgate.radix_cache.block_hash import as_event_id, block_hashes, root_hash
-from radixgate.radix_cache.kv_events import (AllBlocksCleared, BlockRemoved, BlockStored,
+from radixgate.kv.events.decode import decode_batch
+from radixgate.kv import BlockPool, RadixTree
+from radixgate.kv.core.block_hash import as_event_id, block_hashes, root_hash
+from radixgate.kv.events.blocks import (AllBlocksCleared, BlockRemoved, BlockStored,
                                              BlockTracker, prompt_block_ids)
-from radixgate.runtime.engine.kv_events import (EndpointError, check_endpoint, encode_batch,
+from radixgate.kv.events.publisher import (EndpointError, check_endpoint, encode_batch,
                                          hash_seed)
 
 B = 4
@@ -120,8 +120,8 @@ def test_window_data_let_go_is_a_removal_in_the_window_group_only():
     it); they stay announced for the main pool until it evicts them, and the router's
     prefix index keeps them."""
     from radixgate.cluster.prefix_index import PrefixIndex
-    from radixgate.radix_cache import CacheEvent
-    from radixgate.radix_cache.kv_events import WINDOW_MEDIUM
+    from radixgate.kv import CacheEvent
+    from radixgate.kv.events.blocks import WINDOW_MEDIUM
     rec = Recorder()
     tokens = list(range(100, 112))                       # blocks 0, 1, 2
     rec.cache("ns", tokens)
@@ -206,7 +206,7 @@ class Replica:
 
     def __init__(self, endpoint: str = "tcp://127.0.0.1:*",
                  replay: str | None = "tcp://127.0.0.1:*", replay_batches: int = 64):
-        from radixgate.runtime.engine.kv_events import KVEventPublisher
+        from radixgate.kv.events.publisher import KVEventPublisher
         self.pub = KVEventPublisher(endpoint, SEED, B, topic="r0", replay_endpoint=replay,
                                     replay_batches=replay_batches)
         self.pool = BlockPool(32, B)

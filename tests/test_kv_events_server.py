@@ -10,11 +10,11 @@ import pytest
 import zmq
 
 from benchmarks.launch import free_ports
-from radixgate.cluster.kv_decode import decode_batch
+from radixgate.kv.events.decode import decode_batch
 from radixgate.cluster.prefix_index import PrefixIndex
 from radixgate.gateway.auth import namespace_for
-from radixgate.radix_cache.kv_events import BlockRemoved, BlockStored, prompt_block_ids
-from radixgate.runtime.engine.kv_events import hash_seed
+from radixgate.kv.events.blocks import BlockRemoved, BlockStored, prompt_block_ids
+from radixgate.kv.events.publisher import hash_seed
 from tests.support.server import ADMIN_KEY, ServerProcess, ServerSpec
 from tests.test_cluster_ray import call, complete
 

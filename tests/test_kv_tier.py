@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from radixgate.runtime.engine.engine import Engine
-from radixgate.runtime.kv_tier import TierFolderError
+from radixgate.kv.tiers.disk import TierFolderError
 from tests.support.engine import engine_config, tiny_model
 from tests.support.engine_compare import assert_clean, compare_greedy, greedy
 
@@ -66,7 +66,7 @@ def evict_prompt(engine: Engine) -> None:
 
 
 def where(engine: Engine, tokens, namespace: str = "ns-a") -> list[str]:
-    from radixgate.runtime.kv_tier.glue import block_tiers
+    from radixgate.kv.tiers.disk.glue import block_tiers
     core = engine.core
     return engine._command(block_tiers, core.tree, core.tier, namespace, tokens).result(30)
 
@@ -300,8 +300,8 @@ def test_a_second_server_on_the_same_folder_is_refused(tmp_path):
     try:
         with pytest.raises(TierFolderError, match="in use by another radixgate server"):
             start(tmp_path)
-        from radixgate.radix_cache import CacheConfig
-        from radixgate.runtime.kv_tier import check_disk_folder
+        from radixgate.kv import CacheConfig
+        from radixgate.kv.tiers.disk import check_disk_folder
         with pytest.raises(TierFolderError, match=f"pid {os.getpid()}"):
             check_disk_folder(CacheConfig(disk_dir=str(tmp_path), disk_gb=1))
         start_sub = start(tmp_path / "replica-1")            # a replica's own subfolder
@@ -316,8 +316,8 @@ def test_an_unusable_folder_is_a_clear_error_at_start(tmp_path):
     blocker.write_text("not a folder")
     with pytest.raises(TierFolderError, match="cannot be used"):
         start(blocker / "kv")
-    from radixgate.radix_cache import CacheConfig
-    from radixgate.runtime.kv_tier import check_disk_folder
+    from radixgate.kv import CacheConfig
+    from radixgate.kv.tiers.disk import check_disk_folder
     with pytest.raises(TierFolderError, match="cannot be used"):
         check_disk_folder(CacheConfig(disk_dir=str(blocker / "kv"), disk_gb=1))
     check_disk_folder(CacheConfig(disk_dir=str(tmp_path / "fine"), disk_gb=1))
@@ -438,7 +438,7 @@ def test_pinned_prefixes_stay_in_the_tier_for_their_ttl_when_the_budget_is_short
     import torch
 
     from radixgate.runtime.model.kv_cache import KVCache
-    from radixgate.runtime.kv_tier import KVTier, MemoryBackend
+    from radixgate.kv.tiers.disk import KVTier, MemoryBackend
 
     kv = KVCache(2, 64, 4, 2, 8, "float32")
     for part in kv.block_parts():
@@ -496,7 +496,7 @@ def test_a_24h_breakpoint_holds_memory_at_most_an_hour_and_the_tier_for_a_day(tm
 
 def test_a_spill_beyond_the_staging_room_keeps_what_fits_and_never_waits():
     from radixgate.runtime.model.kv_cache import KVCache
-    from radixgate.runtime.kv_tier import KVTier, MemoryBackend
+    from radixgate.kv.tiers.disk import KVTier, MemoryBackend
 
     kv = KVCache(2, 32, 4, 2, 8, "float32")
     backend = MemoryBackend()

@@ -1,4 +1,4 @@
-"""The disk tier's one atomic write (radixgate/runtime/kv_tier/backends.py: records, the manifest and the
+"""The disk tier's one atomic write (radixgate/kv/tiers/disk/backends.py: records, the manifest and the
 retention file all go through it): a reader sees the old file or the whole new one."""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from radixgate.runtime.kv_tier.backends import write_atomic
+from radixgate.kv.tiers.disk.backends import write_atomic
 
 
 def test_a_write_that_fails_halfway_leaves_the_old_file_and_no_temporary(tmp_path):

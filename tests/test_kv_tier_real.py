@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from radixgate.runtime.model.kv_cache import KVCache
-from radixgate.runtime.kv_tier import DiskBackend, KVTier
+from radixgate.kv.tiers.disk import DiskBackend, KVTier
 
 BLOCK_SIZE = 16
 FINGERPRINT = b"r" * 16
@@ -158,7 +158,7 @@ def test_the_weights_identity_survives_a_move_and_a_touch_but_not_other_weights(
     model_fingerprint covers seeded random weights)."""
     import shutil
 
-    from radixgate.runtime.kv_tier.fingerprint import SAMPLE_BYTES, SAMPLES, weights_identity
+    from radixgate.runtime.model.fingerprint import SAMPLE_BYTES, SAMPLES, weights_identity
 
     original = weights_identity(str(default_model_path))
     moved = tmp_path / "elsewhere" / "model.gguf"

@@ -1,9 +1,9 @@
 """Layout rules the code keeps (static, with ``ast``; imports nothing it checks):
 
 - no module imports another module's underscore name (``from x import _name``) or reaches
-  into an imported module (``module._name``); in ``radixgate/radix_cache/`` no code touches another
+  into an imported module (``module._name``); in ``radixgate/kv/`` no code touches another
   object's underscore attribute at all (``other._name``: only ``self``/``cls`` may);
-- the modules of ``radixgate/radix_cache/`` import no cycle (module-level imports; those under
+- the modules of ``radixgate/kv/`` import no cycle (module-level imports; those under
   ``if TYPE_CHECKING:`` aside).
 
 Import cycles across the whole package are checked by tests/test_import_graph.py (grimp).
@@ -20,7 +20,7 @@ import pytest
 from tests.support.graphs import import_cycles
 
 ROOT = Path(__file__).resolve().parent.parent
-FOLDERS = ("radix_cache", "runtime", "cluster", "gateway", "kernels", "benchmarks")
+FOLDERS = ("kv/core", "kv", "runtime", "cluster", "gateway", "kernels", "benchmarks")
 PACKAGE = "radixgate"
 
 
@@ -115,8 +115,8 @@ def import_graph(folder: str) -> dict[str, set[str]]:
     return {name: module_imports(path, set(paths)) - {name} for name, path in paths.items()}
 
 
-def test_radix_cache_uses_no_underscore_name_of_another_module_or_object():
-    found = [v for path in modules("radix_cache") for v in violations(path, strict=True)]
+def test_the_kv_core_uses_no_underscore_name_of_another_module_or_object():
+    found = [v for path in modules("kv/core") for v in violations(path, strict=True)]
     assert found == []
 
 
@@ -130,7 +130,7 @@ def _allowed(violation: str) -> bool:
     return party is not None and what.replace("imports ", "").split()[0].split(".")[0] == party
 
 
-@pytest.mark.parametrize("folder", [f for f in FOLDERS if f != "radix_cache"])
+@pytest.mark.parametrize("folder", [f for f in FOLDERS if f != "kv/core"])
 def test_no_module_imports_or_reaches_into_another_modules_underscore_names(folder):
     found = {v for path in modules(folder) for v in violations(path, strict=False)}
     assert sorted(v for v in found if not _allowed(v)) == []
@@ -143,8 +143,8 @@ def test_only_the_named_file_reaches_into_ray_and_only_into_ray():
     assert not _allowed("radixgate/cluster/local_ray.py: imports ray._private.ray_constants")
 
 
-def test_radix_cache_modules_import_no_cycle():
-    graph = import_graph("radix_cache")
+def test_the_kv_core_modules_import_no_cycle():
+    graph = import_graph("kv/core")
     assert len(graph) > 10                  # the walk found the package's modules
     assert import_cycles(graph) == []
 
@@ -158,7 +158,7 @@ def test_the_checks_see_private_imports_and_reaches(tmp_path, monkeypatch):
     monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
     (tmp_path / PACKAGE / "radix_cache").mkdir(parents=True)
     bad = tmp_path / PACKAGE / "radix_cache" / "bad.py"
-    bad.write_text("from .tree import _split\nimport radixgate.radix_cache.pool as pool\n"
+    bad.write_text("from .tree import _split\nimport radixgate.kv.core.pool as pool\n"
                    "pool._free\ndef f(node):\n    return node._count\n")
     found = violations(bad, strict=True)
     assert len(found) == 3 and "_split" in found[0] and "pool._free" in found[1]
@@ -175,7 +175,7 @@ def test_the_top_level_holds_no_package_that_could_shadow_an_installed_one():
     made transformers import it for the hub ``kernels`` package. The subpackages live under
     radixgate/; the top level has only radixgate, benchmarks and tests."""
     assert top_level_packages(ROOT) == {PACKAGE, "benchmarks", "tests"}
-    for name in ("kernels", "runtime", "gateway", "cluster", "radix_cache"):
+    for name in ("kernels", "runtime", "gateway", "cluster", "kv"):
         spec = importlib.util.find_spec(name)
         places = [*(spec.submodule_search_locations or []), spec.origin] if spec else []
         assert [p for p in places if p and ROOT / name in (Path(p), Path(p).parent)] == []

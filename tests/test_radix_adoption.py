@@ -3,7 +3,7 @@ request's private copy of that block. Its own-block count, the evictable counter
 totals and the pool must stay exact through adoption under a lock, under a pin, with a
 caller still holding the old block, and through the eviction that follows (pure Python)."""
 
-from radixgate.radix_cache import BlockPool, RadixTree
+from radixgate.kv import BlockPool, RadixTree
 from tests.support.radix import make_clocked_tree
 
 B = 4

@@ -1,6 +1,6 @@
 """Eviction: LRU order over unlocked leaves, own-block counting, flush, events."""
 
-from radixgate.radix_cache import BlockPool, CacheEvent, RadixTree
+from radixgate.kv import BlockPool, CacheEvent, RadixTree
 from tests.support.radix import cache, hit
 
 B = 4

@@ -4,7 +4,7 @@ outlive equally recent leaves; plain LRU (``LRU``) ignores both."""
 
 import pytest
 
-from radixgate.radix_cache import BlockPool, CreditParams, CreditPolicy, EvictionPolicy, LRUPolicy, RadixTree
+from radixgate.kv import BlockPool, CreditParams, CreditPolicy, EvictionPolicy, LRUPolicy, RadixTree
 from tests.support.radix import cache, hit
 
 B = 4

@@ -1,13 +1,13 @@
-"""Namespace lifetime and the per-tenant cap (radixgate/radix_cache/namespaces.py), and each tenant's
-hottest prefixes from its own namespaces (radixgate/radix_cache/reports.py)."""
+"""Namespace lifetime and the per-tenant cap (radixgate/kv/core/namespaces.py), and each tenant's
+hottest prefixes from its own namespaces (radixgate/kv/core/reports.py)."""
 
 import heapq
 import random
 
 import pytest
 
-from radixgate.radix_cache import BlockPool, RadixTree
-from radixgate.radix_cache.reports import iter_nodes
+from radixgate.kv import BlockPool, RadixTree
+from radixgate.kv.core.reports import iter_nodes
 from tests.support.radix import cache, hit, make_clocked_tree
 
 B = 4

@@ -3,8 +3,8 @@
 import struct
 from array import array
 
-from radixgate.radix_cache import BlockPool, RadixTree
-from radixgate.radix_cache.packing import QueryPacker
+from radixgate.kv import BlockPool, RadixTree
+from radixgate.kv.core.packing import QueryPacker
 
 
 def packed(tokens):

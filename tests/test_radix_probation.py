@@ -1,10 +1,10 @@
 """Probation (``admission.py``) and the capped branch credit: one-off content below a
 fanned-out prefix goes first; conversations and content asked for again are never on it."""
 
-from radixgate.radix_cache import BlockPool, CreditParams, CreditPolicy, LRUPolicy, RadixTree
-from radixgate.radix_cache.node import TreeNode
-from radixgate.radix_cache.policy.credit import CreditState
-from radixgate.radix_cache.policy.probation import Sightings
+from radixgate.kv import BlockPool, CreditParams, CreditPolicy, LRUPolicy, RadixTree
+from radixgate.kv.core.node import TreeNode
+from radixgate.kv.core.policy.credit import CreditState
+from radixgate.kv.core.policy.probation import Sightings
 from tests.support.radix import cache, hit
 
 B = 4

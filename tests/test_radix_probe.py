@@ -1,6 +1,6 @@
 """``RadixTree.probe``: one read-only walk that ``match`` and ``freeable_blocks`` reuse while
 the tree's version is unchanged; splits keep a probe valid, removals make it stale."""
-from radixgate.radix_cache import BlockPool, RadixTree
+from radixgate.kv import BlockPool, RadixTree
 from tests.support.radix import cache
 
 B = 4

@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from radixgate.radix_cache import BlockPool, CreditParams, CreditPolicy, LRUPolicy, RadixTree
+from radixgate.kv import BlockPool, CreditParams, CreditPolicy, LRUPolicy, RadixTree
 
 B = 4
 NUM_BLOCKS = 40

@@ -2,7 +2,7 @@
 
 import pytest
 
-from radixgate.radix_cache import BlockPool, IntegrityError, RadixTree
+from radixgate.kv import BlockPool, IntegrityError, RadixTree
 
 B = 4
 
@@ -271,7 +271,7 @@ def test_peek_length_reads_without_locking_or_counting():
 def test_array_tokens_match_the_same_as_lists():
     from array import array
 
-    from radixgate.radix_cache import token_array
+    from radixgate.kv import token_array
 
     pool, tree = make_tree()
     blocks, _ = cache(pool, tree, [5, 6, 7, 8, 9, 10])

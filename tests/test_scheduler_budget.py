@@ -1,8 +1,8 @@
 """The step budget: a step in which no sequence decodes takes ``solo_step_tokens`` in
 bigger prefill chunks; once a sequence decodes, steps go back to ``max_step_tokens``."""
-from radixgate.radix_cache import BlockPool, RadixTree
+from radixgate.kv import BlockPool, RadixTree
 from radixgate.runtime.engine.api import Request
-from radixgate.runtime.engine.block_manager import BlockManager
+from radixgate.kv.manager import KVManager
 from radixgate.runtime.engine.engine_config import EngineConfig
 from radixgate.runtime.engine.scheduler import Scheduler
 from radixgate.runtime.engine.sequence import Sequence
@@ -13,7 +13,7 @@ from tests.test_admission_walks import NoCopyKV
 def _scheduler(**fields) -> Scheduler:
     pool = BlockPool(1024, 16)
     config = EngineConfig(num_blocks=1024, max_step_tokens=512, **fields)
-    return Scheduler(config, BlockManager(RadixTree(pool), pool, NoCopyKV()))
+    return Scheduler(config, KVManager(RadixTree(pool), pool, NoCopyKV()))
 
 
 def _add(scheduler: Scheduler, tokens: list[int], rid: int) -> Sequence:

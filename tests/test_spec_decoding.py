@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from radixgate.radix_cache import CacheConfig
+from radixgate.kv import CacheConfig
 from radixgate.runtime.engine.api import FinishReason, Request, SamplingParams
 from radixgate.runtime.engine.engine import Engine
 from radixgate.runtime.engine.engine_config import EngineConfig
@@ -46,7 +46,7 @@ def test_draft_length_follows_acceptance_and_batch_size():
 
 
 def _tree_with_drafts(num_blocks: int = 32, **spec):
-    from radixgate.radix_cache import BlockPool, RadixTree
+    from radixgate.kv import BlockPool, RadixTree
     from radixgate.runtime.engine.spec import NamespaceDrafts
     pool = BlockPool(num_blocks, 4)
     tree = RadixTree(pool)
@@ -257,14 +257,14 @@ def test_constrained_rows_draft_within_their_grammar_and_answer_the_same():
 def test_draft_blocks_come_only_from_free_ones_never_from_the_cache():
     """``grow_from_free`` allocates from free blocks only, keeping ``keep_free`` of them:
     where a plain ``grow`` would evict the tree's cached prefix, it refuses instead."""
-    from radixgate.radix_cache import BlockPool, RadixTree
-    from radixgate.runtime.engine.block_manager import BlockManager
+    from radixgate.kv import BlockPool, RadixTree
+    from radixgate.kv.manager import KVManager
     from radixgate.runtime.engine.sequence import Sequence
     from tests.support.radix import cache
     pool = BlockPool(6, 4)
     tree = RadixTree(pool)
     cache(pool, tree, list(range(12)))                       # 3 blocks cached, evictable
-    blocks = BlockManager(tree, pool, kv=None)
+    blocks = KVManager(tree, pool, kv=None)
     seq = Sequence(Request([1, 2, 3]), None, 1, None, None, None)
     assert blocks.grow_from_free(seq, 8, keep_free=1)        # 2 of the 3 free blocks
     assert not blocks.grow_from_free(seq, 12, keep_free=1)   # the last free one is kept

@@ -1,13 +1,13 @@
-"""TierIndex (radixgate/radix_cache/tier_index.py): runs over chained addresses, tails, the byte
+"""TierIndex (radixgate/kv/tiers/index.py): runs over chained addresses, tails, the byte
 budget with retention, namespace purges; and the record format's checks. The index is pure
 Python (no torch)."""
 from __future__ import annotations
 
 import pytest
 
-from radixgate.radix_cache.block_hash import block_hashes, root_hash
-from radixgate.radix_cache.tier_index import TierIndex, TierRecord, block_addresses
-from radixgate.runtime.kv_tier.records import CorruptRecord, decode, encode_prefix
+from radixgate.kv.core.block_hash import block_hashes, root_hash
+from radixgate.kv.tiers.index import TierIndex, TierRecord, block_addresses
+from radixgate.kv.tiers.disk.records import CorruptRecord, decode, encode_prefix
 
 B = 4
 SEED = b"model-fingerprint"

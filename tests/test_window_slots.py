@@ -1,9 +1,9 @@
-"""The window layers' pool (radix_cache.WindowSlots) and the budget split (window_plan):
+"""The window layers' pool (kv.WindowSlots) and the budget split (window_plan):
 refcounts per holder, tombstones, the usable-reuse back-off, eviction order, integrity."""
 import pytest
 
-from radixgate.radix_cache import BlockPool, OutOfBlocks, WindowSlots
-from radixgate.radix_cache.window_plan import (min_window_blocks, split_for_count, split_pool,
+from radixgate.kv import BlockPool, OutOfBlocks, WindowSlots
+from radixgate.kv.groups.window_plan import (min_window_blocks, split_for_count, split_pool,
                                                window_geometry)
 
 B, W = 4, 6
@@ -121,7 +121,7 @@ def test_a_block_moves_between_caches_with_its_window_part_only_where_it_has_one
     main block 4 is numbered like the window pool's trash block and still travels."""
     import torch
 
-    from radixgate.radix_cache.window_plan import PoolSplit
+    from radixgate.kv.groups.window_plan import PoolSplit
     from radixgate.runtime.model.kv_cache import KVCache
     kv = KVCache(2, 8, B, 2, 3, "float32", "cpu", PoolSplit(8, 4, W, (0,), 0.5))
     assert kv.window.trash == 4 and kv.part_layers() == [1, 1, 1, 1]

@@ -28,7 +28,7 @@ import logging
 import time
 from concurrent.futures import Future
 
-from radixgate.radix_cache import PUBLIC_NAMESPACE
+from radixgate.kv import PUBLIC_NAMESPACE
 from radixgate.runtime.engine.api import (EngineUnavailable, ErrorKind, Finished, FinishReason,
                                          Request, Usage)
 

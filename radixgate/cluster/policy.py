@@ -30,7 +30,7 @@ import hashlib
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 
-from radixgate.radix_cache.kv_events import prompt_block_ids
+from radixgate.kv.events.blocks import prompt_block_ids
 
 from .prefix_index import PrefixIndex
 

@@ -1,6 +1,6 @@
 """An approximate global index of which replica caches which KV block.
 
-Keys are the block event ids of KV events (``radixgate/radix_cache/kv_events.py``: chained content
+Keys are the block event ids of KV events (``radixgate/kv/events/blocks.py``: chained content
 hashes, so a block id stands for the whole token prefix up to its block's end, in its
 namespace). Two kinds of entries:
 
@@ -21,7 +21,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Hashable, Iterable, Sequence
 
-from radixgate.radix_cache.kv_events import (WINDOW_MEDIUM, AllBlocksCleared, BlockRemoved,
+from radixgate.kv.events.blocks import (WINDOW_MEDIUM, AllBlocksCleared, BlockRemoved,
                                              BlockStored, KVEvent)
 
 Replica = Hashable

@@ -15,7 +15,7 @@ import time
 from collections.abc import Mapping
 from types import MappingProxyType
 
-from radixgate.runtime.kv_tier import TierStats
+from radixgate.kv.tiers.disk import TierStats
 from radixgate.runtime.engine.snapshot import (BlockCounts, EngineSnapshot, ReplicaCounts,
                                                TenantCounts, TreeCounts, empty_snapshot)
 

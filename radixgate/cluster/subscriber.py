@@ -6,7 +6,7 @@ disconnecting happen on the subscriber's thread (ZMQ sockets are not thread-safe
 threads only queue the change. The index is shared with the router's thread under
 ``lock``.
 
-Batches are numbered (``radixgate/runtime/engine/kv_events.py``). Per replica, the subscriber keeps the
+Batches are numbered (``radixgate/kv/events/publisher.py``). Per replica, the subscriber keeps the
 number of the last batch it applied and resyncs the replica through its replay endpoint
 (a DEALER socket to the publisher's ROUTER) when the stream cannot be trusted:
 
@@ -32,7 +32,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from .kv_decode import KVDecodeError, decode_batch
+from radixgate.kv.events.decode import KVDecodeError, decode_batch
 from .prefix_index import PrefixIndex
 
 log = logging.getLogger(__name__)

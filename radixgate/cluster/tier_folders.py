@@ -24,9 +24,9 @@ import re
 import time
 from pathlib import Path
 
-from radixgate.radix_cache.cache_config import REPLICA_FOLDER_PREFIX, CacheConfig, replica_disk_dir
-from radixgate.runtime.kv_tier import TierFolderError, check_disk_folder
-from radixgate.runtime.kv_tier.folders import (delete_folder, lock_holder, make_private_dir,
+from radixgate.kv.config import REPLICA_FOLDER_PREFIX, CacheConfig, replica_disk_dir
+from radixgate.kv.tiers.disk import TierFolderError, check_disk_folder
+from radixgate.kv.tiers.disk.folders import (delete_folder, lock_holder, make_private_dir,
                                                open_locked, try_lock, unusable)
 
 log = logging.getLogger(__name__)

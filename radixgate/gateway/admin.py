@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from radixgate.gateway.gemini.cache_store import store_of
 from radixgate.gateway.auth import ADMIN_TENANT, DEFAULT_TENANT, namespace_for
-from radixgate.radix_cache import PUBLIC_NAMESPACE
+from radixgate.kv import PUBLIC_NAMESPACE
 from radixgate.gateway.cache_stats import build_stats, template_headers
 from radixgate.gateway.errors import ApiError, Kind
 from radixgate.gateway.http_util import (parse_body, principal_of, read_body, require_admin,

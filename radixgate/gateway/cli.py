@@ -37,7 +37,7 @@ from radixgate.gateway.cli_plan import add_plan_flags, plan_command
 from radixgate.gateway.cli_preflight import check_model_path, check_port_free
 from radixgate.gateway.config import (ConfigError, GatewayConfig, ModelSettings, ServerConfig,
                                       load_config)
-from radixgate.radix_cache.cache_config import KV_DTYPES, POLICIES, CacheConfig
+from radixgate.kv.config import KV_DTYPES, POLICIES, CacheConfig
 
 THREADS_ENV = "RADIXGATE_THREADS"
 THREADS_HELP = (
@@ -243,7 +243,7 @@ def _check_disk_tier(config: GatewayConfig) -> None:
     replicas the folder stays held by this process (``radixgate/cluster/tier_folders.py``)."""
     if not config.cache.disk_dir:
         return
-    from radixgate.runtime.kv_tier import TierFolderError, check_disk_folder
+    from radixgate.kv.tiers.disk import TierFolderError, check_disk_folder
     try:
         if config.cluster.enabled:
             from radixgate.cluster.tier_folders import prepare_deployment_folder

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from radixgate.radix_cache.kv_dtypes import KV_DTYPE_BYTES
+from radixgate.kv.dtypes import KV_DTYPE_BYTES
 
 DESCRIPTION = ("KV capacity planner: bytes per token, and how many tokens and conversations "
                "fit a memory budget (no model is loaded)")

@@ -6,7 +6,7 @@ model. ``load_config(path, overrides)`` is the one entry point::
     cfg = load_config("radixgate.toml", {"port": 9000, "tiny": True})
 
 The ``[cache]`` section (and its ``[cache.credit]`` table) is parsed once into
-``radix_cache.CacheConfig`` (``GatewayConfig.cache``), which the engine and the tree get as
+``kv.CacheConfig`` (``GatewayConfig.cache``), which the engine and the tree get as
 it is. The cache keys that used to sit under ``[model]`` (``MOVED_MODEL_KEYS``) are still
 read, onto ``[cache]``, with a ``FutureWarning`` (once per key and process).
 """
@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from radixgate.radix_cache import PUBLIC_NAMESPACE, CacheConfig, CreditParams
+from radixgate.kv import PUBLIC_NAMESPACE, CacheConfig, CreditParams
 from radixgate.runtime.engine.spec import SpecConfig
 
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
@@ -350,7 +350,7 @@ def _validate_cluster(cfg: GatewayConfig) -> None:
 
 
 def _check_events_endpoint(name: str, endpoint: str, allow_remote: bool) -> None:
-    from radixgate.runtime.engine.kv_events import EndpointError, check_endpoint
+    from radixgate.kv.events.publisher import EndpointError, check_endpoint
     try:
         check_endpoint(endpoint, allow_remote)
     except EndpointError as e:

@@ -42,7 +42,7 @@ def default_engine_factory(config: GatewayConfig) -> EngineClient:
         from radixgate.gateway.scaleout import start_cluster_engine
         return start_cluster_engine(config, engine_config(config))
     from radixgate.runtime.engine.engine import Engine
-    from radixgate.runtime.kv_tier import check_disk_folder
+    from radixgate.kv.tiers.disk import check_disk_folder
     from radixgate.runtime.model.loader import load_model
     check_disk_folder(config.cache)        # a clear error before the model loads
     loaded = load_model(config.model.path, tiny=config.model.tiny,

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from radixgate.runtime.kv_tier.folders import PRIVATE_FILE, make_private_dir
+from radixgate.kv.tiers.disk.folders import PRIVATE_FILE, make_private_dir
 
 DEFAULT_NAME = "radixgate-state"
 

@@ -5,7 +5,7 @@ import asyncio
 import contextlib
 import functools
 
-from radixgate.radix_cache import CacheConfig
+from radixgate.kv import CacheConfig
 from radixgate.runtime.engine.api import Finished, Request, SamplingParams, TextDelta
 from radixgate.runtime.engine.engine import Engine
 from radixgate.runtime.engine.engine_config import EngineConfig

@@ -1,7 +1,7 @@
 """Small caller-side helpers for radix tree tests: act like a request that caches a
 prompt or hits it, dropping its own references afterwards; a tree on a clock the test moves."""
 
-from radixgate.radix_cache import BlockPool, RadixTree
+from radixgate.kv import BlockPool, RadixTree
 
 
 class FakeClock:

@@ -1,7 +1,7 @@
 """Checks a Markdown document's Python signatures against the code they describe.
 
 A document (docs/INTERFACES.md) holds fenced ```python blocks; the nearest heading above a
-block names its module in backticks (``### `radixgate.radix_cache.pool` ``). Each block is
+block names its module in backticks (``### `radixgate.kv.core.pool` ``). Each block is
 Python with bodies elided (``...``) and prose in comments. ``check_block(module, source)``
 lists every place where the block and the module disagree:
 

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from radixgate.gateway.state_dir import private_folder, write_private
-from radixgate.runtime.kv_tier.folders import PRIVATE_FILE
+from radixgate.kv.tiers.disk.folders import PRIVATE_FILE
 
 log = logging.getLogger("radixgate.gateway")
 MAX_REQUESTS = 10_000

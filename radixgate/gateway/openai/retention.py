@@ -2,7 +2,7 @@
 Responses): ``"24h"`` pins the whole prompt; ``"in_memory"`` (OpenAI's default) pins nothing.
 
 With a disk tier the pin lasts a day there (memory keeps it at most an hour:
-``block_manager.MEMORY_PIN_MAX_TTL_S``; a pin of an hour or more is written to the tier at
+``radixgate.kv.manager.MEMORY_PIN_MAX_TTL_S``; a pin of an hour or more is written to the tier at
 once, so it survives a restart); without one it is a 1-hour pin in memory. The tokens it
 pins count as cache creation (``cache_creation_24h_tokens`` in the engine's ``Usage``, or
 1h without a tier) and the usage reports them (``prompt_tokens_details.

@@ -14,7 +14,7 @@ from __future__ import annotations
 from concurrent.futures import Future
 from typing import Protocol, Sequence, runtime_checkable
 
-from radixgate.radix_cache import PUBLIC_NAMESPACE
+from radixgate.kv import PUBLIC_NAMESPACE
 from radixgate.runtime.model.model_info import ModelInfo
 from radixgate.runtime.model.tokenizer import Tokenizer
 

@@ -19,14 +19,16 @@ import time
 
 import torch
 
-from radixgate.radix_cache import BlockPool, RadixTree, make_policy
-from radixgate.radix_cache.window_plan import min_window_blocks, split_for_count
-from radixgate.runtime.kv_tier.glue import close_tier, open_tier
+from radixgate.kv import BlockPool, RadixTree, make_policy
+from radixgate.kv.groups.window_plan import min_window_blocks, split_for_count
+from radixgate.kv.manager import KVManager
+from radixgate.kv.tiers.disk.glue import close_tier, open_tier
+from radixgate.kv.tiers.disk.records import FORMAT_VERSION
 from radixgate.runtime.model.batch import build_forward_batch
+from radixgate.runtime.model.fingerprint import model_fingerprint
 from radixgate.runtime.model.kv_cache import KVCache, resolve_kv_dtype
 
 from .api import ErrorKind, FinishReason, Request
-from .block_manager import BlockManager
 from .detokenize import IncrementalDetokenizer, token_bytes_function
 from .engine_config import EngineConfig
 from .output import (EndCause, account_admission, account_pins, append_token, finished_event,
@@ -62,8 +64,10 @@ class EngineCore:
         cache = config.cache
         self.pool = BlockPool(self.kv.num_blocks, cache.block_size)
         self.tree = RadixTree(self.pool, policy=make_policy(cache))
-        self.tier = open_tier(loaded, config, self.kv, self.tree)
-        self.blocks = BlockManager(self.tree, self.pool, self.kv,
+        self.tier = open_tier(config, self.kv, self.tree,
+                              lambda: model_fingerprint(loaded, self.kv, FORMAT_VERSION),
+                              loaded.name)
+        self.blocks = KVManager(self.tree, self.pool, self.kv,
                                    enable_prefix_cache=cache.enable_prefix_cache,
                                    page_rounded=cache.page_rounded_match, tier=self.tier)
         self.scheduler = Scheduler(config, self.blocks)
@@ -499,7 +503,7 @@ def unfit_message(core: EngineCore, seq: Sequence) -> str:
 
 def _make_kv_cache(loaded, config: EngineConfig) -> KVCache:
     """The KV cache for ``config``: its main pool and, for a model with sliding-window
-    layers, the window layers' own pool (radixgate/radix_cache/window_plan.py)."""
+    layers, the window layers' own pool (radixgate/kv/groups/window_plan.py)."""
     mc, block_size = loaded.config, config.cache.block_size
     kv_dtype = resolve_kv_dtype(config.cache.kv_dtype, loaded.dtype, loaded.device)
     context = min(config.max_model_len or loaded.max_model_len, loaded.max_model_len)

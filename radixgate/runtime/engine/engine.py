@@ -28,7 +28,7 @@ from concurrent.futures import Future
 
 import torch
 
-from radixgate.radix_cache import PUBLIC_NAMESPACE
+from radixgate.kv import PUBLIC_NAMESPACE
 from radixgate.runtime.model.fresh_thread import run_on_fresh_thread
 
 from .api import Breakpoint, ErrorKind, Event, Finished, FinishReason, Request, SamplingParams, Usage
@@ -73,7 +73,7 @@ class Engine:
         """The KV-event publisher fed by the tree (``config.kv_events_endpoint``), or None."""
         if self.config.kv_events_endpoint is None:
             return None
-        from .kv_events import KVEventPublisher, hash_seed
+        from radixgate.kv.events.publisher import KVEventPublisher, hash_seed
         seed = hash_seed(getattr(self.loaded, "name", "model"), self.core.kv.kv_dtype,
                          self.block_size)
         publisher = KVEventPublisher(self.config.kv_events_endpoint, seed, self.block_size,

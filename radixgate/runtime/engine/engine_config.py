@@ -4,7 +4,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from radixgate.radix_cache.cache_config import CacheConfig
+from radixgate.kv.config import CacheConfig
 
 from .spec import SpecConfig
 
@@ -19,7 +19,7 @@ class TenantQuota:
     max_namespaces: cache namespaces (one per ``cache_salt``) this tenant keeps alive; beyond
     it the least recently used idle ones are evicted and dropped. Busy ones (a request
     waiting or running in it, an unexpired pin) are kept, so the count may exceed the cap
-    while they are busy (radixgate/radix_cache/namespaces.py).
+    while they are busy (radixgate/kv/core/namespaces.py).
     """
 
     max_running: int | None = None
@@ -36,11 +36,11 @@ class EngineConfig:
     """How the engine sizes its KV cache and schedules steps.
 
     ``cache``: the KV cache's one config (budget, block size, eviction policy, baselines;
-    ``radix_cache.CacheConfig``), handed down as it is to the pool, the tree and the block
+    ``kv.CacheConfig``), handed down as it is to the pool, the tree and the block
     manager. KV size: ``num_blocks`` when given (tests), else ``cache.kv_cache_bytes``
     divided by the bytes one block takes (2 x layers x kv_heads x head_dim x dtype bytes x
     block_size). ``window_blocks``: the window layers' pool beside ``num_blocks`` (tests;
-    None: ``cache.window_ratio``'s share; radixgate/radix_cache/window_plan.py).
+    None: ``cache.window_ratio``'s share; radixgate/kv/groups/window_plan.py).
     ``max_step_tokens`` is the per-step token budget shared by decodes and prefill chunks;
     ``prefill_chunk`` caps one request's prefill tokens per step.
     ``solo_step_tokens``: the budget (and chunk cap) of a step in which no sequence decodes,
@@ -59,7 +59,7 @@ class EngineConfig:
     ``jump_forward``: where a request's grammar allows exactly one continuation, append it
     without sampling and compute it in one step (``radixgate/runtime/engine/grammar_masks.py``).
     ``kv_events_endpoint``: where the tree's KV events are published (vLLM's format over
-    ZMQ PUB, ``radixgate/runtime/engine/kv_events.py``; None: off); a loopback address unless
+    ZMQ PUB, ``radixgate/kv/events/publisher.py``; None: off); a loopback address unless
     ``kv_events_allow_remote``. ``kv_events_rank``: the batches' ``data_parallel_rank``;
     ``kv_events_topic``: the ZMQ topic frame of every message. ``kv_events_replay_endpoint``:
     where a subscriber that lost batches asks for them again (a ZMQ ROUTER; None: none).

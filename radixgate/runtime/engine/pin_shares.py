@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 
-from radixgate.radix_cache import RadixTree
+from radixgate.kv import RadixTree
 
 from .engine_config import EngineConfig
 

@@ -11,7 +11,7 @@ than with the tree waits for that prefill to be inserted, so a shared prefix is 
 once. When a decoding sequence needs a block and eviction cannot free one, the newest
 running sequence is preempted: its computed prefix goes into the tree and it is requeued at
 the front of its tenant's queue. A sequence admitted with its prefix loading from the lower
-KV tier (``seq.tier_load``) runs no chunk until the load is done (``BlockManager.finish_load``);
+KV tier (``seq.tier_load``) runs no chunk until the load is done (``KVManager.finish_load``);
 the others go on meanwhile.
 """
 from __future__ import annotations
@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from .block_manager import BlockManager
+from radixgate.kv.manager import KVManager
 from .engine_config import EngineConfig
 from .sequence import Sequence, SeqStatus
 from .spec import Drafter
@@ -64,7 +64,7 @@ class StepPlan:
 
 
 class Scheduler:
-    def __init__(self, config: EngineConfig, blocks: BlockManager):
+    def __init__(self, config: EngineConfig, blocks: KVManager):
         self.config = config
         self.blocks = blocks
         self.waiting: dict[str, list[Sequence]] = defaultdict(list)
@@ -122,7 +122,7 @@ class Scheduler:
         return plan
 
     def _reserve_windows(self, plan: StepPlan) -> None:
-        """Each chunk's window data (the window layers' pool, ``BlockManager.reserve_window``),
+        """Each chunk's window data (the window layers' pool, ``KVManager.reserve_window``),
         oldest sequence first; while the pool cannot make room, the newest running sequence
         is preempted (as for main blocks); a sequence short of room while it runs alone never
         fits (``plan.unfit``)."""

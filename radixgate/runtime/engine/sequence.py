@@ -64,7 +64,7 @@ class Sequence:
         self.num_preemptions = 0
         self.waiting_on: Sequence | None = None   # a running sequence prefilling our prefix
         self.admission_failures = 0                # admissions that raised (retried a few times)
-        self.tier_load = None               # kv_tier.LoadTicket while its prefix loads
+        self.tier_load = None               # kv.tiers.disk.LoadTicket while its prefix loads
         self.tier_chain = None              # (len(tokens), its full-block hashes) for the tier
         self.disk_read = 0                  # prompt tokens the tier loaded at its admission
         self.timing = Timing()

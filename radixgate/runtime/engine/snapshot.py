@@ -91,7 +91,7 @@ class EngineSnapshot:
         default_factory=lambda: MappingProxyType({}))
     kv_dtype: str = ""               # the KV cache's element type (radixgate/runtime/model/kv_cache.py)
     kv_bytes_per_token: int = 0      # its bytes per token, every layer, K and V, scales included
-    tier: object = None              # the lower KV tier's TierStats (radixgate/runtime/kv_tier/), or None
+    tier: object = None              # the lower KV tier's TierStats (radixgate/kv/tiers/disk/), or None
     hit_tokens: Mapping[str, int] = field(     # prompt tokens reused, by tier: memory / disk
         default_factory=lambda: MappingProxyType({"memory": 0, "disk": 0}))
     replicas: tuple[ReplicaCounts, ...] = ()   # scale-out only: each replica (sums above)

@@ -158,7 +158,7 @@ class NamespaceDrafts:
         self.blocks: dict[int, tuple[str, list[int], int]] = {}   # block -> (ns, hashes, count)
 
     def on_event(self, event) -> None:
-        """A ``radix_cache.CacheEvent`` of the tree."""
+        """A ``kv.CacheEvent`` of the tree."""
         if event.kind == "removed":
             for block in event.blocks:
                 self._drop(block)

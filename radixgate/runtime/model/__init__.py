@@ -5,7 +5,7 @@ loader_gguf.py with gguf_file.py and gguf_quants.py, loader_hf.py, or tiny.py's 
 weights, built on a thread of its own: fresh_thread.py), the tokenizer (tokenizer.py,
 tokenizer_gguf.py; tokenizer_spm.py: SentencePiece files), the layers (weights.py, linear.py, head.py, rope.py, model.py; the Llama relatives'
 features: docs/ARCHITECTURE.md section 9), the
-paged KV cache (kv_cache.py; kv_dtypes.py: the torch dtype of each radix_cache.kv_dtypes
-name), a step's batch (batch.py) and the memory planner's arithmetic (planner.py). It imports nothing of runtime.engine or runtime.kv_tier
+paged KV cache (kv_cache.py; kv_dtypes.py: the torch dtype of each kv.dtypes
+name), a step's batch (batch.py) and the memory planner's arithmetic (planner.py). It imports nothing of runtime.engine
 (tests/test_import_graph.py): a model knows nothing of requests, scheduling or tiers.
 """

@@ -10,7 +10,7 @@ the model's dtype (``resolve_kv_dtype`` says why not bfloat16).
 
 Lazy: on the CPU the tensors are anonymous memory maps, so a page becomes resident only when
 a block on it is first written; the block pool hands out low block ids first and reuses freed
-blocks first (radixgate/radix_cache/pool.py), so the resident part grows from block 0 with the most
+blocks first (radixgate/kv/core/pool.py), so the resident part grows from block 0 with the most
 blocks ever held at once, and an idle server holds its weights, not its KV budget.
 """
 from __future__ import annotations
@@ -22,9 +22,9 @@ import mmap
 import torch
 
 from radixgate.kernels import copy_blocks as _copy_blocks
-from radixgate.radix_cache.kv_dtypes import QUANTIZED_KV_DTYPES, kv_bytes_per_token
-from radixgate.radix_cache.window_plan import PoolSplit, split_pool
-from radixgate.radix_cache.window_slots import WindowSlots
+from radixgate.kv.dtypes import QUANTIZED_KV_DTYPES, kv_bytes_per_token
+from radixgate.kv.groups.window_plan import PoolSplit, split_pool
+from radixgate.kv.groups.window_slots import WindowSlots
 from radixgate.runtime.model.kv_dtypes import KV_DTYPE_NAMES, KV_TORCH_DTYPES, SCALE_DTYPE
 
 log = logging.getLogger(__name__)
@@ -68,7 +68,7 @@ def lazy_zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device)
 
 class KVCache:
     """Owns the K/V tensors (and the 8-bit dtypes' scales); block bookkeeping lives in
-    ``radix_cache.BlockPool``. ``dtype``: a torch dtype or a ``[cache] kv_dtype`` name."""
+    ``kv.BlockPool``. ``dtype``: a torch dtype or a ``[cache] kv_dtype`` name."""
 
     def __init__(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int,
                  head_dim: int, dtype: torch.dtype | str = torch.float32,
@@ -81,7 +81,7 @@ class KVCache:
         self.dtype, self.device = KV_TORCH_DTYPES[self.kv_dtype], torch.device(device)
         pooled = split is not None and split.pooled
         self.window_layers = frozenset(split.window_layers) if pooled else frozenset()
-        # the window pool (radix_cache.WindowSlots) and its map as a tensor (shared memory)
+        # the window pool (kv.WindowSlots) and its map as a tensor (shared memory)
         self.window = WindowSlots(num_blocks, split.window_blocks, block_size, split.window) \
             if pooled else None
         self.window_index = torch.frombuffer(self.window.index, dtype=torch.int32) \
@@ -165,7 +165,7 @@ class KVCache:
                     step_tokens: int = 0, window_ratio: float = 0.0) -> "KVCache":
         """As many blocks as ``budget_bytes`` holds for ``config`` (a ModelConfig) in ``dtype``
         (scales included), split with a window pool where the model's window layers allow
-        (``radix_cache.window_plan.split_pool``: ``context`` tokens, ``step_tokens`` a step,
+        (``kv.groups.window_plan.split_pool``: ``context`` tokens, ``step_tokens`` a step,
         ``window_ratio`` 0 auto); logs bytes per token and how many tokens fit."""
         name = kv_dtype_name(dtype)
         layer_block = kv_bytes_per_token(1, config.num_kv_heads, config.head_dim, name) * block_size
@@ -202,7 +202,7 @@ class KVCache:
             return self.window_index
         return torch.frombuffer(self.window.index, dtype=torch.int32).to(self.device)
 
-    # -- whole blocks as bytes (the KV tiers below memory: radixgate/runtime/kv_tier/) ----------------
+    # -- whole blocks as bytes (the KV tiers below memory: radixgate/kv/tiers/disk/) ----------------
     def block_parts(self) -> list[torch.Tensor]:
         """K, V (and the 8-bit dtypes' scales) as bytes, each ``[layers, blocks, block_size,
         bytes per slot]`` (views: writing them writes the cache): the main pool's parts, then

@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from radixgate.radix_cache.kv_dtypes import kv_bytes_per_token
+from radixgate.kv.dtypes import kv_bytes_per_token
 
 
 @dataclass(frozen=True)
@@ -87,7 +87,7 @@ class ModelConfig:
 
     def kv_bytes_per_token(self, kv_dtype: str | int = 2) -> int:
         """K and V for one token across all layers, as ``kv_dtype`` (a ``[cache] kv_dtype``
-        name, scales included, or bytes per number): radix_cache.kv_dtypes's formula."""
+        name, scales included, or bytes per number): kv.dtypes's formula."""
         return kv_bytes_per_token(self.num_layers, self.num_kv_heads, self.head_dim, kv_dtype)
 
     @property

@@ -1,6 +1,6 @@
 """KV capacity planner: bytes per token, tokens and concurrent conversations that fit a
 memory budget, for a model config (loaded or read from a file) or a named preset.
-Bytes per token are radixgate/radix_cache/kv_dtypes.py's formula (the 8-bit KV dtypes' scales included).
+Bytes per token are radixgate/kv/dtypes.py's formula (the 8-bit KV dtypes' scales included).
 Units are binary (KiB = 1024 B, GiB = 2**30 B), so Llama 2 7B at fp16 is 512 KiB/token and
 8,192 tokens take 4 GiB. No torch import: ``radixgate plan`` (radixgate/gateway/cli.py) plans
 without loading a model.
@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from radixgate.radix_cache.kv_dtypes import KV_DTYPE_BYTES, kv_bytes_per_token
-from radixgate.radix_cache.window_plan import split_pool
+from radixgate.kv.dtypes import KV_DTYPE_BYTES, kv_bytes_per_token
+from radixgate.kv.groups.window_plan import split_pool
 
 GiB, KiB = 2**30, 2**10
 
@@ -48,7 +48,7 @@ def _windows(num_layers: int, window: int, period: int) -> tuple[int, ...]:
                  for i in range(num_layers))
 
 
-# Sliding-window models: their window layers keep a pool of their own (radix_cache/
+# Sliding-window models: their window layers keep a pool of their own (kv/
 # window_plan.py, docs/ARCHITECTURE.md section 9b). Mistral 7B v0.1's 4,096-token window.
 PRESETS.update({s.name: s for s in [
     KVShape("mistral-7b", 32, 8, 128, _windows(32, 4096, 1)),
@@ -125,7 +125,7 @@ def plan(config_or_name, memory_gb: float, context_tokens: int, dtype_bytes: int
     """How much KV fits in ``memory_gb`` GiB for conversations of ``context_tokens``;
     ``kv_dtype`` (float32 | bfloat16 | float16 | int8 | fp8) replaces ``dtype_bytes``. A
     model with sliding-window layers is planned as the engine sizes it
-    (``radix_cache.window_plan.split_pool``: ``window_ratio`` 0 auto, 1 one pool)."""
+    (``kv.groups.window_plan.split_pool``: ``window_ratio`` 0 auto, 1 one pool)."""
     shape = shape_of(config_or_name)
     per_token = shape.kv_bytes_per_token(kv_dtype or dtype_bytes)
     if kv_dtype:

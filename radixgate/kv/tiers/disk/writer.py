@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from radixgate.radix_cache.tier_index import BlockAddress, TierRecord
+from radixgate.kv.tiers.index import BlockAddress, TierRecord
 
 from .backends import FULL_ERRNOS
 from .records import encode_prefix

@@ -25,7 +25,7 @@ from array import array
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 
-from .pool import BlockPool
+from ..core.pool import BlockPool
 
 
 class WindowSlots:

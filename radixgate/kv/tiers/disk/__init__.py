@@ -12,7 +12,6 @@ handed); of runtime.model, only fingerprint.py reads a GGUF file's header
 from __future__ import annotations
 
 from .backends import DiskBackend, MemoryBackend, TierBackend, TierFolderError
-from .fingerprint import model_fingerprint
 from .records import CorruptRecord
 from .tier import KVTier, LoadTicket, TierStats, space_key
 
@@ -37,5 +36,5 @@ def open_disk_tier(cache, kv, fingerprint: bytes, description: str = "") -> KVTi
 
 
 __all__ = ["CorruptRecord", "check_disk_folder", "DiskBackend", "KVTier", "LoadTicket", "MemoryBackend",
-           "TierBackend", "TierFolderError", "TierStats", "model_fingerprint",
+           "TierBackend", "TierFolderError", "TierStats",
            "open_disk_tier", "space_key"]

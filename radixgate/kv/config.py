@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from .kv_dtypes import KV_DTYPES
-from .policy import CreditPolicy, EvictionPolicy, LRUPolicy
+from .dtypes import KV_DTYPES
+from .core.policy import CreditPolicy, EvictionPolicy, LRUPolicy
 
 POLICIES = ("lru", "credit")
 
@@ -16,7 +16,7 @@ POLICIES = ("lru", "credit")
 @dataclass(frozen=True, slots=True)
 class CreditParams:
     """Parameters of the ``credit`` policy (LRU with credits and a penalty; see
-    ``radixgate/radix_cache/policy/credit.py`` for what each one does)."""
+    ``radixgate/kv/core/policy/credit.py`` for what each one does)."""
 
     continuation_ticks: int = 200
     branch_ticks: int = 64
@@ -41,12 +41,12 @@ class CacheConfig:
     ``"credit"`` (with ``credit``'s parameters); kv_dtype: the KV element type (``"auto"``:
     the model's dtype; ``int8`` / ``fp8`` keep
     a float16 scale per token and kv head: radixgate/runtime/model/kv_cache.py); disk_dir, disk_gb: the disk
-    tier below memory (radixgate/runtime/kv_tier/: evicted blocks go there and come back on a hit;
+    tier below memory (radixgate/kv/tiers/disk/: evicted blocks go there and come back on a hit;
     both set, or neither; it needs the prefix cache, whole-token matching included);
     enable_prefix_cache / page_rounded_match: the baselines of the benchmarks (no reuse;
     reuse rounded down to whole blocks). window_ratio: for models with sliding-window
     layers, window-pool blocks per main block (0: auto, ``2 (W + step) / context``; 1: one
-    pool, the window layers counted in full; radixgate/radix_cache/window_plan.py).
+    pool, the window layers counted in full; radixgate/kv/groups/window_plan.py).
     """
 
     kv_cache_gb: float = 4.0

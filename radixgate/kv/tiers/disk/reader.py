@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from radixgate.radix_cache.tier_index import TierRecord, TierRun
+from radixgate.kv.tiers.index import TierRecord, TierRun
 
 from .records import CorruptRecord, decode
 

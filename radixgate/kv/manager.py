@@ -17,7 +17,7 @@ Implements docs/ARCHITECTURE.md sections 2-3 for one sequence at a time (the sch
   the node ending at them (with ``page_rounded``, as a hash-block cache, whole blocks only).
 - ``release``: insert what was computed (``tokens[:num_computed]``, i.e. prompt +
   output[:-1] after decoding), unlock, drop the request's references.
-- With a lower tier (``tier``, radixgate/runtime/kv_tier/): ``admit`` asks it for the stored run
+- With a lower tier (``tier``, radixgate/kv/tiers/disk/): ``admit`` asks it for the stored run
   extending the memory match; when that saves at least a block of prefill, the request gets
   fresh blocks for the run and everything after, the loader fills them (``seq.tier_load``)
   while the request waits, and ``finish_load`` (the scheduler, once done) inserts what was
@@ -30,14 +30,16 @@ Only the engine thread calls these.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
-from radixgate.radix_cache import PUBLIC_NAMESPACE, BlockPool, CacheEvent, Probe, RadixTree
-from radixgate.radix_cache.tier_index import TierRun
-from radixgate.runtime.kv_tier.glue import write_through
+from radixgate.kv import PUBLIC_NAMESPACE, BlockPool, CacheEvent, Probe, RadixTree
+from radixgate.kv.tiers.index import TierRun
+from radixgate.kv.tiers.disk.glue import write_through
 
-from .sequence import Sequence
+if TYPE_CHECKING:
+    from radixgate.runtime.engine.sequence import Sequence
 
 
 MEMORY_PIN_MAX_TTL_S = 3600.0   # with a lower tier, longer pins keep their blocks there
@@ -63,11 +65,11 @@ class SeqProbe:
         return public if public is not None and public.length > self.own.length else self.own
 
 
-class BlockManager:
+class KVManager:
     def __init__(self, tree: RadixTree, pool: BlockPool, kv, *, enable_prefix_cache: bool = True,
                  page_rounded: bool = False, tier=None):
         self.tree = tree
-        self.tier = tier                          # a runtime.kv_tier.KVTier, or None
+        self.tier = tier                          # a kv.tiers.disk.KVTier, or None
         self.hit_tokens = {"memory": 0, "disk": 0}   # prompt tokens reused, by tier
         self.pool = pool
         self.kv = kv
@@ -75,7 +77,7 @@ class BlockManager:
         self.enable_prefix_cache = enable_prefix_cache
         self.page_rounded = page_rounded
         self.probes: dict[int, SeqProbe] = {}     # id(seq) -> its probe (this step's)
-        self.window = getattr(kv, "window", None)  # radix_cache.WindowSlots, or None
+        self.window = getattr(kv, "window", None)  # kv.WindowSlots, or None
         if self.window is not None:
             pool.on_free = self.window.on_main_free
             self.window.protected = self._pinned_window_blocks

@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 
 from . import integrity, namespaces, reports, room
-from .cache_config import CreditParams
+from ..config import CreditParams
 from .events import CacheEvent, EventSink
 from .namespaces import Namespace, NamespaceTable
 from .node import TOKEN_BYTES, LockHandle, TreeNode, common_prefix_tokens, first_token, match_edge

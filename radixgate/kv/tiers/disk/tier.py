@@ -16,7 +16,7 @@ Engine thread (between or inside steps, never blocking on I/O):
   meanwhile) and calls ``wake`` when done; the request waits, the engine steps on.
 - ``purge(namespace)`` (a flush), ``retain(namespace, tokens, ttl_s)`` (a pin), ``stats()``.
 
-Addresses are ``radix_cache.block_hash`` chains seeded with the model fingerprint
+Addresses are ``kv.core.block_hash`` chains seeded with the model fingerprint
 (fingerprint.py): another model, dtype, layout or block size, and another namespace, finds
 nothing. A purge bumps its namespace's epoch, so a write staged before it never lands.
 """
@@ -33,8 +33,8 @@ from types import MappingProxyType
 from typing import Callable, Mapping
 
 from radixgate.plural import plural
-from radixgate.radix_cache.block_hash import block_hashes, root_hash
-from radixgate.radix_cache.tier_index import TierIndex, TierRecord, TierRun, block_addresses
+from radixgate.kv.core.block_hash import block_hashes, root_hash
+from radixgate.kv.tiers.index import TierIndex, TierRecord, TierRun, block_addresses
 
 from .backends import TierBackend
 from .reader import LoadTicket, run_reader

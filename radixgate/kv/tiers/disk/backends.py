@@ -1,5 +1,5 @@
 """Storage backends of a KV tier: where records' bytes live. ``KVTier`` (tier.py) drives
-them from its writer and loader threads; the index (radixgate/radix_cache/tier_index.py) stays
+them from its writer and loader threads; the index (radixgate/kv/tiers/index.py) stays
 beside, so the same tier runs over a folder (``DiskBackend``) or host memory
 (``MemoryBackend``, the tier below GPU memory on a machine with one).
 
@@ -24,7 +24,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Protocol
 
-from radixgate.radix_cache.tier_index import TierRecord
+from radixgate.kv.tiers.index import TierRecord
 
 from .folders import (MODELS, PRIVATE_FILE, OtherModel, TierFolderError, delete_folder,
                       make_private_dir, open_locked, other_models, remove_temporary_files,

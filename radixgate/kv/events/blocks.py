@@ -18,16 +18,16 @@ The tracker remembers each announced block by ``(namespace, block id)`` (its has
 parent's hash and its token ids): only one node of a namespace holds a block as full (a
 boundary block shared with a parent is partial for the parent), so a removal names exactly
 what it announced, and ``snapshot()`` lists what is announced now (for a subscriber that
-lost track: ``radixgate/runtime/engine/kv_events.py`` answers a replay request with it). Pure Python; the
-wire encoding (msgpack over ZMQ) lives in ``radixgate/runtime/engine/kv_events.py``.
+lost track: ``radixgate/kv/events/publisher.py`` answers a replay request with it). Pure Python; the
+wire encoding (msgpack over ZMQ) lives in ``radixgate/kv/events/publisher.py``.
 """
 from __future__ import annotations
 
 from array import array
 from dataclasses import dataclass
 
-from .block_hash import as_event_id, block_hashes, root_hash
-from .events import CacheEvent
+from ..core.block_hash import as_event_id, block_hashes, root_hash
+from ..core.events import CacheEvent
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,9 +1,9 @@
-"""Decoding vLLM-format KV event batches (``radixgate/runtime/engine/kv_events.py`` writes them)."""
+"""Decoding vLLM-format KV event batches (``radixgate/kv/events/publisher.py`` writes them)."""
 from __future__ import annotations
 
 import msgpack
 
-from radixgate.radix_cache.kv_events import (WINDOW_MEDIUM, AllBlocksCleared, BlockRemoved,
+from radixgate.kv.events.blocks import (WINDOW_MEDIUM, AllBlocksCleared, BlockRemoved,
                                              BlockStored, KVEvent)
 
 

@@ -1,7 +1,7 @@
 """What a lower KV tier (disk, or host memory) holds: records addressed by chained block
 hashes (``block_hash.py``), in least-recently-used order, within a byte budget.
 
-Pure bookkeeping, no I/O and no torch: the runtime's tier (``radixgate/runtime/kv_tier/``) keeps one
+Pure bookkeeping, no I/O and no torch: the runtime's tier (``radixgate/kv/tiers/disk/``) keeps one
 ``TierIndex`` beside its storage backend and calls it under its own lock.
 
 - A *full* record holds block ``j`` of a sequence: its digest is ``h[j]`` of the chain, its
@@ -22,7 +22,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .block_hash import block_hashes, tail_hash
+from ..core.block_hash import block_hashes, tail_hash
 
 
 @dataclass(slots=True)

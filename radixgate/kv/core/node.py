@@ -13,7 +13,7 @@ from array import array
 from collections.abc import Sequence
 
 TOKEN_BYTES = 4
-assert array("i").itemsize == TOKEN_BYTES, "radix_cache needs a 4-byte C int"
+assert array("i").itemsize == TOKEN_BYTES, "radixgate.kv needs a 4-byte C int"
 _first_token = struct.Struct("i").unpack_from
 
 

@@ -1,4 +1,4 @@
-"""The model fingerprint: the seed of every tier address (radixgate/radix_cache/block_hash.py).
+"""The model fingerprint: the seed of every tier address (radixgate/kv/core/block_hash.py).
 
 It covers what the K/V numbers depend on: the weights (what the file or folder holds:
 sizes, a digest of each file's index and of samples of its bytes, never its path or
@@ -15,17 +15,17 @@ from pathlib import Path
 
 import torch
 
-from .records import FORMAT_VERSION
 
 SAMPLES = 16                          # pieces of each weights file read into its identity
 SAMPLE_BYTES = 64 << 10
 MAX_SAFETENSORS_HEADER = 100 << 20
 
 
-def model_fingerprint(loaded, kv) -> bytes:
-    """16 bytes for ``loaded`` (a LoadedModel) and ``kv`` (its KVCache)."""
+def model_fingerprint(loaded, kv, format_version: int) -> bytes:
+    """16 bytes for ``loaded`` (a LoadedModel), ``kv`` (its KVCache) and the tier's record
+    ``format_version``."""
     identity = {
-        "format": FORMAT_VERSION,
+        "format": format_version,
         "name": loaded.name,
         "weights": weights_identity(loaded.path),
         "probe": _embedding_probe(loaded.model),

@@ -12,7 +12,7 @@ batch: ``[topic, sequence number (8 bytes, big-endian), payload]`` with payload:
          | ["AllBlocksCleared"]
 
 Block hashes are signed 64-bit ints, radixgate's own chained content addresses
-(``radixgate/radix_cache/block_hash.py``: seeded by the model and KV layout, chained from the
+(``radixgate/kv/core/block_hash.py``: seeded by the model and KV layout, chained from the
 namespace's root), so they identify a block across radixgate engines but are not vLLM's
 hash values. Events carry every tenant's token ids: the publisher binds to loopback unless
 told otherwise (``check_endpoint``).
@@ -39,8 +39,8 @@ from urllib.parse import urlsplit
 
 import msgpack
 
-from radixgate.radix_cache.events import CacheEvent
-from radixgate.radix_cache.kv_events import (AllBlocksCleared, BlockRemoved, BlockStored,
+from radixgate.kv.core.events import CacheEvent
+from radixgate.kv.events.blocks import (AllBlocksCleared, BlockRemoved, BlockStored,
                                              BlockTracker, KVEvent)
 
 log = logging.getLogger(__name__)

@@ -24,7 +24,7 @@ class CacheEvent:
     Not part of equality or repr (it is the path's content, named by the range already).
 
     ``window_removed`` (reason ``window``): the window layers' pool let go of these cached
-    blocks' K/V (radix_cache.WindowSlots: tombstones); the global layers keep them, and
+    blocks' K/V (kv.WindowSlots: tombstones); the global layers keep them, and
     ``namespace`` is empty (the pool is shared; ``start`` and ``end`` are 0).
     """
 

@@ -9,19 +9,19 @@ import logging
 from radixgate.plural import plural
 
 from . import open_disk_tier
-from .fingerprint import model_fingerprint
 from .tier import KVTier
 
 log = logging.getLogger(__name__)
 
 
-def open_tier(loaded, config, kv, tree) -> KVTier | None:
+def open_tier(config, kv, tree, fingerprint, description: str) -> KVTier | None:
     """The disk tier ``config.cache`` asks for (None without ``disk_dir``), wired to
-    ``tree``'s evictions."""
+    ``tree``'s evictions; ``fingerprint()`` gives the model's 16 bytes (called only when a
+    tier opens: it reads the weights)."""
     cache = config.cache
     if not cache.disk_dir:
         return None
-    tier = open_disk_tier(cache, kv, model_fingerprint(loaded, kv), description=loaded.name)
+    tier = open_disk_tier(cache, kv, fingerprint(), description=description)
     tree.spill = lambda node, start, end, blocks: spill_path(tier, node, end)
     log.info("KV disk tier at %s: %.2f GiB budget, %s held", cache.disk_dir,
              cache.disk_gb, plural(tier.stats().blocks, "block"))

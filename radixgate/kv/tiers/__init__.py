@@ -1,0 +1,1 @@
+"""Lower tiers below memory: the tier index (torch-free) and the disk tier."""
