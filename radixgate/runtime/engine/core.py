@@ -38,10 +38,10 @@ from .sampling import TokenCounts, make_generator, sample_tokens, token_logprobs
 from .scheduler import Chunk, Scheduler
 from .sequence import Sequence, SeqStatus
 from .spec import NamespaceDrafts
-from .snapshot import EngineCounters, take_snapshot
+from .snapshot import EngineCounters, EngineShape, take_snapshot
 from .stop import StopMatcher
 from .grammar_masks import MaskWorker, append_constrained
-from .submit_checks import rejection
+from .submit_checks import SubmitLimits, SubmitView, rejection
 from .trace import RequestTrace
 
 log = logging.getLogger(__name__)
@@ -90,10 +90,11 @@ class EngineCore:
         self._arrivals = 0
         self.pin_ceiling = pin_ceiling(config, self.pool.num_blocks, self.pool.block_size)
         log_pin_shares(config, self.pin_ceiling)
+        self.submit_view = self._submit_view()
 
     # -- requests -------------------------------------------------------------------------
     def add_request(self, request: Request, sink) -> None:
-        problem = rejection(self, request)
+        problem = rejection(self.submit_view, request)
         if problem is not None:
             kind, message = problem
             seq = self._new_sequence(request, sink)
@@ -104,6 +105,26 @@ class EngineCore:
         self.tree.open_namespace(request.namespace, request.tenant,
                                  self.config.quota_for(request.tenant).max_namespaces)
         self.scheduler.add(seq)
+
+    def _submit_view(self) -> SubmitView:
+        """What the checks at submission read (``submit_checks``): the fixed limits and the
+        live state, through functions called on the engine thread."""
+        limits = SubmitLimits(vocab_size=self.vocab_size, context_len=self.max_model_len,
+                              block_size=self.pool.block_size, num_blocks=self.pool.num_blocks,
+                              max_queue=self.config.max_queue)
+        scheduler, quota_for = self.scheduler, self.config.quota_for
+        return SubmitView(limits, draining=self.is_draining, in_use=self.sequences.__contains__,
+                          pinned_blocks=self.tree.pinned_block_count,
+                          waiting=lambda: scheduler.num_waiting, waiting_of=scheduler.waiting_of,
+                          queue_quota=lambda tenant: quota_for(tenant).max_queued)
+
+    def is_draining(self) -> bool:
+        """The engine is shutting down and admits no new requests."""
+        return self.draining
+
+    def stop_admitting(self) -> None:
+        """From now on every new request is refused (OVERLOADED): the engine drains."""
+        self.draining = True
 
     def _new_sequence(self, request: Request, sink) -> Sequence:
         self._arrivals += 1
@@ -452,6 +473,45 @@ class EngineCore:
         has blocks in the lower tier: what a flush of it could reach."""
         return (self.tree.namespace(namespace) is not None
                 or (self.tier is not None and self.tier.holds_namespace(namespace)))
+
+    def evict(self, num_blocks: int) -> int:
+        """Evicts up to ``num_blocks`` unlocked blocks as memory pressure would (into the
+        lower tier, when there is one); returns the blocks freed."""
+        return self.tree.evict(num_blocks)
+
+    def pin_prefix(self, namespace: str, tokens: list[int], ttl_s: float, owner: str = "") -> int:
+        """Pins the longest cached prefix of ``tokens`` (``KVManager.pin_prefix``)."""
+        return self.blocks.pin_prefix(namespace, tokens, ttl_s, owner)
+
+    def unpin_prefix(self, namespace: str, tokens: list[int]) -> bool:
+        return self.blocks.unpin_prefix(namespace, tokens)
+
+    def retire_namespace(self, namespace: str) -> int:
+        """Drops ``namespace`` as its tenant's ``max_namespaces`` would (pins stay)."""
+        return self.tree.retire_namespace(namespace)
+
+    def expect_continuation(self, namespace: str, tokens: list[int]) -> int:
+        """A request extending ``tokens`` is expected soon: their path outlives other
+        leaves for a while; returns the cached length marked."""
+        return self.tree.expect_continuation(namespace, tokens)
+
+    def inject_fault(self, request_id: str) -> None:
+        """The next step that includes ``request_id`` ("*": any next step) raises."""
+        self.faults.add(request_id)
+
+    def trace(self, request_id: str) -> RequestTrace | None:
+        """The ``record_logits`` trace of a finished request (the last ``MAX_TRACES``)."""
+        return self.traces.get(request_id)
+
+    def record_stall(self) -> None:
+        """Nothing could run: the engine thread waits for a command or the clock."""
+        self.counters.stalls += 1
+
+    def shape(self) -> EngineShape:
+        """The engine's fixed sizes (they never change after construction)."""
+        return EngineShape(block_size=self.pool.block_size, num_blocks=self.pool.num_blocks,
+                           max_model_len=self.max_model_len, kv_dtype=self.kv.kv_dtype,
+                           kv_bytes_per_token=self.kv.bytes_per_token)
 
     def close(self) -> None:
         """The engine stopped: the lower tier keeps what the tree holds, then closes."""

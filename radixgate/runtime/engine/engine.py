@@ -54,9 +54,10 @@ class Engine:
         self.core = run_on_fresh_thread(EngineCore, loaded, config)
         self.tokenizer = loaded.tokenizer
         self.model_info = loaded.info
-        self.block_size = self.core.pool.block_size
-        self.num_blocks = self.core.pool.num_blocks
-        self.max_model_len = self.core.max_model_len
+        self.shape = shape = self.core.shape()
+        self.block_size = shape.block_size
+        self.num_blocks = shape.num_blocks
+        self.max_model_len = shape.max_model_len
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._state_lock = threading.Lock()
         self._stopped = False
@@ -64,8 +65,8 @@ class Engine:
         self._drain_deadline: float | None = None
         if self.core.tier is not None:
             self.core.tier.wake = self._wake
-        self._snapshot = empty_snapshot(self.num_blocks, self.block_size, self.core.kv.kv_dtype,
-                                        self.core.kv.bytes_per_token)
+        self._snapshot = empty_snapshot(shape.num_blocks, shape.block_size, shape.kv_dtype,
+                                        shape.kv_bytes_per_token)
         self._last_publish = 0.0
         self.kv_events = self._kv_event_publisher()
 
@@ -74,7 +75,7 @@ class Engine:
         if self.config.kv_events_endpoint is None:
             return None
         from radixgate.kv.events.publisher import KVEventPublisher, hash_seed
-        seed = hash_seed(getattr(self.loaded, "name", "model"), self.core.kv.kv_dtype,
+        seed = hash_seed(getattr(self.loaded, "name", "model"), self.shape.kv_dtype,
                          self.block_size)
         publisher = KVEventPublisher(self.config.kv_events_endpoint, seed, self.block_size,
                                      rank=self.config.kv_events_rank,
@@ -188,26 +189,26 @@ class Engine:
     def evict(self, num_blocks: int) -> Future:
         """Future[int]: evicts up to ``num_blocks`` unlocked blocks as memory pressure
         would (into the lower tier, when there is one); returns the blocks freed."""
-        return self._command(self.core.tree.evict, num_blocks)
+        return self._command(self.core.evict, num_blocks)
 
     def pin(self, namespace: str, tokens: Sequence[int], ttl_s: float, owner: str = "") -> Future:
         """Future[int]: pins the longest cached prefix of tokens; returns the pinned length
         (with a disk tier: kept there for ``ttl_s``, in memory at most an hour)."""
-        return self._command(self.core.blocks.pin_prefix, namespace, list(tokens), ttl_s, owner)
+        return self._command(self.core.pin_prefix, namespace, list(tokens), ttl_s, owner)
 
     def retire_namespace(self, namespace: str) -> Future:
         """Future[int]: ``namespace`` goes as its tenant's ``max_namespaces`` would drop it
         (``RadixTree.retire_namespace``; pinned paths stay); returns the blocks freed."""
-        return self._command(self.core.tree.retire_namespace, namespace)
+        return self._command(self.core.retire_namespace, namespace)
 
     def expect_continuation(self, namespace: str, tokens: Sequence[int]) -> Future:
         """Future[int]: a request extending ``tokens`` is expected soon (the response ends
         in a tool call); their cached path outlives other leaves for a while
         (``EvictionPolicy.continuation_ticks``). Returns the cached length marked."""
-        return self._command(self.core.tree.expect_continuation, namespace, list(tokens))
+        return self._command(self.core.expect_continuation, namespace, list(tokens))
 
     def unpin(self, namespace: str, tokens: Sequence[int]) -> Future:
-        return self._command(self.core.blocks.unpin_prefix, namespace, list(tokens))
+        return self._command(self.core.unpin_prefix, namespace, list(tokens))
 
     def publish(self, tokens: Sequence[int], ttl_s: float, namespace: str = PUBLIC_NAMESPACE,
                 owner: str = PUBLIC_NAMESPACE) -> Future:
@@ -225,7 +226,7 @@ class Engine:
 
     def inject_fault(self, request_id: str | None = None) -> Future:
         """The next step that includes ``request_id`` (any next step when None) raises."""
-        return self._command(self.core.faults.add, request_id or "*")
+        return self._command(self.core.inject_fault, request_id or "*")
 
     def request_snapshot(self) -> Future:
         """Future[EngineSnapshot] taken now (between steps), also published."""
@@ -237,7 +238,7 @@ class Engine:
 
     def debug_trace(self, request_id: str) -> RequestTrace | None:
         """Per-step top-2 gaps and logits of a finished request (``record_logits`` only)."""
-        return self.core.traces.get(request_id)
+        return self.core.trace(request_id)
 
     def _wake(self) -> None:
         """A tier load finished (the tier's reader thread): the engine thread looks again."""
@@ -278,7 +279,7 @@ class Engine:
         """Waiting requests cannot start and nothing runs: only a command (abort, flush,
         unpin, a new request...), a deadline, a pin's expiry or the drain deadline can
         change that. Blocks on the command queue until the soonest of them."""
-        self.core.counters.stalls += 1
+        self.core.record_stall()
         self._publish()
         wakes = [t for t in (self.core.next_wake(), self._drain_deadline) if t is not None]
         timeout = max(0.0, min(wakes) - time.monotonic()) if wakes else None
@@ -327,7 +328,7 @@ class Engine:
             self._publish()
 
     def _begin_drain(self, deadline: float) -> None:
-        self.core.draining = True
+        self.core.stop_admitting()
         self._drain_deadline = deadline
 
     def _drain_done(self) -> bool:
@@ -340,7 +341,7 @@ class Engine:
 
     def _stop_thread(self) -> None:
         self._mark_stopped()
-        self.core.draining = True
+        self.core.stop_admitting()
         self.core.abort_all(EndCause(FinishReason.ABORTED, message="the engine shut down"))
         self._apply_commands(block=False)   # late commands: requests get OVERLOADED
         try:

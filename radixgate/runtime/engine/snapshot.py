@@ -101,6 +101,17 @@ class EngineSnapshot:
     window_pool: Mapping | None = None   # the window layers' pool (window_pool_counts), or None
 
 
+@dataclass(frozen=True, slots=True)
+class EngineShape:
+    """An engine's fixed sizes (``EngineCore.shape``): what its callers size requests by."""
+
+    block_size: int
+    num_blocks: int          # KV blocks of the main pool
+    max_model_len: int       # the context window: prompt + output at most
+    kv_dtype: str
+    kv_bytes_per_token: int
+
+
 def empty_snapshot(total_blocks: int, block_size: int, kv_dtype: str = "",
                    kv_bytes_per_token: int = 0) -> EngineSnapshot:
     return EngineSnapshot(time.monotonic(), block_size, BlockCounts(total_blocks, total_blocks, 0, 0, 0),
