@@ -35,16 +35,15 @@ def test_hold_is_all_or_nothing():
 
 
 def test_the_tree_keeps_window_data_until_evicted_or_freed():
-    main = BlockPool(16, B)
     s = slots()
-    main.on_free = s.on_main_free
+    main = BlockPool(16, B, on_free=s.on_main_free)
     blocks = main.allocate(3)
     s.hold(blocks)
     s.keep(blocks)                                # the tree caches them
     s.drop(blocks)                                # the sequence moves on
     assert all(s.has(b) for b in blocks) and s.pool.num_free() == 3
     s.touch([blocks[0]])                          # a match used block 0: evicted last
-    assert s.evict(5) == 2 and s.has(blocks[0]) and not s.has(blocks[1])
+    assert s.evict(5) == blocks[1:] and s.has(blocks[0]) and not s.has(blocks[1])
     main.decref(blocks[0])                        # the tree evicts the main block too
     assert not s.has(blocks[0]) and s.pool.num_free() == 6 and not s.kept
 
@@ -54,8 +53,8 @@ def test_eviction_spares_running_holders_and_protected_blocks():
     s.hold([1, 2, 3])
     s.keep([1, 2, 3])
     s.drop([1, 3])                                # a sequence still holds block 2
-    s.protected = lambda: {1}                     # a pinned prefix's end reads block 1
-    assert s.evict(6) == 1
+    # a pinned prefix's end reads block 1
+    assert s.evict(6, protected={1}) == [3]
     assert s.has(1) and s.has(2) and not s.has(3)
 
 

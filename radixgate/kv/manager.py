@@ -1,23 +1,28 @@
-"""A sequence's KV blocks against the radix tree: admission, copy-on-write, insert, release.
+"""KVManager: a sequence's KV blocks against the radix tree, its attention groups and the
+lower tier: admission, copy-on-write, growth, insert, release, pins.
 
 Implements docs/ARCHITECTURE.md sections 2-3 for one sequence at a time (the scheduler decides when):
 
 - ``admit``: match (own namespace, and ``public`` when the request opts in: the longer match
-  wins, the other is released), reuse ``min(matched, len - 1)`` tokens (rounded down to whole
-  blocks when ``page_rounded``), drop references beyond the reuse, copy a partially reused
-  last block into a private block (copy-on-write), allocate the rest (evicting unlocked cache
-  when short, and only when that makes room). On failure or an exception everything taken
-  is given back: the match's references and lock, the private copy.
+  wins, the other is released), reuse ``min(matched, len - 1)`` tokens (backed off to what
+  every attention group can serve), drop references beyond the reuse, copy a partially
+  reused last block into a private block (copy-on-write), allocate the rest (evicting
+  unlocked cache when short, and only when that makes room). On failure or an exception
+  everything taken is given back: the match's references and lock, the private copy, the
+  groups' holds.
 - ``may_fit``: the same count before matching, exact (``RadixTree.freeable_blocks``): free
   blocks plus what eviction can free against the blocks admission would allocate.
 - ``probe``: one read-only walk per namespace searched (``RadixTree.probe``), kept for the
   scheduling pass and reused by ``peek_length``, ``may_fit`` and ``match`` while the tree's
   ``version`` is unchanged (``forget_probes`` at every step).
 - ``insert_prefilled``: the computed tokens go into the tree and the request's lock moves to
-  the node ending at them (with ``page_rounded``, as a hash-block cache, whole blocks only).
+  the node ending at them.
 - ``release``: insert what was computed (``tokens[:num_computed]``, i.e. prompt +
-  output[:-1] after decoding), unlock, drop the request's references.
-- With a lower tier (``tier``, radixgate/kv/tiers/disk/): ``admit`` asks it for the stored run
+  output[:-1] after decoding), unlock, drop the request's references and holds.
+- Attention groups (kv/groups/base.py): the full-attention group always (it holds nothing),
+  the window group when ``kv.window`` is a window pool; only groups that hold anything
+  (``holding``) are asked on each path.
+- With a lower tier (``tier``, kv/tiers/base.py): ``admit`` asks it for the stored run
   extending the memory match; when that saves at least a block of prefill, the request gets
   fresh blocks for the run and everything after, the loader fills them (``seq.tier_load``)
   while the request waits, and ``finish_load`` (the scheduler, once done) inserts what was
@@ -25,18 +30,23 @@ Implements docs/ARCHITECTURE.md sections 2-3 for one sequence at a time (the sch
   ends the run there: the rest is computed. ``release`` of a loading request cancels the
   load and waits for it first (the loader writes into its blocks).
 
-Only the engine thread calls these.
+The page-rounded baseline (whole blocks only, a hash-block cache) is a subclass:
+kv/page_rounded.py. Only the engine thread calls these.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
 
 from radixgate.kv import PUBLIC_NAMESPACE, BlockPool, CacheEvent, Probe, RadixTree
+from radixgate.kv.groups.base import AttentionGroup
+from radixgate.kv.groups.full import FullAttentionGroup
+from radixgate.kv.groups.window import WindowGroup
+from radixgate.kv.tiers.base import LowerTier, close_tier, write_through
 from radixgate.kv.tiers.index import TierRun
-from radixgate.kv.tiers.disk.glue import write_through
 
 if TYPE_CHECKING:
     from radixgate.runtime.engine.sequence import Sequence
@@ -66,27 +76,47 @@ class SeqProbe:
 
 
 class KVManager:
+    """The only KV object the scheduler and the engine core see.
+
+    ``tree`` and ``pool``: the radix tree over the main pool; ``kv``: the KV tensors (their
+    ``copy_blocks`` serves copy-on-write; ``kv.window``, a ``WindowSlots`` or None, adds the
+    window group: the pool must then be built with ``on_free=kv.window.on_main_free``);
+    ``tier``: a ``LowerTier`` or None; ``groups``: the attention groups (default: from ``kv``).
+    """
+
     def __init__(self, tree: RadixTree, pool: BlockPool, kv, *, enable_prefix_cache: bool = True,
-                 page_rounded: bool = False, tier=None):
+                 tier: LowerTier | None = None, groups: Seq[AttentionGroup] | None = None):
         self.tree = tree
-        self.tier = tier                          # a kv.tiers.disk.KVTier, or None
+        self.tier = tier
         self.hit_tokens = {"memory": 0, "disk": 0}   # prompt tokens reused, by tier
         self.pool = pool
         self.kv = kv
         self.block_size = pool.block_size
         self.enable_prefix_cache = enable_prefix_cache
-        self.page_rounded = page_rounded
         self.probes: dict[int, SeqProbe] = {}     # id(seq) -> its probe (this step's)
-        self.window = getattr(kv, "window", None)  # kv.WindowSlots, or None
-        if self.window is not None:
-            pool.on_free = self.window.on_main_free
-            self.window.protected = self._pinned_window_blocks
-            self.window.on_tombstone = self._announce_windowless
+        self.groups = tuple(groups) if groups is not None else self._default_groups()
+        self.holding = tuple(g for g in self.groups if g.holds)
+        self.holds_per_step = bool(self.holding)  # ``reserve`` before every step
+
+    def _default_groups(self) -> tuple[AttentionGroup, ...]:
+        window = getattr(self.kv, "window", None)
+        if window is None:
+            return (FullAttentionGroup(),)
+        if self.pool.on_free != window.on_main_free:
+            raise ValueError("a window pool needs the main pool built with "
+                             "on_free=window.on_main_free")
+        return FullAttentionGroup(), WindowGroup(window, self.tree, self._emit)
+
+    def _emit(self, event: CacheEvent) -> None:
+        """The tree's event sink (KV events), as it is when the event happens."""
+        sink = self.tree.on_event
+        if sink is not None:
+            sink(event)
 
     # -- probing ------------------------------------------------------------------------
     def probe(self, seq: Sequence) -> SeqProbe:
-        """seq's cached prefixes (reads only), walking the tree only when the kept probe is
-        missing or the tree changed since (prefix cache on only)."""
+        """seq's cached prefixes (reads only, no lock), walking the tree only when the kept
+        probe is missing or the tree changed since. Valid for this scheduling pass."""
         kept = self.probes.get(id(seq))
         if (kept is not None and kept.seq is seq and kept.own.version == self.tree.version
                 and kept.own.num_tokens == len(seq.tokens)):
@@ -104,9 +134,10 @@ class KVManager:
 
     # -- matching -----------------------------------------------------------------------
     def match(self, seq: Sequence):
-        """The longest cached prefix of seq.tokens (a MatchResult the caller must release),
-        or None when the prefix cache is off or seq wants prompt logprobs (they need the
-        logits of every prompt position, which cached K/V does not keep)."""
+        """The longest cached prefix of seq.tokens, or None when the prefix cache is off or
+        seq wants prompt logprobs (they need the logits of every prompt position, which
+        cached K/V does not keep). The result holds one pool reference per block and a tree
+        lock on its path: hand it to ``admit`` (which consumes it) or ``release_match``."""
         if not self.enable_prefix_cache or seq.params.prompt_logprobs is not None:
             return None
         probe = self.probe(seq)
@@ -150,30 +181,48 @@ class KVManager:
         return _ceil_div(num_tokens, self.block_size) - reuse // self.block_size
 
     def release_match(self, found) -> None:
+        """Give back a ``match`` result ``admit`` did not consume (references and lock)."""
         if found is None:
             return
         self.pool.decref_many(found.blocks)
         self.tree.unlock(found.handle)
 
     def reuse_length(self, matched: int, num_tokens: int) -> int:
-        reuse = min(matched, num_tokens - 1)
-        if self.page_rounded:
-            reuse -= reuse % self.block_size
-        return max(reuse, 0)
+        """Tokens of a ``matched`` prefix a sequence of ``num_tokens`` reuses: all but the
+        last token (whose logits pick the next one)."""
+        return max(min(matched, num_tokens - 1), 0)
+
+    def round_reuse(self, reuse: int) -> int:
+        """A reuse as this cache can serve it (every token here; whole blocks in the
+        page-rounded baseline)."""
+        return reuse
+
+    def _usable_reuse(self, blocks: list[int], reuse: int) -> int:
+        """``reuse`` backed off until every holding group serves it (and ``round_reuse``)."""
+        while True:
+            usable = reuse
+            for group in self.holding:
+                usable = group.usable_reuse(blocks, usable)
+            usable = self.round_reuse(usable)
+            if usable == reuse:
+                return reuse
+            reuse = usable
 
     # -- admission ----------------------------------------------------------------------
     def admit(self, seq: Sequence, found) -> bool:
         """Give seq blocks for all its tokens, reusing the match. Consumes ``found``: on
-        success its lock becomes seq.lock_handle; on failure (not enough blocks even after
-        eviction; nothing is evicted then) or an exception it is released and seq is
-        unchanged. Returns success."""
+        success its lock becomes ``seq.lock_handle`` (held until ``release``), seq holds one
+        pool reference per ``block_table`` entry and its groups' holds; on failure (not
+        enough blocks even after eviction; nothing is evicted then) or an exception it is
+        released and seq is unchanged. With a lower tier's run worth loading, seq gets its
+        blocks and a queued load (``seq.tier_load``, see ``finish_load``). Returns success."""
         run = self._tier_run(seq, found)
         if run is not None:
             return self._admit_loading(seq, found, run)
         B = self.block_size
         matched = found.length if found is not None else 0
         reuse = self.reuse_length(matched, len(seq.tokens))
-        if self.window is not None and found is not None:
+        if self.holding and found is not None:
             reuse = self._usable_reuse(found.blocks, reuse)
         keep = _ceil_div(reuse, B)
         partial = reuse % B
@@ -181,14 +230,8 @@ class KVManager:
         table = list(found.blocks[:keep]) if found is not None else []
         if found is not None:
             self.pool.decref_many(found.blocks[keep:])
-        held: list[int] = []
         try:
-            if not self._room_for(need):
-                self._give_back(table, found)
-                return False
-            held = self._hold_window(table, reuse, reuse)   # before any window eviction
-            if not self._window_room(partial > 0):
-                self._drop_window(held)
+            if not self._room_for(need) or not self._hold_reused(seq, table, reuse, partial > 0):
                 self._give_back(table, found)
                 return False
             if partial:
@@ -196,106 +239,37 @@ class KVManager:
                 need -= 1
             table += self.pool.allocate(need)
         except BaseException:
-            self._drop_window(held)
+            self._release_groups(seq, table)
             self._give_back(table, found)
             raise
         seq.block_table = table
-        seq.window_held = dict.fromkeys(range(keep - len(held), keep))
         seq.num_computed = reuse
         seq.lock_handle = found.handle if found is not None else None
         self.hit_tokens["memory"] += reuse
         return True
 
-    # -- the window layers' pool (docs/ARCHITECTURE.md section 9b) ------------------------
-    def _usable_reuse(self, blocks: list[int], reuse: int) -> int:
-        """``reuse`` backed off to where the window layers hold what it needs (page-rounded
-        again when the cache matches whole blocks only)."""
-        while True:
-            usable = self.window.usable_reuse(blocks, reuse)
-            if self.page_rounded:
-                usable -= usable % self.block_size
-            if usable == reuse:
-                return reuse
-            reuse = usable
-
-    def _window_room(self, fresh: int) -> bool:
-        return self.window is None or self.window.make_room(int(fresh))
-
-    def _hold_window(self, table: list[int], first: int, end: int) -> list[int]:
-        """Hold the window data queries at ``first .. end - 1`` read from ``table`` (blocks
-        that have it: a reuse checked by ``_usable_reuse``); returns the blocks held."""
-        if self.window is None:
-            return []
-        held = self.window.needed(table, first, end)
-        self.window.hold(held)
-        self.window.touch(held)
-        return held
-
-    def _drop_window(self, blocks: list[int]) -> None:
-        if self.window is not None and blocks:
-            self.window.drop(blocks)
-
-    def reserve_window(self, seq: Sequence, end: int) -> bool:
-        """Before a step computes seq's positions up to ``end``: give up the window data its
-        window has passed and hold the blocks the step reads and writes (fresh window ids
-        for new blocks, tombstoning the tree's least useful window data when short). False
-        when the window pool cannot make room (nothing changes then)."""
-        window, B = self.window, self.block_size
-        if window is None:
-            return True
-        held, table = seq.window_held, seq.block_table
-        lo = max(0, seq.num_computed - window.window + 1) // B
-        passed = [i for i in held if i < lo]
-        if passed:
-            window.drop([table[i] for i in passed])
-            for i in passed:
-                del held[i]
-        wanted = [i for i in range(lo, _ceil_div(end, B)) if i not in held]
-        if not wanted:
-            return True
-        blocks = [table[i] for i in wanted]
-        present = [b for b in blocks if window.has(b)]
-        window.hold(present)                  # first: eviction must not take them
-        fresh = [b for b in blocks if b not in set(present)]
-        if not window.make_room(len(fresh)):
-            window.drop(present)
-            return False
-        window.hold(fresh)
-        held.update(dict.fromkeys(wanted))
+    def _hold_reused(self, seq: Sequence, table: list[int], reuse: int, copy: bool) -> bool:
+        """Each holding group holds what the reuse needs (all or none)."""
+        for i, group in enumerate(self.holding):
+            if not group.hold_reused(seq, table, reuse, int(copy)):
+                for taken in self.holding[:i]:
+                    taken.release(seq, table)
+                return False
         return True
 
-    def _keep_window(self, seq: Sequence, n: int, result) -> None:
-        """The tree now caches seq's first ``n`` tokens (``result``: the insert's): it keeps
-        the window data of the blocks it holds for them that seq holds (the rest has none,
-        or is kept already); new cached blocks without any are announced so."""
-        if self.window is None or n == 0:
-            return
-        node = result.handle.node if result.handle is not None else \
-            self.tree.probe(seq.namespace, seq.tokens[:n]).node
-        if node is None:
-            return
-        blocks = node.path_blocks(self.block_size)[:_ceil_div(n, self.block_size)]
-        self.window.keep(blocks[i] for i in seq.window_held if i < len(blocks))
-        fresh = blocks[result.cached_before // self.block_size:]
-        self._announce_windowless([b for b in fresh if not self.window.has(b)])
+    def _release_groups(self, seq: Sequence, table: list[int]) -> None:
+        for group in self.holding:
+            group.release(seq, table)
 
-    def _announce_windowless(self, blocks: list[int]) -> None:
-        """Cached blocks without window data, told to the tree's event sink (KV events)."""
-        if self.tree.on_event is not None and blocks:
-            self.tree.on_event(CacheEvent("window_removed", "", tuple(blocks), 0, 0, "window"))
-
-    def _release_window(self, seq: Sequence) -> None:
-        held, seq.window_held = seq.window_held, {}
-        self._drop_window([seq.block_table[i] for i in held])
-
-    def _pinned_window_blocks(self) -> set[int]:
-        """Blocks whose window data a pinned prefix's end reads (window eviction leaves
-        them: a pinned prefix stays usable)."""
-        protected: set[int] = set()
-        for node in self.tree.pinned_nodes:
-            blocks = node.path_blocks(self.block_size)
-            protected.update(self.window.needed(blocks, node.end, node.end))
-        return protected
+    def reserve(self, seq: Sequence, end: int) -> bool:
+        """Before a step computes seq's positions up to ``end`` (only when
+        ``holds_per_step``): each holding group lets go of what seq no longer needs and
+        holds what the step reads and writes (held until the next ``reserve`` or
+        ``release``). False when a group cannot make room (nothing changes then)."""
+        for group in self.holding:
+            if not group.reserve(seq, seq.num_computed, end):
+                return False
+        return True
 
     # -- the lower tier -----------------------------------------------------------------
     def _tier_run(self, seq: Sequence, found) -> TierRun | None:
@@ -310,20 +284,9 @@ class KVManager:
         run = tier.find(seq.namespace, seq.tokens, found.length // B, seq.tier_chain[1])
         if run is None or min(run.length, n - 1) - min(found.length, n - 1) < B:
             return None
-        if self.window is not None and not self._window_loadable(found, run, n):
+        if not all(group.loadable(found.blocks, run, n) for group in self.holding):
             return None
         return run
-
-    def _window_loadable(self, found, run: TierRun, n: int) -> bool:
-        """With a window pool, a load needs the memory part's end usable (the fallback when
-        loaded records lack window data) and room for the loaded blocks' window data."""
-        start = run.first_index * self.block_size
-        end = min(run.length, n - 1)
-        fresh = _ceil_div(end, self.block_size) - max(
-            run.first_index, max(0, end - self.window.window + 1) // self.block_size)
-        # room first: its evictions may tombstone what the check below needs
-        return (self.window.make_room(fresh)
-                and self.window.usable_reuse(found.blocks, start) == start)
 
     def _admit_loading(self, seq: Sequence, found, run: TierRun) -> bool:
         """``admit`` with ``run`` loaded from the tier: the match's whole blocks before the
@@ -333,17 +296,16 @@ class KVManager:
         self.tier.touch_run(run)                  # before the evictions that make room
         table = list(found.blocks[:first])
         self.pool.decref_many(found.blocks[first:])
-        held: list[int] = []
         try:
             if not self._room_for(need):
                 self._give_back(table, found)
                 return False
             table += self.pool.allocate(need)
-            held = self._hold_loading_window(seq, table, first, run)
+            for group in self.holding:
+                group.hold_loading(seq, table, first, run, len(seq.tokens))
             seq.tier_load = self.tier.load(run, table[first:first + len(run.records)])
         except BaseException:
-            self._drop_window([table[i] for i in held])
-            seq.window_held = {}
+            self._release_groups(seq, table)
             self._give_back(table, found)
             raise
         seq.block_table = table
@@ -351,39 +313,9 @@ class KVManager:
         seq.lock_handle = found.handle
         return True
 
-    def _hold_loading_window(self, seq: Sequence, table: list[int], first: int,
-                             run: TierRun) -> list[int]:
-        """Window data for a load (``_window_loadable`` made the room): what the memory part's
-        end reads, and the blocks the run's end reads (fresh ids the loader fills). Returns
-        the table indices held (``seq.window_held``)."""
-        if self.window is None:
-            return []
-        B, W = self.block_size, self.window.window
-        end = min(run.length, len(seq.tokens) - 1)
-        indices = dict.fromkeys(range(max(0, first * B - W + 1) // B, first))
-        indices.update(dict.fromkeys(i for i in range(max(0, end - W + 1) // B, _ceil_div(end, B))
-                                     if i >= first or self.window.has(table[i])))
-        held = list(indices)
-        self.window.hold([table[i] for i in held])
-        seq.window_held = dict.fromkeys(held)
-        return held
-
-    def _settle_loaded_window(self, seq: Sequence, ticket, reuse: int) -> int:
-        """After a load: window data the records lacked, or that did not load, is let go
-        (tombstones), and the reuse backs off to where the window layers hold what it needs,
-        never below the memory part (usable by ``_window_loadable``)."""
-        first = ticket.run.first_index
-        gone = [first + i for i in ticket.unwindowed] + [
-            i for i in seq.window_held if i >= first + ticket.loaded]
-        for i in dict.fromkeys(gone):
-            if i in seq.window_held:
-                del seq.window_held[i]
-                self.window.drop([seq.block_table[i]])
-        return max(self._usable_reuse(seq.block_table, reuse), first * self.block_size)
-
     def finish_load(self, seq: Sequence) -> bool:
         """False while seq's load runs; once done: what loaded is seq's reuse (inserted and
-        locked in the tree), and True."""
+        locked in the tree, the lock moving to ``seq.lock_handle``), and True."""
         ticket = seq.tier_load
         if ticket is None:
             return True
@@ -392,21 +324,19 @@ class KVManager:
         seq.tier_load = None
         memory_part = seq.num_computed
         reuse = min(ticket.length, len(seq.tokens) - 1)
-        if self.window is not None:
-            reuse = self._settle_loaded_window(seq, ticket, reuse)
+        if self.holding:
+            for group in self.holding:
+                group.settle_load(seq, ticket)
+            # never below the memory part (usable: the groups' ``loadable``)
+            reuse = max(self._usable_reuse(seq.block_table, reuse),
+                        ticket.run.first_index * self.block_size)
         self.hit_tokens["memory"] += memory_part
         if reuse > memory_part:
             seq.num_computed = reuse
             seq.disk_read = reuse - memory_part
             self.hit_tokens["disk"] += reuse - memory_part
             self.tier.count_hit(reuse - memory_part)
-            result = self.tree.insert(seq.namespace, seq.tokens[:reuse],
-                                      seq.block_table[:_ceil_div(reuse, self.block_size)],
-                                      lock=True)
-            self._keep_window(seq, reuse, result)
-            old, seq.lock_handle = seq.lock_handle, result.handle
-            if old is not None:
-                self.tree.unlock(old)
+            self._insert_locked(seq, reuse)
         return True
 
     def _abandon_load(self, seq: Sequence) -> None:
@@ -417,6 +347,14 @@ class KVManager:
             ticket.cancel()
             ticket.wait()
 
+    def close(self) -> None:
+        """The engine stopped: the lower tier keeps what the tree holds, then closes (its
+        ``spill`` stages nothing afterwards); the manager has no tier from then on."""
+        tier, self.tier = self.tier, None
+        if tier is not None:
+            close_tier(tier, self.tree)
+
+    # -- blocks -------------------------------------------------------------------------
     def _give_back(self, table: list[int], found) -> None:
         """Drop the references in ``table`` and the lock of ``found`` (a failed admission)."""
         self.pool.decref_many(table)
@@ -434,23 +372,22 @@ class KVManager:
 
     def _copy_on_write(self, shared: int, valid_slots: int) -> int:
         """A private copy of the first ``valid_slots`` slots of a shared block (all layers;
-        the window layers' too, the copy holding a fresh window id in place of the shared
-        block's); the reference to ``shared`` is dropped once the copy is made (kept if it
-        fails)."""
+        each group settles its part, e.g. the window layers' fresh id); the reference to
+        ``shared`` is dropped once the copy is made (kept if it fails)."""
         private = self.pool.allocate(1)[0]
-        windowed = self.window is not None and self.window.has(shared)
+        began: list[bool] = []
         try:
-            if windowed:
-                self.window.hold([private])
+            for group in self.holding:
+                began.append(group.begin_copy(shared, private))
             self.kv.copy_blocks(torch.tensor([[shared, private]], dtype=torch.int64),
                                 torch.tensor([valid_slots], dtype=torch.int32))
         except BaseException:
-            if windowed and self.window.has(private):
-                self.window.drop([private])
+            for group, took in zip(self.holding, began):
+                group.end_copy(shared, private, took, copied=False)
             self.pool.decref(private)
             raise
-        if windowed:
-            self.window.drop([shared])
+        for group, took in zip(self.holding, began):
+            group.end_copy(shared, private, took, copied=True)
         self.pool.decref(shared)
         return private
 
@@ -462,7 +399,8 @@ class KVManager:
         return self.pool.can_allocate(num_blocks)
 
     def grow(self, seq: Sequence, num_tokens: int) -> bool:
-        """Add blocks so positions [0, num_tokens) have one (evicting if needed)."""
+        """Add blocks so positions [0, num_tokens) have one (evicting if needed); seq holds
+        them until ``release``. False (nothing changes) when they cannot be found."""
         need = seq.blocks_needed(num_tokens, self.block_size)
         if need == 0:
             return True
@@ -485,28 +423,37 @@ class KVManager:
 
     # -- tree updates -------------------------------------------------------------------
     def insert_prefilled(self, seq: Sequence) -> None:
-        """Insert tokens[:num_computed] and move seq's lock to the node ending there."""
+        """Insert tokens[:num_computed] (``cacheable``) and move seq's lock to the node
+        ending there (the old lock is released once the new one is held)."""
         if not self.enable_prefix_cache:
             return
         n = self.cacheable(seq.num_computed)
-        if n == 0:
-            return
+        if n:
+            self._insert_locked(seq, n)
+
+    def _insert_locked(self, seq: Sequence, n: int) -> None:
         result = self.tree.insert(seq.namespace, seq.tokens[:n],
                                   seq.block_table[:_ceil_div(n, self.block_size)], lock=True)
-        self._keep_window(seq, n, result)
+        self._keep(seq, n, result)
         old, seq.lock_handle = seq.lock_handle, result.handle
         if old is not None:
             self.tree.unlock(old)
 
+    def _keep(self, seq: Sequence, n: int, result) -> None:
+        for group in self.holding:
+            group.keep(seq, seq.namespace, seq.tokens, n, result)
+
     def release(self, seq: Sequence, cache: bool = True) -> None:
-        """Return seq's blocks: insert its computed tokens (when ``cache``), unlock, decref."""
+        """Return seq's blocks: cancel a load (waiting for its loader), insert its computed
+        tokens (when ``cache``), drop the groups' holds, unlock, decref. seq holds nothing
+        afterwards (it may be admitted again)."""
         self._abandon_load(seq)
         n = self.cacheable(seq.num_computed)
         if cache and self.enable_prefix_cache and n > 0:
             result = self.tree.insert(seq.namespace, seq.tokens[:n],
                                       seq.block_table[:_ceil_div(n, self.block_size)])
-            self._keep_window(seq, n, result)
-        self._release_window(seq)
+            self._keep(seq, n, result)
+        self._release_groups(seq, seq.block_table)
         if seq.lock_handle is not None:
             self.tree.unlock(seq.lock_handle)
         self.pool.decref_many(seq.block_table)
@@ -516,22 +463,20 @@ class KVManager:
         seq.prefill_inserted = False
 
     def cacheable(self, num_computed: int) -> int:
-        """How many computed tokens go into the tree: all of them, or whole blocks only when
-        ``page_rounded`` (a hash-block cache keeps no partial block)."""
-        if self.page_rounded:
-            return num_computed - num_computed % self.block_size
+        """How many computed tokens go into the tree: all of them here."""
         return num_computed
 
+    # -- pins ---------------------------------------------------------------------------
     def pin(self, seq: Sequence, offset: int, ttl_s: float) -> int:
         """Pin seq's first ``offset`` tokens for ``ttl_s`` (``pin_prefix``)."""
         return self.pin_prefix(seq.namespace, seq.tokens[:offset], ttl_s, seq.tenant)
 
     def pin_prefix(self, namespace: str, tokens, ttl_s: float, owner: str = "") -> int:
-        """Pin the cached prefix of ``tokens`` for ``ttl_s`` (``RadixTree.pin``). With a
-        lower tier their blocks are retained there for ``ttl_s`` and memory keeps them at
-        most ``MEMORY_PIN_MAX_TTL_S`` (a 24 h retention does not hold memory for a day);
-        a pin of ``WRITE_THROUGH_TTL_S`` or more is staged for the tier at once, so a
-        ``kill -9`` does not lose it."""
+        """Pin the cached prefix of ``tokens`` for ``ttl_s`` (``RadixTree.pin``: eviction
+        leaves it until it expires or ``unpin_prefix``). With a lower tier their blocks are
+        retained there for ``ttl_s`` and memory keeps them at most ``MEMORY_PIN_MAX_TTL_S``
+        (a 24 h retention does not hold memory for a day); a pin of ``WRITE_THROUGH_TTL_S``
+        or more is staged for the tier at once, so a ``kill -9`` does not lose it."""
         if self.tier is None:
             return self.tree.pin(namespace, tokens, ttl_s, owner=owner)
         self.tier.retain(namespace, tokens, ttl_s)

@@ -20,9 +20,12 @@ class BlockPoolError(Exception):
 
 
 class BlockPool:
-    """``num_blocks`` KV blocks of ``block_size`` token slots each."""
+    """``num_blocks`` KV blocks of ``block_size`` token slots each; ``on_free`` (or None)
+    is called with each block that goes back to the free list (a second pool's hook:
+    ``WindowSlots.on_main_free``)."""
 
-    def __init__(self, num_blocks: int, block_size: int):
+    def __init__(self, num_blocks: int, block_size: int,
+                 on_free: Callable[[int], None] | None = None):
         if num_blocks < 0:
             raise ValueError(f"num_blocks must be >= 0, got {num_blocks}")
         if block_size < 1:
@@ -32,7 +35,7 @@ class BlockPool:
         self._refcounts = [0] * num_blocks
         # Stack: allocate pops from the end, so a fresh pool hands out 0, 1, 2, ...
         self._free = list(range(num_blocks - 1, -1, -1))
-        self.on_free: Callable[[int], None] | None = None   # called with each block freed
+        self.on_free = on_free
 
     def num_free(self) -> int:
         return len(self._free)

@@ -50,7 +50,8 @@ class RadixTree:
     """
 
     def __init__(self, pool: BlockPool, clock: Callable[[], float] = time.monotonic,
-                 on_event: EventSink | None = None, policy: EvictionPolicy | None = None):
+                 on_event: EventSink | None = None, policy: EvictionPolicy | None = None,
+                 spill: Callable[[TreeNode, int, int, list[int]], None] | None = None):
         self.pool = pool
         self.block_size = pool.block_size
         self.clock = clock
@@ -70,7 +71,7 @@ class RadixTree:
         self.block_holders: dict[int, int] = {}    # block -> number of nodes holding it
         self.evictions = dict.fromkeys(EVICTION_REASONS, 0)
         self.evicted_tokens = dict.fromkeys(EVICTION_REASONS, 0)
-        self.spill: Callable[[TreeNode, int, int, list[int]], None] | None = None
+        self.spill = spill
 
     # ---- probe / match / insert -----------------------------------------------------
 

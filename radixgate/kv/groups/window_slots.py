@@ -11,9 +11,10 @@ Window ids are refcounted by the holders that need the window data:
 - a running sequence holds the blocks of its last W positions and of the tokens it computes
   next (``hold``), and drops the ones its window has passed (``drop``);
 - the tree keeps one reference on each cached block that still has window data (``keep``),
-  given up under pressure, least recently useful first (``evict``), never on the last W
-  positions of a pinned prefix; and when the main block itself is freed (``on_main_free``,
-  the main pool's hook).
+  given up under pressure, least recently useful first (``evict``, which returns the blocks
+  it tombstoned), never on the blocks it is told are protected (the last W positions of a
+  pinned prefix: kv/groups/window.py decides); and when the main block itself is freed
+  (``on_main_free``, the hook the main pool is built with).
 
 A cached prefix of length L is usable when its blocks covering positions ``L - W + 1 ..
 L - 1`` have window data (``usable_reuse`` backs off to the nearest shorter length that is).
@@ -23,7 +24,7 @@ from __future__ import annotations
 
 from array import array
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 
 from ..core.pool import BlockPool
 
@@ -41,10 +42,7 @@ class WindowSlots:
         self.trash = num_window                      # the spare block: zeros, never written
         self.index = array("i", [num_window]) * num_main
         self.kept: OrderedDict[int, None] = OrderedDict()   # main blocks the tree keeps, LRU first
-        self.protected: Callable[[], set[int]] = set        # main blocks eviction must leave
         self.tombstoned = 0                                  # tree blocks given up (counter)
-        # told which cached blocks lose their window data (KV events), or None
-        self.on_tombstone: Callable[[list[int]], None] | None = None
 
     # -- the map -------------------------------------------------------------------------
     def has(self, block: int) -> bool:
@@ -97,28 +95,20 @@ class WindowSlots:
             del self.kept[block]
             self._release_kept(block)
 
-    def evict(self, num_ids: int) -> int:
+    def evict(self, num_ids: int, protected: Collection[int] = ()) -> list[int]:
         """Tombstone the tree's least recently useful blocks until ``num_ids`` window ids are
-        free (skipping ones a running sequence also holds, and pinned prefixes' last W
-        positions). Returns how many ids it freed."""
-        protected = self.protected()
-        freed, victims = 0, []
+        free (skipping ones a running sequence also holds, and ``protected``). Returns the
+        blocks tombstoned (each freed one id): the caller tells the KV events."""
+        victims = []
         for block in list(self.kept):
             if self.pool.num_free() >= num_ids:
                 break
             if block in protected or self.pool.refcount(self.index[block]) > 1:
                 continue
             del self.kept[block]
-            freed += self._release_kept(block)
+            self._release_kept(block)
             victims.append(block)
-        if victims and self.on_tombstone is not None:
-            self.on_tombstone(victims)
-        return freed
-
-    def make_room(self, num_ids: int) -> bool:
-        if self.pool.num_free() < num_ids:
-            self.evict(num_ids)
-        return self.pool.num_free() >= num_ids
+        return victims
 
     def _release_kept(self, block: int) -> int:
         self.tombstoned += 1

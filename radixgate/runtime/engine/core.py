@@ -22,7 +22,9 @@ import torch
 from radixgate.kv import BlockPool, RadixTree, make_policy
 from radixgate.kv.groups.window_plan import min_window_blocks, split_for_count
 from radixgate.kv.manager import KVManager
-from radixgate.kv.tiers.disk.glue import close_tier, open_tier
+from radixgate.kv.page_rounded import PageRoundedKVManager
+from radixgate.kv.tiers.base import spill_to
+from radixgate.kv.tiers.disk.glue import open_tier
 from radixgate.kv.tiers.disk.records import FORMAT_VERSION
 from radixgate.runtime.model.batch import build_forward_batch
 from radixgate.runtime.model.fingerprint import model_fingerprint
@@ -62,14 +64,16 @@ class EngineCore:
         self.tokenizer = loaded.tokenizer
         self.kv = _make_kv_cache(loaded, config)
         cache = config.cache
-        self.pool = BlockPool(self.kv.num_blocks, cache.block_size)
-        self.tree = RadixTree(self.pool, policy=make_policy(cache))
-        self.tier = open_tier(config, self.kv, self.tree,
+        window = self.kv.window
+        self.pool = BlockPool(self.kv.num_blocks, cache.block_size,
+                              on_free=window.on_main_free if window is not None else None)
+        self.tier = open_tier(config, self.kv,
                               lambda: model_fingerprint(loaded, self.kv, FORMAT_VERSION),
                               loaded.name)
-        self.blocks = KVManager(self.tree, self.pool, self.kv,
-                                   enable_prefix_cache=cache.enable_prefix_cache,
-                                   page_rounded=cache.page_rounded_match, tier=self.tier)
+        self.tree = RadixTree(self.pool, policy=make_policy(cache), spill=spill_to(self.tier))
+        manager = PageRoundedKVManager if cache.page_rounded_match else KVManager
+        self.blocks = manager(self.tree, self.pool, self.kv,
+                              enable_prefix_cache=cache.enable_prefix_cache, tier=self.tier)
         self.scheduler = Scheduler(config, self.blocks)
         self.spec_store = None
         if config.spec.enabled and config.spec.namespace_tokens > 0 and cache.enable_prefix_cache:
@@ -516,8 +520,8 @@ class EngineCore:
     def close(self) -> None:
         """The engine stopped: the lower tier keeps what the tree holds, then closes."""
         if self.tier is not None:
-            close_tier(self.tier, self.tree)
-            self.tier = self.blocks.tier = self.tree.spill = None
+            self.blocks.close()
+            self.tier = None
 
     # -- reports --------------------------------------------------------------------------
     def snapshot(self):

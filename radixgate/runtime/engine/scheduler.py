@@ -117,19 +117,19 @@ class Scheduler:
         budget = self._schedule_prefills(plan, budget, cap)
         if not plan.preempted:   # memory is short: admitting now would only thrash
             self._schedule_admissions(plan, budget, cap)
-        if self.blocks.window is not None:
+        if self.blocks.holds_per_step:
             self._reserve_windows(plan)
         return plan
 
     def _reserve_windows(self, plan: StepPlan) -> None:
-        """Each chunk's window data (the window layers' pool, ``KVManager.reserve_window``),
+        """Each chunk's window data (the window layers' pool, ``KVManager.reserve``),
         oldest sequence first; while the pool cannot make room, the newest running sequence
         is preempted (as for main blocks); a sequence short of room while it runs alone never
         fits (``plan.unfit``)."""
         for chunk in list(plan.chunks):
             seq = chunk.seq
             end = seq.num_computed + chunk.num_tokens + len(chunk.drafts)
-            while seq.status is SeqStatus.RUNNING and not self.blocks.reserve_window(seq, end):
+            while seq.status is SeqStatus.RUNNING and not self.blocks.reserve(seq, end):
                 alone = len(self.running) == 1
                 self.preempt(self._victim(), plan)
                 if alone:

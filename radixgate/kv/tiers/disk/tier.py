@@ -103,6 +103,7 @@ class KVTier:
         self._roots: dict[str, bytes] = {}
         self.retention_dirty = False
         self.retention_saved = 0.0
+        self.closed = False                 # after close(): spill stages nothing
         self._learn_held()
         self.write_queue: queue.SimpleQueue = queue.SimpleQueue()
         self.load_queue: queue.SimpleQueue = queue.SimpleQueue()
@@ -166,7 +167,9 @@ class KVTier:
         """Stage the blocks of ``[start, end)`` the tier lacks (``tokens``: the path from
         the namespace's root, at least ``end`` of them); returns how many were staged.
         ``wait``: block while the staging buffer is full (shutdown) instead of dropping.
-        Never raises (a failure is logged and counted)."""
+        Never raises (a failure is logged and counted); nothing once closed."""
+        if self.closed:
+            return 0
         try:
             return self._spill(namespace, tokens, start, end, blocks, wait)
         except Exception:  # noqa: BLE001 - eviction must go on whatever the tier does
@@ -336,6 +339,7 @@ class KVTier:
 
     def close(self, timeout_s: float = 120.0) -> None:
         """Finish the queued writes and loads, save the retention, release the folder."""
+        self.closed = True
         self.write_queue.put(None)
         self.load_queue.put(None)
         for thread in self._threads:
