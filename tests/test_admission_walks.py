@@ -30,7 +30,7 @@ def scheduler_with_waiting(use_public: bool, max_num_seqs: int = 4):
     for i in range(CANDIDATE_WINDOW):
         tokens = list(range(50 + i)) + [1000 + i] * 16        # each splits the cached prompt
         scheduler.add(Sequence(Request(tokens, namespace="ns", use_public=use_public),
-                               None, i, None, None, None))
+                               arrival=i))
     return tree, scheduler
 
 

@@ -265,7 +265,7 @@ def test_draft_blocks_come_only_from_free_ones_never_from_the_cache():
     tree = RadixTree(pool)
     cache(pool, tree, list(range(12)))                       # 3 blocks cached, evictable
     blocks = KVManager(tree, pool, kv=None)
-    seq = Sequence(Request([1, 2, 3]), None, 1, None, None, None)
+    seq = Sequence(Request([1, 2, 3]), arrival=1)
     assert blocks.grow_from_free(seq, 8, keep_free=1)        # 2 of the 3 free blocks
     assert not blocks.grow_from_free(seq, 12, keep_free=1)   # the last free one is kept
     assert not blocks.grow_from_free(seq, 20)                # would need the cache's blocks

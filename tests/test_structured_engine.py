@@ -217,12 +217,12 @@ def test_masks_touch_only_constrained_rows_and_exempt_ends_from_min_tokens(compi
 
 
 def test_the_mask_worker_thread_gives_the_masks_computed_inline(compiler):
-    from types import SimpleNamespace
     from radixgate.runtime.engine.grammar_masks import MaskFill, MaskWorker
+    from radixgate.runtime.engine.sequence import Sequence
     pick = compiler.compile(choice_grammar(["alpha", "beta"]))
     vocab = tiny_model().config.vocab_size
-    rows = [SimpleNamespace(request=SimpleNamespace(grammar=g))
-            for g in (None, pick.matcher(), None, pick.matcher())]
+    rows = [Sequence(Request([1], grammar=g), arrival=i)
+            for i, g in enumerate((None, pick.matcher(), None, pick.matcher()))]
     banned, _ = compute_masks([pick.matcher()], vocab)
     for min_rows in (None, 2):                # one fill after another, batched
         worker = MaskWorker(vocab)

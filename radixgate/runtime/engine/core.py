@@ -38,7 +38,7 @@ from .output import (EndCause, account_admission, account_pins, append_token, fi
 from .pin_shares import log_pin_shares, pin_ceiling, pin_share, pinned_prefix
 from .sampling import TokenCounts, make_generator, sample_tokens, token_logprobs, top2_gaps
 from .scheduler import Chunk, Scheduler
-from .sequence import Sequence, SeqStatus
+from .sequence import LogitsRecord, OutputState, Sequence, SeqStatus
 from .spec import NamespaceDrafts
 from .snapshot import EngineCounters, EngineShape, take_snapshot
 from .stop import StopMatcher
@@ -133,9 +133,11 @@ class EngineCore:
     def _new_sequence(self, request: Request, sink) -> Sequence:
         self._arrivals += 1
         params = request.sampling
-        return Sequence(request, sink, self._arrivals, make_generator(params),
-                        StopMatcher(params.stop, request.stop_automaton),
-                        IncrementalDetokenizer(self._token_bytes))
+        output = OutputState(StopMatcher(params.stop, request.stop_automaton),
+                             IncrementalDetokenizer(self._token_bytes))
+        return Sequence(request, arrival=self._arrivals, sink=sink,
+                        generator=make_generator(params), output=output,
+                        logits=LogitsRecord() if self.config.record_logits else None)
 
     def abort(self, request_id: str, finish: EndCause | None = None) -> bool:
         seq = self.sequences.get(request_id)
@@ -168,8 +170,8 @@ class EngineCore:
         if was_running:
             self.blocks.release(seq, cache=cache)
         self._forget(seq)
-        if self.config.record_logits:
-            self.traces[seq.request_id] = RequestTrace(tuple(seq.gaps), tuple(seq.logit_rows))
+        if seq.logits is not None:
+            self.traces[seq.request_id] = seq.logits.trace()
             while len(self.traces) > MAX_TRACES:
                 self.traces.pop(next(iter(self.traces)))
         self._emit_finished(seq, finish)
@@ -347,11 +349,12 @@ class EngineCore:
             if _computes_prompt_logprobs(seq):
                 # row r predicts position num_computed + r + 1; positions recorded before a
                 # preemption (its prompt is computed again) are not recorded twice
-                skip = max(0, len(seq.prompt_logprobs) - seq.num_computed - 1)
+                recorded = seq.output.prompt_logprobs
+                skip = max(0, len(recorded) - seq.num_computed - 1)
                 first = seq.num_computed + 1 + skip
                 nexts = seq.tokens[first:min(seq.num_computed + 1 + len(wanted), seq.num_prompt)]
                 block = logits[start + skip:start + skip + len(nexts)]
-                seq.prompt_logprobs.extend(token_logprobs(
+                recorded.extend(token_logprobs(
                     block, [seq.params.prompt_logprobs] * len(nexts), list(nexts)))
             if samples:
                 keep.extend(range(start + len(wanted) - 1 - len(chunk.drafts),
@@ -366,8 +369,8 @@ class EngineCore:
         tokens = self._sample(seqs, logits, masks)
         if self.config.record_logits:
             for seq, gap, row in zip(seqs, top2_gaps(logits), logits):
-                seq.gaps.append(gap)
-                seq.logit_rows.append(row.detach().cpu().clone())
+                seq.logits.gaps.append(gap)
+                seq.logits.rows.append(row.detach().cpu().clone())
         logprobs = token_logprobs(logits, [s.params.logprobs for s in seqs], tokens)
         for seq, token, logprob in zip(seqs, tokens, logprobs):
             if token is None:
@@ -403,7 +406,7 @@ class EngineCore:
     def _emit_token(self, seq: Sequence, token: int, logprob=None) -> None:
         if not seq.prefill_inserted:
             self._on_prefilled(seq)
-        if seq.request.grammar is None:
+        if seq.grammar is None:
             finish = append_token(seq, token, self.eos_ids, self.max_model_len, logprob)
         else:
             finish = append_constrained(seq, token, self.eos_ids, self.max_model_len, logprob,

@@ -68,12 +68,12 @@ class MaskWorker:
     def start(self, seqs: list[Sequence]) -> PendingMasks | None:
         """Starts the masks of the constrained ``seqs`` (the step's sampling rows, in row
         order); None when none is constrained (the step pays nothing)."""
-        rows = tuple(i for i, seq in enumerate(seqs) if seq.request.grammar is not None)
+        rows = tuple(i for i, seq in enumerate(seqs) if seq.grammar is not None)
         if not rows:
             return None
         if self._executor is None and self.overlap:
             self._executor = ThreadPoolExecutor(1, thread_name_prefix="grammar-masks")
-        grammars = [seqs[i].request.grammar for i in rows]
+        grammars = [seqs[i].grammar for i in rows]
         if not self.overlap:
             done: Future = Future()
             done.set_result(compute_masks(grammars, self.vocab_size, self.fill))
@@ -147,7 +147,7 @@ def append_constrained(seq: Sequence, token: int, eos_ids: set[int], max_model_l
                        logprob=None, jump_forward: bool = True) -> EndCause | None:
     """``output.append_token`` for a constrained sequence: the token goes into the grammar
     first, then the forced continuation (``jump_forward``). Returns an EndCause when seq ends."""
-    grammar = seq.request.grammar
+    grammar = seq.grammar
     if grammar.only_end:
         return EndCause(FinishReason.EOS)
     if not grammar.consume(token):

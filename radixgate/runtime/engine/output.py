@@ -42,7 +42,7 @@ def account_admission(seq: Sequence) -> None:
     seq.admitted_once = True
     seq.timing.first_scheduled = time.monotonic()
     seq.accounting.cache_read = seq.num_computed
-    seq.accounting.cache_read_disk = min(seq.disk_read, seq.num_computed)
+    seq.accounting.cache_read_disk = min(seq.kv.disk_read, seq.num_computed)
 
 
 def account_pins(seq: Sequence, pinned: list[tuple[int, float]],
@@ -78,13 +78,14 @@ def append_token(seq: Sequence, token: int, eos_ids: set[int], max_model_len: in
     if not short and ((token in eos_ids and not params.ignore_eos)
                       or token in params.stop_token_ids):
         return EndCause(FinishReason.EOS)
-    seq.pending_ids.append(token)
+    out = seq.output
+    out.pending_ids.append(token)
     if logprob is not None:
-        seq.pending_logprobs.append(logprob)
+        out.pending_logprobs.append(logprob)
     if short:
-        emit_text(seq, seq.detok.feed(token))
+        emit_text(seq, out.detok.feed(token))
         return _length_finish(seq, max_model_len)
-    result = seq.stops.feed(seq.detok.feed(token))
+    result = out.stops.feed(out.detok.feed(token))
     emit_text(seq, result.emit)
     if result.stop is not None:
         return EndCause(FinishReason.STOP_SEQUENCE, stop=result.stop)
@@ -99,21 +100,23 @@ def _length_finish(seq: Sequence, max_model_len: int) -> EndCause | None:
 
 def emit_text(seq: Sequence, text: str) -> None:
     if text:
-        usage = None if seq.text_parts else usage_of(seq, time.monotonic())
-        seq.text_parts.append(text)
-        logprobs = tuple(seq.pending_logprobs)
-        seq.sink.put(TextDelta(text, tuple(seq.pending_ids), usage, logprobs))
-        seq.pending_ids.clear()
-        seq.pending_logprobs.clear()
-        seq.sent_logprobs.extend(logprobs)
+        out = seq.output
+        usage = None if out.text_parts else usage_of(seq, time.monotonic())
+        out.text_parts.append(text)
+        logprobs = tuple(out.pending_logprobs)
+        seq.sink.put(TextDelta(text, tuple(out.pending_ids), usage, logprobs))
+        out.pending_ids.clear()
+        out.pending_logprobs.clear()
+        out.sent_logprobs.extend(logprobs)
 
 
 def flush_text(seq: Sequence) -> None:
     """Sends held-back text at the end (nothing after a stop string)."""
-    if seq.stops.stopped is not None:
+    out = seq.output
+    if out.stops.stopped is not None:
         return
-    tail = seq.stops.feed(seq.detok.flush())
-    emit_text(seq, tail.emit + seq.stops.flush())
+    tail = out.stops.feed(out.detok.flush())
+    emit_text(seq, tail.emit + out.stops.flush())
 
 
 def usage_of(seq: Sequence, now: float) -> Usage:
@@ -141,12 +144,12 @@ def finished_event(seq: Sequence, finish: EndCause) -> Finished:
         reason=finish.reason,
         usage=usage_of(seq, time.monotonic()),
         output_token_ids=tuple(seq.output_ids),
-        text="".join(seq.text_parts),
+        text="".join(seq.output.text_parts),
         stop_sequence=finish.stop,
         error_kind=finish.kind,
         error_message=finish.message,
         request_id=seq.request_id,
-        logprobs=tuple(seq.sent_logprobs),
-        prompt_logprobs=(tuple(seq.prompt_logprobs) if seq.params.prompt_logprobs is not None
+        logprobs=tuple(seq.output.sent_logprobs),
+        prompt_logprobs=(tuple(seq.output.prompt_logprobs) if seq.params.prompt_logprobs is not None
                          else ()),
     )

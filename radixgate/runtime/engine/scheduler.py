@@ -164,8 +164,8 @@ class Scheduler:
             seq.drafter = Drafter(spec)
         drafts = seq.drafter.propose(seq.tokens, limit, self.shared_drafts, seq.namespace,
                                      batch=len(self.running))
-        if drafts and seq.request.grammar is not None:
-            drafts = drafts[:seq.request.grammar.matcher.validate_tokens(drafts)]
+        if drafts and seq.grammar is not None:
+            drafts = drafts[:seq.grammar.matcher.validate_tokens(drafts)]
         if drafts and self.blocks.grow_from_free(seq, seq.num_computed + 1 + len(drafts),
                                                  keep_free=len(self.running)):
             return tuple(drafts)

@@ -1,11 +1,11 @@
 """Per-request state inside the engine thread.
 
 A sequence's ``tokens`` are its prompt followed by its output so far. Positions
-``[0, num_computed)`` have K/V in the blocks of ``block_table`` (position ``i`` in slot
+``[0, num_computed)`` have K/V in the blocks of ``kv.block_table`` (position ``i`` in slot
 ``i % B`` of ``block_table[i // B]``). Each step computes ``tokens[num_computed:...]``; when
 ``num_computed`` reaches ``len(tokens)`` the last row's logits pick the next token, so a
-decode step is simply a one-token chunk. The sequence holds one pool reference per entry of
-``block_table`` and, while running, one tree lock (``lock_handle``) on its cached path.
+decode step is simply a one-token chunk. Its KV state (``kv``: blocks, tree lock, window
+holds, tier load; radixgate/kv/sequence_kv.py) is the ``KVManager``'s to change.
 """
 from __future__ import annotations
 
@@ -13,7 +13,10 @@ import enum
 import time
 from dataclasses import dataclass, field
 
+from radixgate.kv.sequence_kv import SequenceKV
+
 from .api import Breakpoint, Request
+from .trace import RequestTrace
 
 
 class SeqStatus(enum.Enum):
@@ -41,43 +44,66 @@ class PromptAccounting:
     pin_outcomes: tuple = ()    # (offset, outcome) per prompt breakpoint (usage.pin_outcomes)
 
 
-class Sequence:
-    """One request's tokens, blocks, lock and output state (engine thread only)."""
+@dataclass(slots=True)
+class OutputState:
+    """What the request has said and what it holds back (``output.py`` writes it): tokens
+    go through ``detok`` into text, the text through ``stops``; ``pending_*`` wait for
+    their text to be complete, ``text_parts`` and ``sent_logprobs`` were sent."""
 
-    def __init__(self, request: Request, sink, arrival: int, generator, stops, detok):
+    stops: object = None                 # stop.StopMatcher
+    detok: object = None                 # detokenize.IncrementalDetokenizer
+    text_parts: list[str] = field(default_factory=list)
+    pending_ids: list[int] = field(default_factory=list)    # tokens whose text is not sent
+    pending_logprobs: list = field(default_factory=list)    # their TokenLogprobs (if asked)
+    sent_logprobs: list = field(default_factory=list)       # of every token already sent
+    prompt_logprobs: list = field(default_factory=lambda: [None])   # per prompt token (if
+    # asked): none for the first
+
+
+@dataclass(slots=True)
+class LogitsRecord:
+    """``record_logits``: per sampled token, the top-2 gap and the logits row."""
+
+    gaps: list[float] = field(default_factory=list)
+    rows: list = field(default_factory=list)
+
+    def trace(self) -> RequestTrace:
+        return RequestTrace(tuple(self.gaps), tuple(self.rows))
+
+
+class Sequence:
+    """One request's state (engine thread only): its tokens, and in objects of their own
+    its blocks and lock (``kv``), its output (``output``), its drafts' source (``drafter``), its grammar
+    state (``grammar``) and its ``record_logits`` record (``logits``)."""
+
+    def __init__(self, request: Request, *, arrival: int, sink=None, generator=None,
+                 output: OutputState | None = None, logits: LogitsRecord | None = None):
+        """``arrival``: the submission order (newest = largest); ``sink`` receives the
+        TextDelta / Finished events; ``generator``: a seeded ``torch.Generator`` (None:
+        the global one or greedy); ``output``: the stop matcher and detokenizer (a bare
+        ``OutputState`` when None: a sequence that never emits, as in scheduler tests);
+        ``logits``: a ``LogitsRecord`` when ``record_logits`` asks for one."""
         self.request = request
-        self.sink = sink                    # receives TextDelta / Finished events
-        self.arrival = arrival              # submission order (newest = largest)
-        self.generator = generator          # torch.Generator or None (greedy)
+        self.sink = sink
+        self.arrival = arrival
+        self.generator = generator
         self.token_counts = None            # sampling.TokenCounts, made at the first sample
-        self.stops = stops                  # StopMatcher
-        self.detok = detok                  # IncrementalDetokenizer
+        self.output = output if output is not None else OutputState()
+        self.logits = logits
+        self.grammar = request.grammar      # grammar.RequestGrammar (this request's) or None
+        self.drafter = None                 # spec.Drafter, made at its first decode step
         self.tokens: list[int] = list(request.tokens)
         self.num_prompt = len(request.tokens)
-        self.block_table: list[int] = []
-        self.window_held: dict[int, None] = {}   # table indices whose window data it holds
+        self.kv = SequenceKV()              # blocks, lock, window holds, tier load
         self.num_computed = 0
-        self.lock_handle = None
         self.status = SeqStatus.WAITING
-        self.prefill_inserted = False       # tokens prefilled at admission are in the tree
         self.admitted_once = False
         self.num_preemptions = 0
         self.waiting_on: Sequence | None = None   # a running sequence prefilling our prefix
         self.admission_failures = 0                # admissions that raised (retried a few times)
-        self.tier_load = None               # kv.tiers.disk.LoadTicket while its prefix loads
-        self.tier_chain = None              # (len(tokens), its full-block hashes) for the tier
-        self.disk_read = 0                  # prompt tokens the tier loaded at its admission
         self.timing = Timing()
         self.accounting = PromptAccounting()
-        self.text_parts: list[str] = []
-        self.pending_ids: list[int] = []    # tokens whose text is not sent yet
-        self.pending_logprobs: list = []    # their TokenLogprobs (when the request asks)
-        self.sent_logprobs: list = []       # TokenLogprobs of every token already sent
-        self.prompt_logprobs: list = [None]  # per prompt token (asked for): none for the first
         self.pins_done = False              # breakpoints pinned (once, after first prefill)
-        self.gaps: list[float] = []         # record_logits: top-2 gap per sampled token
-        self.logit_rows: list = []          # record_logits: logits row per sampled token
-        self.drafter = None                 # spec.Drafter, made at its first decode step
 
     # -- identity -----------------------------------------------------------------------
     @property
@@ -113,11 +139,7 @@ class Sequence:
     @property
     def is_prefilling(self) -> bool:
         """True while the tokens present at admission are not all computed yet."""
-        return self.status is SeqStatus.RUNNING and not self.prefill_inserted
-
-    def blocks_needed(self, num_tokens: int, block_size: int) -> int:
-        """Blocks to add so positions [0, num_tokens) have a block."""
-        return max(0, -(-num_tokens // block_size) - len(self.block_table))
+        return self.status is SeqStatus.RUNNING and not self.kv.prefill_inserted
 
     def prompt_breakpoints(self) -> list[Breakpoint]:
         """Breakpoints inside the prompt, shortest prefix first."""
