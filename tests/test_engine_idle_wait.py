@@ -137,7 +137,7 @@ def test_snapshot_block_counts_match_a_recount_of_the_block_sets(make_engine):
 
     def both():
         core = engine.core
-        in_use = {b for seq in core.scheduler.running for b in seq.block_table}
+        in_use = {b for seq in core.scheduler.running for b in seq.kv.block_table}
         pinned = core.tree.pinned_blocks() - in_use
         cached = core.tree.held_blocks() - in_use - pinned
         return core.snapshot().blocks, (len(cached), len(pinned), len(in_use))

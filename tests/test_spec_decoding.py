@@ -269,7 +269,7 @@ def test_draft_blocks_come_only_from_free_ones_never_from_the_cache():
     assert blocks.grow_from_free(seq, 8, keep_free=1)        # 2 of the 3 free blocks
     assert not blocks.grow_from_free(seq, 12, keep_free=1)   # the last free one is kept
     assert not blocks.grow_from_free(seq, 20)                # would need the cache's blocks
-    assert len(seq.block_table) == 2 and tree.stats().cached_tokens == 12
+    assert len(seq.kv.block_table) == 2 and tree.stats().cached_tokens == 12
     assert blocks.grow(seq, 20)                              # a decode's grow evicts
     assert tree.stats().cached_tokens < 12
 

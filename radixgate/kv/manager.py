@@ -24,7 +24,7 @@ Implements docs/ARCHITECTURE.md sections 2-3 for one sequence at a time (the sch
   (``holding``) are asked on each path.
 - With a lower tier (``tier``, kv/tiers/base.py): ``admit`` asks it for the stored run
   extending the memory match; when that saves at least a block of prefill, the request gets
-  fresh blocks for the run and everything after, the loader fills them (``seq.tier_load``)
+  fresh blocks for the run and everything after, the loader fills them (``seq.kv.tier_load``)
   while the request waits, and ``finish_load`` (the scheduler, once done) inserts what was
   loaded into the tree, locks it and sets ``num_computed``. A record that fails its checks
   ends the run there: the rest is computed. ``release`` of a loading request cancels the
@@ -211,11 +211,11 @@ class KVManager:
     # -- admission ----------------------------------------------------------------------
     def admit(self, seq: Sequence, found) -> bool:
         """Give seq blocks for all its tokens, reusing the match. Consumes ``found``: on
-        success its lock becomes ``seq.lock_handle`` (held until ``release``), seq holds one
+        success its lock becomes ``seq.kv.lock_handle`` (held until ``release``), seq holds one
         pool reference per ``block_table`` entry and its groups' holds; on failure (not
         enough blocks even after eviction; nothing is evicted then) or an exception it is
         released and seq is unchanged. With a lower tier's run worth loading, seq gets its
-        blocks and a queued load (``seq.tier_load``, see ``finish_load``). Returns success."""
+        blocks and a queued load (``seq.kv.tier_load``, see ``finish_load``). Returns success."""
         run = self._tier_run(seq, found)
         if run is not None:
             return self._admit_loading(seq, found, run)
@@ -242,24 +242,24 @@ class KVManager:
             self._release_groups(seq, table)
             self._give_back(table, found)
             raise
-        seq.block_table = table
+        seq.kv.block_table = table
         seq.num_computed = reuse
-        seq.lock_handle = found.handle if found is not None else None
+        seq.kv.lock_handle = found.handle if found is not None else None
         self.hit_tokens["memory"] += reuse
         return True
 
     def _hold_reused(self, seq: Sequence, table: list[int], reuse: int, copy: bool) -> bool:
         """Each holding group holds what the reuse needs (all or none)."""
         for i, group in enumerate(self.holding):
-            if not group.hold_reused(seq, table, reuse, int(copy)):
+            if not group.hold_reused(seq.kv, table, reuse, int(copy)):
                 for taken in self.holding[:i]:
-                    taken.release(seq, table)
+                    taken.release(seq.kv, table)
                 return False
         return True
 
     def _release_groups(self, seq: Sequence, table: list[int]) -> None:
         for group in self.holding:
-            group.release(seq, table)
+            group.release(seq.kv, table)
 
     def reserve(self, seq: Sequence, end: int) -> bool:
         """Before a step computes seq's positions up to ``end`` (only when
@@ -267,7 +267,7 @@ class KVManager:
         holds what the step reads and writes (held until the next ``reserve`` or
         ``release``). False when a group cannot make room (nothing changes then)."""
         for group in self.holding:
-            if not group.reserve(seq, seq.num_computed, end):
+            if not group.reserve(seq.kv, seq.num_computed, end):
                 return False
         return True
 
@@ -279,9 +279,9 @@ class KVManager:
         if tier is None or found is None or not tier.holds_namespace(seq.namespace):
             return None
         n, B = len(seq.tokens), self.block_size
-        if seq.tier_chain is None or seq.tier_chain[0] != n:
-            seq.tier_chain = (n, tier.chain(seq.namespace, seq.tokens))
-        run = tier.find(seq.namespace, seq.tokens, found.length // B, seq.tier_chain[1])
+        if seq.kv.tier_chain is None or seq.kv.tier_chain[0] != n:
+            seq.kv.tier_chain = (n, tier.chain(seq.namespace, seq.tokens))
+        run = tier.find(seq.namespace, seq.tokens, found.length // B, seq.kv.tier_chain[1])
         if run is None or min(run.length, n - 1) - min(found.length, n - 1) < B:
             return None
         if not all(group.loadable(found.blocks, run, n) for group in self.holding):
@@ -290,7 +290,7 @@ class KVManager:
 
     def _admit_loading(self, seq: Sequence, found, run: TierRun) -> bool:
         """``admit`` with ``run`` loaded from the tier: the match's whole blocks before the
-        run are kept, fresh blocks cover the rest; the load is queued (``seq.tier_load``)."""
+        run are kept, fresh blocks cover the rest; the load is queued (``seq.kv.tier_load``)."""
         first = run.first_index
         need = _ceil_div(len(seq.tokens), self.block_size) - first
         self.tier.touch_run(run)                  # before the evictions that make room
@@ -302,38 +302,38 @@ class KVManager:
                 return False
             table += self.pool.allocate(need)
             for group in self.holding:
-                group.hold_loading(seq, table, first, run, len(seq.tokens))
-            seq.tier_load = self.tier.load(run, table[first:first + len(run.records)])
+                group.hold_loading(seq.kv, table, first, run, len(seq.tokens))
+            seq.kv.tier_load = self.tier.load(run, table[first:first + len(run.records)])
         except BaseException:
             self._release_groups(seq, table)
             self._give_back(table, found)
             raise
-        seq.block_table = table
+        seq.kv.block_table = table
         seq.num_computed = first * self.block_size
-        seq.lock_handle = found.handle
+        seq.kv.lock_handle = found.handle
         return True
 
     def finish_load(self, seq: Sequence) -> bool:
         """False while seq's load runs; once done: what loaded is seq's reuse (inserted and
-        locked in the tree, the lock moving to ``seq.lock_handle``), and True."""
-        ticket = seq.tier_load
+        locked in the tree, the lock moving to ``seq.kv.lock_handle``), and True."""
+        ticket = seq.kv.tier_load
         if ticket is None:
             return True
         if not ticket.done.is_set():
             return False
-        seq.tier_load = None
+        seq.kv.tier_load = None
         memory_part = seq.num_computed
         reuse = min(ticket.length, len(seq.tokens) - 1)
         if self.holding:
             for group in self.holding:
-                group.settle_load(seq, ticket)
+                group.settle_load(seq.kv, ticket)
             # never below the memory part (usable: the groups' ``loadable``)
-            reuse = max(self._usable_reuse(seq.block_table, reuse),
+            reuse = max(self._usable_reuse(seq.kv.block_table, reuse),
                         ticket.run.first_index * self.block_size)
         self.hit_tokens["memory"] += memory_part
         if reuse > memory_part:
             seq.num_computed = reuse
-            seq.disk_read = reuse - memory_part
+            seq.kv.disk_read = reuse - memory_part
             self.hit_tokens["disk"] += reuse - memory_part
             self.tier.count_hit(reuse - memory_part)
             self._insert_locked(seq, reuse)
@@ -342,7 +342,7 @@ class KVManager:
     def _abandon_load(self, seq: Sequence) -> None:
         """seq ends or is preempted while loading: stop the load and wait until the loader
         leaves its blocks (seq keeps its memory part only)."""
-        ticket, seq.tier_load = seq.tier_load, None
+        ticket, seq.kv.tier_load = seq.kv.tier_load, None
         if ticket is not None:
             ticket.cancel()
             ticket.wait()
@@ -401,24 +401,24 @@ class KVManager:
     def grow(self, seq: Sequence, num_tokens: int) -> bool:
         """Add blocks so positions [0, num_tokens) have one (evicting if needed); seq holds
         them until ``release``. False (nothing changes) when they cannot be found."""
-        need = seq.blocks_needed(num_tokens, self.block_size)
+        need = seq.kv.blocks_needed(num_tokens, self.block_size)
         if need == 0:
             return True
         if not self.make_room(need):
             return False
-        seq.block_table += self.pool.allocate(need)
+        seq.kv.block_table += self.pool.allocate(need)
         return True
 
     def grow_from_free(self, seq: Sequence, num_tokens: int, keep_free: int = 0) -> bool:
         """Add blocks so positions [0, num_tokens) have one, only from free blocks and only
         while ``keep_free`` stay free afterwards (speculative drafts: never an eviction, so
         never a preemption)."""
-        need = seq.blocks_needed(num_tokens, self.block_size)
+        need = seq.kv.blocks_needed(num_tokens, self.block_size)
         if need == 0:
             return True
         if need + keep_free > self.pool.num_free():
             return False
-        seq.block_table += self.pool.allocate(need)
+        seq.kv.block_table += self.pool.allocate(need)
         return True
 
     # -- tree updates -------------------------------------------------------------------
@@ -433,15 +433,15 @@ class KVManager:
 
     def _insert_locked(self, seq: Sequence, n: int) -> None:
         result = self.tree.insert(seq.namespace, seq.tokens[:n],
-                                  seq.block_table[:_ceil_div(n, self.block_size)], lock=True)
+                                  seq.kv.block_table[:_ceil_div(n, self.block_size)], lock=True)
         self._keep(seq, n, result)
-        old, seq.lock_handle = seq.lock_handle, result.handle
+        old, seq.kv.lock_handle = seq.kv.lock_handle, result.handle
         if old is not None:
             self.tree.unlock(old)
 
     def _keep(self, seq: Sequence, n: int, result) -> None:
         for group in self.holding:
-            group.keep(seq, seq.namespace, seq.tokens, n, result)
+            group.keep(seq.kv, seq.namespace, seq.tokens, n, result)
 
     def release(self, seq: Sequence, cache: bool = True) -> None:
         """Return seq's blocks: cancel a load (waiting for its loader), insert its computed
@@ -451,16 +451,16 @@ class KVManager:
         n = self.cacheable(seq.num_computed)
         if cache and self.enable_prefix_cache and n > 0:
             result = self.tree.insert(seq.namespace, seq.tokens[:n],
-                                      seq.block_table[:_ceil_div(n, self.block_size)])
+                                      seq.kv.block_table[:_ceil_div(n, self.block_size)])
             self._keep(seq, n, result)
-        self._release_groups(seq, seq.block_table)
-        if seq.lock_handle is not None:
-            self.tree.unlock(seq.lock_handle)
-        self.pool.decref_many(seq.block_table)
-        seq.block_table = []
-        seq.lock_handle = None
+        self._release_groups(seq, seq.kv.block_table)
+        if seq.kv.lock_handle is not None:
+            self.tree.unlock(seq.kv.lock_handle)
+        self.pool.decref_many(seq.kv.block_table)
+        seq.kv.block_table = []
+        seq.kv.lock_handle = None
         seq.num_computed = 0
-        seq.prefill_inserted = False
+        seq.kv.prefill_inserted = False
 
     def cacheable(self, num_computed: int) -> int:
         """How many computed tokens go into the tree: all of them here."""

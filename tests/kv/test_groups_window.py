@@ -22,15 +22,15 @@ def test_the_window_group_holds_what_the_window_reads_and_lets_go_of_the_rest():
     m, kv = window_manager()
     window = kv.window
     seq = seq_of(range(30))
-    assert m.admit(seq, None) and seq.window_held == {}
+    assert m.admit(seq, None) and seq.kv.window_held == {}
     for end in (4, 8, 12, 16, 20, 24, 28, 30):
         assert m.reserve(seq, end)
         compute(m, kv, seq, end)
         conserved(m, seq)
-    assert sorted(seq.window_held) == [5, 6, 7]               # positions 24.. and the last
+    assert sorted(seq.kv.window_held) == [5, 6, 7]               # positions 24.. and the last
     assert window.pool.num_free() == 8 - 3
     m.release(seq)
-    assert seq.window_held == {}
+    assert seq.kv.window_held == {}
     conserved(m)
     assert len(window.kept) == 3                               # the tree keeps what it had
 
@@ -45,8 +45,8 @@ def test_a_hit_holds_the_window_of_its_end_and_copies_its_window_data():
     m.release(first)
     seq = seq_of(list(range(14)) + [90])
     assert m.admit(seq, m.match(seq))
-    assert seq.num_computed == 14 and sorted(seq.window_held) == [2, 3]
-    private = seq.block_table[3]
+    assert seq.num_computed == 14 and sorted(seq.kv.window_held) == [2, 3]
+    private = seq.kv.block_table[3]
     assert kv.copies and kv.copies[-1][1] == private and kv.window.has(private)
     conserved(m, seq)
     m.release(seq)
@@ -61,7 +61,7 @@ def test_a_tombstoned_window_backs_the_reuse_off_and_is_announced():
     for end in range(4, 25, 4):
         assert m.reserve(first, end)
         compute(m, kv, first, end)
-    first_table = list(first.block_table)
+    first_table = list(first.kv.block_table)
     m.release(first)
     before = len(events)
     other = seq_of(range(100, 124), rid=1)                     # needs the window pool

@@ -18,11 +18,11 @@ def test_a_cold_admission_takes_a_block_per_started_block_and_release_caches_it(
     m, kv = manager()
     seq = seq_of(range(10))
     assert m.admit(seq, m.match(seq))
-    assert len(seq.block_table) == 3 and seq.num_computed == 0
+    assert len(seq.kv.block_table) == 3 and seq.num_computed == 0
     conserved(m, seq)
     compute(m, kv, seq)
     m.release(seq)
-    assert seq.block_table == [] and seq.num_computed == 0
+    assert seq.kv.block_table == [] and seq.num_computed == 0
     assert m.tree.peek_length("ns", list(range(10))) == 10
     conserved(m)
 
@@ -35,9 +35,9 @@ def test_a_hit_reuses_whole_blocks_and_copies_the_partly_reused_one():
     seq = seq_of(list(range(6)) + [99, 98])
     assert m.admit(seq, m.match(seq))
     assert seq.num_computed == 6 and m.hit_tokens["memory"] == 6
-    assert seq.block_table[0] == cached.blocks[0]            # shared with the tree
+    assert seq.kv.block_table[0] == cached.blocks[0]            # shared with the tree
     shared = cached.blocks[1]
-    private = seq.block_table[1]
+    private = seq.kv.block_table[1]
     assert private != shared and kv.copies == [(shared, private, 2)]
     assert kv.contents[private] == (4, 5)
     conserved(m, seq)
@@ -64,8 +64,8 @@ def test_no_room_gives_the_match_back_and_leaves_the_sequence_unchanged():
     seq = seq_of(list(range(8)) + list(range(200, 212)), rid=2)
     free = m.pool.num_free()
     assert not m.admit(seq, m.match(seq))
-    assert seq.block_table == [] and seq.lock_handle is None and seq.num_computed == 0
-    assert m.pool.num_free() == free and len(m.tree.handles) == (hog.lock_handle is not None)
+    assert seq.kv.block_table == [] and seq.kv.lock_handle is None and seq.num_computed == 0
+    assert m.pool.num_free() == free and len(m.tree.handles) == (hog.kv.lock_handle is not None)
     conserved(m, hog)
     m.release(hog, cache=False)
     conserved(m)
@@ -77,11 +77,11 @@ def test_grow_evicts_unlocked_cache_and_keeps_the_table_when_it_cannot():
     seq = seq_of(range(50, 54))
     assert m.admit(seq, None)
     assert m.grow(seq, 20)                                    # 5 blocks: evicts a cached one
-    assert len(seq.block_table) == 5 and m.tree.peek_length("ns", list(range(8))) == 4
-    assert not m.grow(seq, 28) and len(seq.block_table) == 5  # 7 blocks never fit
+    assert len(seq.kv.block_table) == 5 and m.tree.peek_length("ns", list(range(8))) == 4
+    assert not m.grow(seq, 28) and len(seq.kv.block_table) == 5  # 7 blocks never fit
     assert m.pool.num_free() == 1
     assert not m.grow_from_free(seq, 24, keep_free=1)
-    assert m.grow_from_free(seq, 24) and len(seq.block_table) == 6
+    assert m.grow_from_free(seq, 24) and len(seq.kv.block_table) == 6
     conserved(m, seq)
     m.release(seq, cache=False)
     conserved(m)
@@ -93,7 +93,7 @@ def test_insert_prefilled_moves_the_lock_to_the_computed_prefix():
     assert m.admit(seq, m.match(seq))
     compute(m, kv, seq)
     m.insert_prefilled(seq)
-    assert seq.lock_handle is not None and m.tree.handles == {seq.lock_handle}
+    assert seq.kv.lock_handle is not None and m.tree.handles == {seq.kv.lock_handle}
     assert m.tree.freeable_blocks() == 0                      # locked while it runs
     conserved(m, seq)
     m.release(seq)
@@ -140,9 +140,9 @@ def test_evicted_blocks_go_to_the_tier_and_load_back_on_a_hit():
     assert len(m.tier.stored) == 4 and m.pool.num_free() == 8
     seq = seq_of(prompt + [77])
     found = m.match(seq)
-    assert found.length == 0 and m.admit(seq, found) and seq.tier_load is not None
-    assert m.finish_load(seq) and seq.num_computed == 16 and seq.disk_read == 16
-    assert [kv.contents[b] for b in seq.block_table[:4]] == [
+    assert found.length == 0 and m.admit(seq, found) and seq.kv.tier_load is not None
+    assert m.finish_load(seq) and seq.num_computed == 16 and seq.kv.disk_read == 16
+    assert [kv.contents[b] for b in seq.kv.block_table[:4]] == [
         tuple(prompt[i:i + 4]) for i in range(0, 16, 4)]
     conserved(m, seq)
     m.release(seq)
@@ -157,13 +157,13 @@ def test_a_load_extends_a_memory_match_and_is_inserted_once_done():
     assert m.tree.peek_length("ns", prompt) == 4
     seq = seq_of(prompt + [77])
     assert m.admit(seq, m.match(seq))
-    assert seq.tier_load is not None and seq.num_computed == 4
+    assert seq.kv.tier_load is not None and seq.num_computed == 4
     assert not m.finish_load(seq)                              # still loading
-    m.tier.finish(seq.tier_load)
-    assert m.finish_load(seq) and seq.tier_load is None
-    assert seq.num_computed == 16 and seq.disk_read == 12
+    m.tier.finish(seq.kv.tier_load)
+    assert m.finish_load(seq) and seq.kv.tier_load is None
+    assert seq.num_computed == 16 and seq.kv.disk_read == 12
     assert m.hit_tokens == {"memory": 4, "disk": 12} and m.tier.hits == 12
-    assert [kv.contents[b] for b in seq.block_table[:4]] == [
+    assert [kv.contents[b] for b in seq.kv.block_table[:4]] == [
         tuple(prompt[i:i + 4]) for i in range(0, 16, 4)]
     assert m.tree.peek_length("ns", prompt) == 16
     conserved(m, seq)
@@ -178,9 +178,9 @@ def test_releasing_a_loading_sequence_cancels_its_load():
     m.tree.evict(3)
     seq = seq_of(prompt + [77])
     assert m.admit(seq, m.match(seq))
-    job = seq.tier_load
+    job = seq.kv.tier_load
     m.release(seq)
-    assert job.cancelled and seq.tier_load is None and seq.block_table == []
+    assert job.cancelled and seq.kv.tier_load is None and seq.kv.block_table == []
     assert m.tree.peek_length("ns", prompt) == 4               # only the memory part
     conserved(m)
 

@@ -181,7 +181,7 @@ def compute(m: KVManager, kv: FakeKV, seq: Sequence, upto: int | None = None) ->
     """What the engine's steps do: K/V for positions up to ``upto`` (all tokens)."""
     end = len(seq.tokens) if upto is None else upto
     assert m.grow(seq, end)
-    kv.write(seq.block_table, seq.tokens, seq.num_computed, end)
+    kv.write(seq.kv.block_table, seq.tokens, seq.num_computed, end)
     seq.num_computed = end
 
 
@@ -193,7 +193,7 @@ def run(m: KVManager, kv: FakeKV, seq: Sequence) -> None:
 
 
 def conserved(m: KVManager, *running: Sequence) -> None:
-    tables = [s.block_table for s in running]
+    tables = [s.kv.block_table for s in running]
     m.tree.check_integrity(extra_holders=tables)
     held = m.tree.held_blocks().union(*map(set, tables))
     assert m.pool.num_free() + len(held) == m.pool.num_blocks
@@ -202,4 +202,4 @@ def conserved(m: KVManager, *running: Sequence) -> None:
     window = getattr(m.kv, "window", None)
     if window is not None:
         window.check(m.tree.held_blocks(),
-                     [[s.block_table[i] for i in s.window_held] for s in running])
+                     [[s.kv.block_table[i] for i in s.kv.window_held] for s in running])

@@ -11,8 +11,9 @@ speak of them only). A group adds what its layers need beyond that, in three que
 - **what to release**: ``release`` (the sequence ends or is preempted), ``keep`` (the tree
   now caches the sequence's first tokens and takes its own reference).
 
-A group keeps its per-sequence state on the sequence's KV state object (``state``: anything
-with ``block_table`` and the group's own field, e.g. ``window_held``). ``holds`` is False
+A group keeps its per-sequence state on the sequence's KV state (``state``: a
+``SequenceKV``, kv/sequence_kv.py: its ``block_table`` and the group's own field, e.g.
+``window_held``). ``holds`` is False
 for a group that keeps nothing (full attention): the manager skips it on every path.
 Only the engine thread calls a group (through the ``KVManager``).
 """

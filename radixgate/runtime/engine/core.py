@@ -212,7 +212,7 @@ class EngineCore:
             chunks = plan.chunks
             if not chunks:
                 return not plan.stalled
-            prefill = sum(c.num_tokens for c in chunks if not c.seq.prefill_inserted)
+            prefill = sum(c.num_tokens for c in chunks if not c.seq.kv.prefill_inserted)
             self._run(chunks)
         except Exception as exc:  # noqa: BLE001 - isolate the failure to this step's requests
             self._fail_step(chunks or list(self.scheduler.running), exc)
@@ -256,7 +256,7 @@ class EngineCore:
         except Exception:  # noqa: BLE001 - still end seq below
             log.error("request %s: cleanup after its failure raised", seq.request_id, exc_info=True)
         if self._forget(seq):                                      # finish() stopped half-way
-            if seq.block_table or seq.lock_handle is not None:
+            if seq.kv.block_table or seq.kv.lock_handle is not None:
                 self.blocks.release(seq, cache=False)
             self._emit_finished(seq, finish)
 
@@ -288,7 +288,7 @@ class EngineCore:
         batch = build_forward_batch(
             [c.seq.tokens[c.seq.num_computed:c.seq.num_computed + c.num_tokens] + list(c.drafts)
              for c in chunks],
-            [c.seq.num_computed for c in chunks], [c.seq.block_table for c in chunks],
+            [c.seq.num_computed for c in chunks], [c.seq.kv.block_table for c in chunks],
             self.pool.block_size, self.kv.device, logits_rows=rows,
             deterministic=self.config.deterministic)
         plain = [i for i, (c, s) in enumerate(zip(chunks, sampling)) if s and not c.drafts]
@@ -404,7 +404,7 @@ class EngineCore:
         return tokens
 
     def _emit_token(self, seq: Sequence, token: int, logprob=None) -> None:
-        if not seq.prefill_inserted:
+        if not seq.kv.prefill_inserted:
             self._on_prefilled(seq)
         if seq.grammar is None:
             finish = append_token(seq, token, self.eos_ids, self.max_model_len, logprob)
@@ -418,7 +418,7 @@ class EngineCore:
         """The tokens present at admission are computed: cache them, move the lock to their
         node, pin the prompt's breakpoints (once)."""
         self.blocks.insert_prefilled(seq)
-        seq.prefill_inserted = True
+        seq.kv.prefill_inserted = True
         if not seq.pins_done:
             seq.pins_done = True
             self._pin_breakpoints(seq)
@@ -537,7 +537,7 @@ class EngineCore:
     def check_integrity(self) -> dict:
         """Recounts tree and pool (raises IntegrityError); free + held == total; when idle,
         nothing may be locked. With a window pool its ids are recounted too (per pool)."""
-        tables = [seq.block_table for seq in self.scheduler.running]
+        tables = [seq.kv.block_table for seq in self.scheduler.running]
         self.tree.check_integrity(extra_holders=tables)
         held = self.tree.held_blocks().union(*map(set, tables)) if tables else self.tree.held_blocks()
         free = self.pool.num_free()
@@ -549,7 +549,7 @@ class EngineCore:
                   "locks": len(self.tree.handles), "running": len(self.scheduler.running)}
         window = self.kv.window
         if window is not None:
-            holds = [[seq.block_table[i] for i in seq.window_held]
+            holds = [[seq.kv.block_table[i] for i in seq.kv.window_held]
                      for seq in self.scheduler.all_sequences()]
             window.check(self.tree.held_blocks(), holds)
             report["window"] = window.stats()

@@ -11,7 +11,7 @@ than with the tree waits for that prefill to be inserted, so a shared prefix is 
 once. When a decoding sequence needs a block and eviction cannot free one, the newest
 running sequence is preempted: its computed prefix goes into the tree and it is requeued at
 the front of its tenant's queue. A sequence admitted with its prefix loading from the lower
-KV tier (``seq.tier_load``) runs no chunk until the load is done (``KVManager.finish_load``);
+KV tier (``seq.kv.tier_load``) runs no chunk until the load is done (``KVManager.finish_load``);
 the others go on meanwhile.
 """
 from __future__ import annotations
@@ -110,7 +110,7 @@ class Scheduler:
         plan = StepPlan()
         self.interactive_blocked = False
         self.blocks.forget_probes()     # the tree changed since the last pass
-        solo = not any(seq.prefill_inserted for seq in self.running)
+        solo = not any(seq.kv.prefill_inserted for seq in self.running)
         cap = self.config.solo_chunk_tokens if solo else self.config.chunk_tokens
         budget = self.config.solo_budget if solo else self.config.max_step_tokens
         budget = self._schedule_decodes(plan, budget)
@@ -139,7 +139,7 @@ class Scheduler:
         for seq in list(self.running):
             if budget == 0:
                 break
-            if seq.status is not SeqStatus.RUNNING or not seq.prefill_inserted:
+            if seq.status is not SeqStatus.RUNNING or not seq.kv.prefill_inserted:
                 continue
             n = min(seq.remaining_prefill, budget)   # > 1 after a grammar's forced tokens
             if self._reserve_block(seq, plan, n):
@@ -203,7 +203,7 @@ class Scheduler:
         for seq in sorted(self.running, key=lambda s: s.request.priority):   # interactive first
             if budget == 0:
                 break
-            if not seq.prefill_inserted and self.blocks.finish_load(seq):
+            if not seq.kv.prefill_inserted and self.blocks.finish_load(seq):
                 n = min(seq.remaining_prefill, self._chunk_limit(seq, cap), budget)
                 plan.chunks.append(Chunk(seq, n))
                 budget -= n
@@ -215,7 +215,7 @@ class Scheduler:
             seq = self._admit_next(held, plan)
             if seq is None:
                 return
-            if seq.tier_load is not None:
+            if seq.kv.tier_load is not None:
                 continue                # its prefix is loading: it computes once loaded
             n = min(seq.remaining_prefill, self._chunk_limit(seq, cap), budget)
             plan.chunks.append(Chunk(seq, n))
@@ -343,7 +343,7 @@ class Scheduler:
         if not queue:
             del self.waiting[seq.tenant]
         seq.status = SeqStatus.RUNNING
-        seq.prefill_inserted = False
+        seq.kv.prefill_inserted = False
         self.running.append(seq)
         self.running_by_tenant[seq.tenant] += 1
         self._tick += 1

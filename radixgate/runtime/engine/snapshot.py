@@ -200,7 +200,7 @@ def window_pool_counts(kv, running) -> Mapping | None:
     window = kv.window
     if window is None:
         return None
-    held = {seq.block_table[i] for seq in running for i in seq.window_held}
+    held = {seq.kv.block_table[i] for seq in running for i in seq.kv.window_held}
     per_layer = kv.bytes_per_token // kv.num_layers
     return MappingProxyType({
         "window": window.window, "layers": sorted(kv.window_layers),
@@ -215,7 +215,7 @@ def block_counts(tree, pool, running, stats) -> BlockCounts:
     running requests' blocks and the pinned ones (bounded by the pin quotas), never at
     every cached block: pinned blocks are held by nodes, so cached = held - held in use -
     pinned not in use."""
-    in_use = {block for seq in running for block in seq.block_table}
+    in_use = {block for seq in running for block in seq.kv.block_table}
     pinned = tree.pinned_blocks()
     pinned_free = len(pinned) - sum(1 for block in in_use if block in pinned)
     held_in_use = sum(1 for block in in_use if block in tree.block_holders)
