@@ -29,7 +29,7 @@ def _computed(plan) -> None:
         samples = chunk.samples
         chunk.seq.num_computed += chunk.num_tokens
         if samples:
-            chunk.seq.prefill_inserted = True
+            chunk.seq.kv.prefill_inserted = True
             chunk.seq.tokens.append(7)
 
 
@@ -46,7 +46,7 @@ def test_beside_a_decoding_sequence_steps_keep_the_normal_budget():
     scheduler = _scheduler(solo_step_tokens=2048)
     short = _add(scheduler, list(range(100, 120)), 0)
     _computed(scheduler.schedule())
-    assert short.prefill_inserted
+    assert short.kv.prefill_inserted
     _add(scheduler, list(range(3000)), 1)
     plan = scheduler.schedule()
     assert [(c.seq is short, c.num_tokens) for c in plan.chunks] == [(True, 1), (False, 511)]

@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from radixgate.kv import PUBLIC_NAMESPACE, BlockPool, CacheEvent, Probe, RadixTree
+from radixgate.kv import PUBLIC_NAMESPACE, BlockPool, Probe, RadixTree
 from radixgate.kv.groups.base import AttentionGroup
 from radixgate.kv.groups.full import FullAttentionGroup
 from radixgate.kv.groups.window import WindowGroup
@@ -105,13 +105,7 @@ class KVManager:
         if self.pool.on_free != window.on_main_free:
             raise ValueError("a window pool needs the main pool built with "
                              "on_free=window.on_main_free")
-        return FullAttentionGroup(), WindowGroup(window, self.tree, self._emit)
-
-    def _emit(self, event: CacheEvent) -> None:
-        """The tree's event sink (KV events), as it is when the event happens."""
-        sink = self.tree.on_event
-        if sink is not None:
-            sink(event)
+        return FullAttentionGroup(), WindowGroup(window, self.tree, self.tree.on_event)
 
     # -- probing ------------------------------------------------------------------------
     def probe(self, seq: Sequence) -> SeqProbe:

@@ -21,12 +21,14 @@ def _ceil_div(a: int, b: int) -> int:
 
 class WindowGroup:
     """The ``AttentionGroup`` (groups/base.py) of the window layers over ``slots``; ``tree``
-    answers which prefixes are pinned and where an insert ended; ``emit`` receives a
-    ``CacheEvent`` for cached blocks whose window data is let go (KV events)."""
+    answers which prefixes are pinned and where an insert ended; ``emit`` (the tree's event
+    sink, or None) receives a ``CacheEvent`` for cached blocks whose window data is let go
+    (KV events)."""
 
     holds = True
 
-    def __init__(self, slots: WindowSlots, tree: RadixTree, emit: Callable[[CacheEvent], None]):
+    def __init__(self, slots: WindowSlots, tree: RadixTree,
+                 emit: Callable[[CacheEvent], None] | None = None):
         self.slots = slots
         self.tree = tree
         self.emit = emit
@@ -52,7 +54,7 @@ class WindowGroup:
 
     def announce(self, blocks: list[int]) -> None:
         """Cached blocks without window data, told to the event sink."""
-        if blocks:
+        if blocks and self.emit:
             self.emit(CacheEvent("window_removed", "", tuple(blocks), 0, 0, "window"))
 
     # -- what a match may reuse -----------------------------------------------------------

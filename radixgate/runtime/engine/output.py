@@ -42,7 +42,7 @@ def account_admission(seq: Sequence) -> None:
     seq.admitted_once = True
     seq.timing.first_scheduled = time.monotonic()
     seq.accounting.cache_read = seq.num_computed
-    seq.accounting.cache_read_disk = min(seq.disk_read, seq.num_computed)
+    seq.accounting.cache_read_disk = min(seq.kv.disk_read, seq.num_computed)
 
 
 def account_pins(seq: Sequence, pinned: list[tuple[int, float]],

@@ -1,17 +1,19 @@
 """Per-request state inside the engine thread.
 
 A sequence's ``tokens`` are its prompt followed by its output so far. Positions
-``[0, num_computed)`` have K/V in the blocks of ``block_table`` (position ``i`` in slot
+``[0, num_computed)`` have K/V in the blocks of ``kv.block_table`` (position ``i`` in slot
 ``i % B`` of ``block_table[i // B]``). Each step computes ``tokens[num_computed:...]``; when
 ``num_computed`` reaches ``len(tokens)`` the last row's logits pick the next token, so a
-decode step is simply a one-token chunk. The sequence holds one pool reference per entry of
-``block_table`` and, while running, one tree lock (``lock_handle``) on its cached path.
+decode step is simply a one-token chunk. Its KV state (``kv``: blocks, tree lock, window
+holds, tier load; radixgate/kv/sequence_kv.py) is the ``KVManager``'s to change.
 """
 from __future__ import annotations
 
 import enum
 import time
 from dataclasses import dataclass, field
+
+from radixgate.kv.sequence_kv import SequenceKV
 
 from .api import Breakpoint, Request
 from .trace import RequestTrace
@@ -70,9 +72,10 @@ class LogitsRecord:
 
 
 class Sequence:
-    """One request's state (engine thread only): its tokens, blocks and lock, and in objects
-    of their own its output (``output``), its drafts' source (``drafter``), its grammar
-    state (``grammar``) and its ``record_logits`` record (``logits``)."""
+    """One request's state (engine thread only): its tokens, and in objects of their own
+    its blocks and lock (``kv``), its output (``output``), its drafts' source
+    (``drafter``), its grammar state (``grammar``) and its ``record_logits`` record
+    (``logits``)."""
 
     def __init__(self, request: Request, *, arrival: int, sink=None, generator=None,
                  output: OutputState | None = None, logits: LogitsRecord | None = None):
@@ -92,19 +95,13 @@ class Sequence:
         self.drafter = None                 # spec.Drafter, made at its first decode step
         self.tokens: list[int] = list(request.tokens)
         self.num_prompt = len(request.tokens)
-        self.block_table: list[int] = []
-        self.window_held: dict[int, None] = {}   # table indices whose window data it holds
+        self.kv = SequenceKV()              # blocks, lock, window holds, tier load
         self.num_computed = 0
-        self.lock_handle = None
         self.status = SeqStatus.WAITING
-        self.prefill_inserted = False       # tokens prefilled at admission are in the tree
         self.admitted_once = False
         self.num_preemptions = 0
         self.waiting_on: Sequence | None = None   # a running sequence prefilling our prefix
         self.admission_failures = 0                # admissions that raised (retried a few times)
-        self.tier_load = None               # kv.tiers.disk.LoadTicket while its prefix loads
-        self.tier_chain = None              # (len(tokens), its full-block hashes) for the tier
-        self.disk_read = 0                  # prompt tokens the tier loaded at its admission
         self.timing = Timing()
         self.accounting = PromptAccounting()
         self.pins_done = False              # breakpoints pinned (once, after first prefill)
@@ -143,11 +140,7 @@ class Sequence:
     @property
     def is_prefilling(self) -> bool:
         """True while the tokens present at admission are not all computed yet."""
-        return self.status is SeqStatus.RUNNING and not self.prefill_inserted
-
-    def blocks_needed(self, num_tokens: int, block_size: int) -> int:
-        """Blocks to add so positions [0, num_tokens) have a block."""
-        return max(0, -(-num_tokens // block_size) - len(self.block_table))
+        return self.status is SeqStatus.RUNNING and not self.kv.prefill_inserted
 
     def prompt_breakpoints(self) -> list[Breakpoint]:
         """Breakpoints inside the prompt, shortest prefix first."""
