@@ -105,7 +105,7 @@ class KVManager:
         if self.pool.on_free != window.on_main_free:
             raise ValueError("a window pool needs the main pool built with "
                              "on_free=window.on_main_free")
-        return FullAttentionGroup(), WindowGroup(window, self.tree, self.tree.on_event)
+        return FullAttentionGroup(), WindowGroup(window, self.tree)
 
     # -- probing ------------------------------------------------------------------------
     def probe(self, seq: Sequence) -> SeqProbe:

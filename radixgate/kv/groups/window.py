@@ -21,9 +21,9 @@ def _ceil_div(a: int, b: int) -> int:
 
 class WindowGroup:
     """The ``AttentionGroup`` (groups/base.py) of the window layers over ``slots``; ``tree``
-    answers which prefixes are pinned and where an insert ended; ``emit`` (the tree's event
-    sink, or None) receives a ``CacheEvent`` for cached blocks whose window data is let go
-    (KV events)."""
+    answers which prefixes are pinned and where an insert ended; ``emit`` (default: the
+    tree's event sink) receives a ``CacheEvent`` for cached blocks whose window data is let
+    go (KV events), in step with the tree's own events."""
 
     holds = True
 
@@ -54,8 +54,9 @@ class WindowGroup:
 
     def announce(self, blocks: list[int]) -> None:
         """Cached blocks without window data, told to the event sink."""
-        if blocks and self.emit:
-            self.emit(CacheEvent("window_removed", "", tuple(blocks), 0, 0, "window"))
+        sink = self.emit if self.emit is not None else self.tree.on_event
+        if blocks and sink:
+            sink(CacheEvent("window_removed", "", tuple(blocks), 0, 0, "window"))
 
     # -- what a match may reuse -----------------------------------------------------------
     def usable_reuse(self, blocks: Sequence[int], reuse: int) -> int:
