@@ -32,7 +32,7 @@ from pathlib import Path
 
 from benchmarks.cli import size_parser, write_result
 
-from radixgate.kv import BlockPool, CacheConfig, RadixTree
+from radixgate.kv import BlockPool, CacheConfig, DiskTierConfig, RadixTree
 from radixgate.runtime.engine.api import Request, SamplingParams
 from radixgate.runtime.engine.engine import Engine
 from radixgate.runtime.engine.engine_config import EngineConfig
@@ -74,8 +74,8 @@ def working_set_blocks(trace) -> int:
 
 
 def replay(loaded, trace, num_blocks: int, disk_dir: str | None, disk_gb: float) -> dict:
-    cache = CacheConfig(block_size=BLOCK, disk_dir=disk_dir or "",
-                        disk_gb=disk_gb if disk_dir else 0.0)
+    disk = DiskTierConfig(disk_dir, disk_gb) if disk_dir else DiskTierConfig()
+    cache = CacheConfig(block_size=BLOCK, disk=disk)
     engine = Engine(loaded, EngineConfig(cache=cache, num_blocks=num_blocks,
                                          max_model_len=loaded.max_model_len)).start()
     prompt = read = 0
@@ -156,7 +156,7 @@ def ttft(quick: bool) -> dict:
 
 def ttft_one(loaded, length: int, folder: str) -> dict:
     vocab = loaded.config.vocab_size
-    cache = CacheConfig(block_size=BLOCK, kv_cache_gb=0.6, disk_dir=folder, disk_gb=2.0)
+    cache = CacheConfig(block_size=BLOCK, kv_cache_gb=0.6, disk=DiskTierConfig(folder, 2.0))
     engine = Engine(loaded, EngineConfig(cache=cache, max_model_len=8192)).start()
     try:
         prompts = {kind: [(k * 7919 + 13 * (i + 1)) % (vocab - 100) + 50 for k in range(length)]

@@ -2,11 +2,13 @@
 
 For each workload's token trace (``benchmarks.traces``) and each budget (a fraction of the
 working set = blocks the trace holds with unlimited memory), requests are replayed one at a
-time the way the engine admits them (docs/ARCHITECTURE.md section 2): match, reuse
-``min(matched, len - 1)`` tokens, allocate blocks for the rest (copying a partial last
-block), insert the prompt, drop the request's references, then evict down to the budget.
-The budget is the cache's capacity between requests; the running request's blocks come on
-top of it. Policies:
+time through the engine's own ``radixgate.kv.manager.KVManager`` (docs/ARCHITECTURE.md
+section 2), with a KV object that copies nothing: ``match`` and ``admit`` (reuse
+``min(matched, len - 1)`` tokens, a private copy of a partly reused last block, fresh
+blocks for the rest), ``grow`` for what the server keeps after the prompt, ``release``
+(insert what was computed, unlock, drop the request's references), then the tree evicts
+down to the budget. The budget is the cache's capacity between requests; the running
+request's blocks come on top of it. Policies:
 
 - ``radixgate``     ``radixgate.kv.RadixTree`` with its own eviction: leaves'
                     partly filled last blocks first, then LRU with credits for expected
@@ -16,9 +18,9 @@ top of it. Policies:
                     ``tool_use``) is followed by ``expect_continuation``, as the gateway does;
 - ``plain_lru``     the same tree with plain LRU order (``LRUPolicy``: no credits, partial
                     blocks in LRU order with the rest);
-- ``page_rounded``  a hash-block cache: the radixgate tree holding whole blocks only (a
-                    prompt's partial last block is computed but not cached, so it takes no
-                    memory), reuse rounded down to whole blocks;
+- ``page_rounded``  a hash-block cache: ``PageRoundedKVManager`` (the tree holds
+                    whole blocks only: a prompt's partial last block is computed but not
+                    cached, so it takes no memory; reuse rounded down to whole blocks);
 - ``belady``        ``benchmarks.belady.BeladyCache``: offline furthest-next-use eviction of
                     whole leaves (the issue's baseline);
 - ``belady_trim``   the same oracle, trimming victims' tails as ``RadixTree`` does (so the
@@ -51,6 +53,10 @@ from pathlib import Path
 from typing import Sequence
 
 from radixgate.kv import BlockPool, CacheConfig, RadixTree, make_policy
+from radixgate.kv.manager import KVManager
+from radixgate.kv.page_rounded import PageRoundedKVManager
+from radixgate.runtime.engine.api import Request
+from radixgate.runtime.engine.sequence import Sequence as EngineSequence
 
 from benchmarks.belady import SESSION_POLICIES, BeladyCache
 from benchmarks.cli import size_parser
@@ -99,48 +105,69 @@ def _blocks(num_tokens: int, block_size: int) -> int:
     return -(-num_tokens // block_size)
 
 
+class NoCopyKV:
+    """The manager's KV object without a model: a private copy of a block copies nothing
+    (the replay counts blocks, not their contents)."""
+
+    def copy_blocks(self, pairs, valid_slots) -> None:
+        pass
+
+
+def replay_manager(capacity: int, block_size: int, policy: str = "credit",
+                   round_to_block: bool = False) -> KVManager:
+    """A ``KVManager`` over a pool of ``capacity`` blocks and a tree evicting by ``policy``
+    (``round_to_block``: the page-rounded baseline, ``PageRoundedKVManager``)."""
+    pool = BlockPool(capacity, block_size)
+    tree = RadixTree(pool, policy=make_policy(CacheConfig(policy=policy)))
+    manager = PageRoundedKVManager if round_to_block else KVManager
+    return manager(tree, pool, NoCopyKV())
+
+
+def serve(manager: KVManager, index: int, namespace: str, prompt: Sequence[int],
+          kept: Sequence[int]) -> int:
+    """One request through ``manager`` as the engine serves it: admitted with its cached
+    prefix, grown to ``kept`` (its prompt and what follows), computed, released into the
+    tree. Returns the prompt tokens it reused."""
+    seq = EngineSequence(Request(list(prompt), namespace=namespace), arrival=index)
+    manager.forget_probes()
+    if not manager.admit(seq, manager.match(seq)):
+        raise RuntimeError(f"request {index} found no room (the pool leaves room for the "
+                           "largest request)")
+    reused = seq.num_computed
+    seq.tokens = list(kept)
+    if not manager.grow(seq, len(kept)):
+        raise RuntimeError(f"request {index} could not grow to {len(kept)} tokens")
+    seq.num_computed = len(kept)
+    manager.release(seq)
+    return reused
+
+
 def replay_radix(trace: Trace, block_size: int, budget_blocks: int | None,
                  round_to_block: bool = False, policy: str = "credit",
                  tool_calls: Sequence[bool] | None = None,
                  cached: Sequence[Sequence[int]] | None = None) -> Replay:
-    """Replay through the real ``RadixTree`` with eviction ``policy`` (``"credit"`` with
-    its default parameters, or ``"lru"``); ``None`` = unlimited
-    memory. ``round_to_block``: a hash-block cache (reuse and caching in whole blocks only).
-    ``tool_calls[i]``: request ``i``'s response is a tool call (the tree is told to expect
-    its continuation, as the gateway does). ``cached[i]``: what the server keeps after
-    request ``i``, its prompt followed by more (the reply, as the engine caches it); default
-    the prompt alone."""
+    """Replay through the engine's ``KVManager`` over the real ``RadixTree`` with eviction
+    ``policy`` (``"credit"`` with its default parameters, or ``"lru"``); ``None`` =
+    unlimited memory. ``round_to_block``: a hash-block cache (reuse and caching in whole
+    blocks only). ``tool_calls[i]``: request ``i``'s response is a tool call (the tree is
+    told to expect its continuation, as the gateway does). ``cached[i]``: what the server
+    keeps after request ``i``, its prompt followed by more (the reply, as the engine caches
+    it); default the prompt alone."""
     cached = cached or [t for _, t in trace]
     largest = max(_blocks(len(t), block_size) for t in cached)
     total = sum(_blocks(len(t), block_size) for t in cached)
     capacity = total + 1 if budget_blocks is None else budget_blocks + largest + 1
-    pool = BlockPool(capacity, block_size)
-    tree = RadixTree(pool, policy=make_policy(CacheConfig(policy=policy)))
+    manager = replay_manager(capacity, block_size, policy, round_to_block)
+    tree, pool = manager.tree, manager.pool
     reused_total = prompt_total = peak = 0
     for index, (namespace, tokens) in enumerate(trace):
-        match = tree.match(namespace, tokens)
-        reused = min(match.length, len(tokens) - 1)
-        if round_to_block:
-            reused -= reused % block_size
-        keep = reused // block_size
-        kept = cached[index]
-        need = _blocks(len(kept), block_size) - keep
-        if pool.num_free() < need:
-            tree.evict(need - pool.num_free())
-        new_blocks = pool.allocate(need)
-        if round_to_block:
-            kept = kept[:len(kept) - len(kept) % block_size]
-        tree.insert(namespace, kept, list(match.blocks[:keep]) + new_blocks)
-        tree.unlock(match.handle)
-        pool.decref_many(match.blocks)
-        pool.decref_many(new_blocks)
+        reused_total += serve(manager, index, namespace, tokens, cached[index])
         if tool_calls is not None and tool_calls[index]:
             tree.expect_continuation(namespace, tokens)
         held = pool.num_blocks - pool.num_free()
         if budget_blocks is not None and held > budget_blocks:
             tree.evict(held - budget_blocks)
         peak = max(peak, pool.num_blocks - pool.num_free())
-        reused_total += reused
         prompt_total += len(tokens)
     return Replay(reused_total, prompt_total, peak)
 

@@ -7,7 +7,7 @@ import pytest
 
 from benchmarks.belady import BeladyCache, FutureOracle
 from benchmarks.memory_sweep import (compare_policies, goal_checks, markdown, plot, replay_belady,
-                                     replay_radix, sweep_trace)
+                                     replay_manager, replay_radix, serve, sweep_trace)
 from benchmarks.traces import load_tokenizer, workload_trace
 from benchmarks.workloads import make_workloads
 
@@ -33,6 +33,20 @@ def quick_traces():
     return {w.name: [(e.namespace, e.tokens) for e in workload_trace(w, tokenizer)]
             for w in make_workloads(quick=True, seed=0, names=("shared_system", "doc_qa",
                                                                  "control"))}
+
+
+@pytest.mark.parametrize("round_to_block", [False, True])
+def test_the_replay_admits_and_releases_through_the_kv_manager(round_to_block):
+    """Each request goes through the engine's KVManager (admit with its match, grow to what
+    is kept, release into the tree): the manager counts the reuse, the blocks come back."""
+    manager = replay_manager(64, B, round_to_block=round_to_block)
+    prompt = list(range(100, 140))                              # 2 blocks and 8 tokens
+    assert serve(manager, 0, "ns", prompt, prompt + [7, 8]) == 0
+    reused = serve(manager, 1, "ns", prompt + [9], prompt + [9])
+    assert reused == (32 if round_to_block else 40)
+    assert manager.hit_tokens["memory"] == reused
+    manager.tree.check_integrity()
+    assert manager.pool.num_free() == 64 - manager.tree.stats().cached_blocks
 
 
 @pytest.mark.parametrize("seed", range(4))

@@ -152,7 +152,7 @@ def test_an_expired_pin_is_told_apart_from_an_evicted_one_and_disk_reads_are_mar
 
 
 async def test_recent_diagnostics_outlive_a_restart_in_the_state_folder(tmp_path):
-    cache = {"disk_dir": str(tmp_path / "kv"), "disk_gb": 0.05}
+    cache = {"disk": {"dir": str(tmp_path / "kv"), "gb": 0.05}}
     question = [{"role": "user", "content": "Kept across a restart?"}]
     async with in_process_gateway(tenants=("acme",), cache=cache) as (base, app):
         async with aiohttp.ClientSession() as http:

@@ -183,10 +183,10 @@ def test_an_old_key_and_its_new_place_both_set_is_an_error():
 
 
 @pytest.mark.parametrize("cache, fragment", [
-    ({"disk_dir": "/tmp/kv"}, "disk_dir and cache.disk_gb go together"),
-    ({"disk_gb": 10.0}, "disk_dir and cache.disk_gb go together"),
-    ({"disk_dir": "/tmp/kv", "disk_gb": 1.0, "page_rounded_match": True}, "token-exact"),
-    ({"disk_dir": "/tmp/kv", "disk_gb": 1.0, "enable_prefix_cache": False}, "prefix cache"),
+    ({"disk": {"dir": "/tmp/kv"}}, "cache.disk dir and gb go together"),
+    ({"disk": {"gb": 10.0}}, "cache.disk dir and gb go together"),
+    ({"disk": {"dir": "/tmp/kv", "gb": 1.0}, "page_rounded_match": True}, "token-exact"),
+    ({"disk": {"dir": "/tmp/kv", "gb": 1.0}, "enable_prefix_cache": False}, "prefix cache"),
     ({"policy": "lru", "credit": {"branch_ticks": 8}}, "applies to policy"),
 ])
 def test_incomplete_or_unread_cache_settings_are_refused_not_ignored(cache, fragment):
@@ -199,12 +199,12 @@ def test_the_disk_tier_flags_and_cache_keys_reach_the_cache_config(tmp_path, mon
     monkeypatch.setenv("HOME", str(tmp_path))
     flags = config_from_args(build_parser().parse_args(
         ["serve", "--kv-disk-dir", "~/kv", "--kv-disk-gb", "2.5"]))
-    assert flags.cache.disk_dir == str(tmp_path / "kv") and flags.cache.disk_gb == 2.5
+    assert flags.cache.disk.dir == str(tmp_path / "kv") and flags.cache.disk.gb == 2.5
     path = tmp_path / "radixgate.toml"
-    path.write_text('[cache]\ndisk_dir = "/srv/kv"\ndisk_gb = 4\n')
+    path.write_text('[cache.disk]\ndir = "/srv/kv"\ngb = 4\n')
     from_file = config_from_args(build_parser().parse_args(["serve", "--config", str(path)]))
-    assert (from_file.cache.disk_dir, from_file.cache.disk_bytes) == ("/srv/kv", 4 << 30)
-    assert EngineConfig(cache=from_file.cache).cache.disk_gb == 4
+    assert (from_file.cache.disk.dir, from_file.cache.disk.budget_bytes) == ("/srv/kv", 4 << 30)
+    assert EngineConfig(cache=from_file.cache).cache.disk.gb == 4
     assert EngineConfig(cache=CacheConfig(kv_dtype="fp8")).cache.kv_dtype == "fp8"
 
 

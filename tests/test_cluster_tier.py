@@ -18,13 +18,13 @@ import pytest
 
 from radixgate.cluster.tier_folders import (claim_replica_index, prepare_deployment_folder,
                                             release_deployment_folder)
-from radixgate.kv import CacheConfig
+from radixgate.kv import CacheConfig, DiskTierConfig
 from radixgate.kv.tiers.disk import TierFolderError, TierStats
 from tests.support.server import ADMIN_KEY, ServerProcess, ServerSpec
 
 
 def tier(folder: Path, gb: float = 4.0) -> CacheConfig:
-    return CacheConfig(disk_dir=str(folder), disk_gb=gb)
+    return CacheConfig(disk=DiskTierConfig(str(folder), gb))
 
 
 def hold(path: Path) -> int:
@@ -42,7 +42,7 @@ def deployment(tmp_path):
 
     def prepare(cache: CacheConfig, slots: int) -> None:
         prepare_deployment_folder(cache, slots)
-        folders.append(cache.disk_dir)
+        folders.append(cache.disk.dir)
     yield prepare
     for folder in folders:
         release_deployment_folder(folder)
@@ -51,8 +51,8 @@ def deployment(tmp_path):
 def test_each_replica_gets_its_own_folder_and_an_equal_part_of_the_budget():
     cache = tier(Path("/srv/kv/"), gb=4)
     parts = [cache.for_replica(i, 2) for i in (0, 1)]
-    assert [p.disk_dir for p in parts] == ["/srv/kv/replica-0", "/srv/kv/replica-1"]
-    assert sum(p.disk_bytes for p in parts) == cache.disk_bytes == 4 << 30
+    assert [p.disk.dir for p in parts] == ["/srv/kv/replica-0", "/srv/kv/replica-1"]
+    assert sum(p.disk.budget_bytes for p in parts) == cache.disk.budget_bytes == 4 << 30
     assert CacheConfig().for_replica(3, 4) == CacheConfig()
     with pytest.raises(ValueError):
         cache.for_replica(2, 2)

@@ -23,7 +23,7 @@ import torch
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from radixgate.kv import CacheConfig
+from radixgate.kv import CacheConfig, DiskTierConfig
 from radixgate.runtime.engine import engine as engine_module
 from radixgate.runtime.engine.api import Request, SamplingParams
 from radixgate.runtime.engine.engine import Engine
@@ -136,7 +136,7 @@ class SwitchingGovernor:
 def engine_for(loaded, kv_dtype: str, num_blocks: int, chunk: int | None, seqs: int,
                thread_plan: list[int], tier_dir: str):
     governor = SwitchingGovernor(thread_plan)
-    config = EngineConfig(cache=CacheConfig(kv_dtype=kv_dtype, disk_dir=tier_dir, disk_gb=0.25),
+    config = EngineConfig(cache=CacheConfig(kv_dtype=kv_dtype, disk=DiskTierConfig(tier_dir, 0.25)),
                           num_blocks=num_blocks, prefill_chunk=chunk, max_step_tokens=256,
                           solo_step_tokens=256, max_num_seqs=seqs, deterministic=True)
     with mock.patch.object(engine_module, "ThreadGovernor", governor):

@@ -158,7 +158,7 @@ async def test_gemini_auth_and_errors_in_its_envelope():
 
 
 async def test_a_cache_outlives_a_restart_with_its_state_folder_and_the_tier(tmp_path):
-    cache_config = {"disk_dir": str(tmp_path / "kv"), "disk_gb": 0.05}
+    cache_config = {"disk": {"dir": str(tmp_path / "kv"), "gb": 0.05}}
     async with in_process_gateway(tenants=("acme",), cache=cache_config) as (base_url, app):
         cache = await make_cache(client(base_url, "acme"), "7200s")
     state = tmp_path / "radixgate-state"

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from radixgate.runtime.engine.engine import Engine
+from radixgate.kv import DiskTierConfig
 from radixgate.kv.tiers.disk import TierFolderError
 from tests.support.engine import engine_config, tiny_model
 from tests.support.engine_compare import assert_clean, compare_greedy, greedy
@@ -27,13 +28,13 @@ OTHERS = [list(range(1000 + k * 300, 1300 + k * 300)) for k in range(3)]
 
 def start(folder, **fields) -> Engine:
     fields.setdefault("num_blocks", NUM_BLOCKS)
-    fields.setdefault("disk_gb", 0.01)
+    disk = DiskTierConfig(str(folder), fields.pop("disk_gb", 0.01))
     # a fixed thread count, as the cold engine's, and the deterministic mode: a prefix read
     # from disk must give the cold answer's very bits (by tolerance the default mode once
     # read 2.4e-3 against 1e-3 under CI load: another thread count or path sums otherwise)
     fields.setdefault("adapt_threads", False)
     fields.setdefault("deterministic", True)
-    return Engine(tiny_model(), engine_config(disk_dir=str(folder), record_logits=True,
+    return Engine(tiny_model(), engine_config(disk=disk, record_logits=True,
                                               **fields)).start()
 
 
@@ -303,7 +304,7 @@ def test_a_second_server_on_the_same_folder_is_refused(tmp_path):
         from radixgate.kv import CacheConfig
         from radixgate.kv.tiers.disk import check_disk_folder
         with pytest.raises(TierFolderError, match=f"pid {os.getpid()}"):
-            check_disk_folder(CacheConfig(disk_dir=str(tmp_path), disk_gb=1))
+            check_disk_folder(CacheConfig(disk=DiskTierConfig(str(tmp_path), 1)))
         start_sub = start(tmp_path / "replica-1")            # a replica's own subfolder
         start_sub.shutdown(grace_s=0)
     finally:
@@ -319,8 +320,8 @@ def test_an_unusable_folder_is_a_clear_error_at_start(tmp_path):
     from radixgate.kv import CacheConfig
     from radixgate.kv.tiers.disk import check_disk_folder
     with pytest.raises(TierFolderError, match="cannot be used"):
-        check_disk_folder(CacheConfig(disk_dir=str(blocker / "kv"), disk_gb=1))
-    check_disk_folder(CacheConfig(disk_dir=str(tmp_path / "fine"), disk_gb=1))
+        check_disk_folder(CacheConfig(disk=DiskTierConfig(str(blocker / "kv"), 1)))
+    check_disk_folder(CacheConfig(disk=DiskTierConfig(str(tmp_path / "fine"), 1)))
 
 
 def test_a_flush_purges_the_namespace_on_disk(tmp_path):
@@ -403,7 +404,7 @@ async def test_stats_metrics_and_usage_show_the_disk_tier_over_http(tmp_path):
     acme = c.headers(tenant_key("acme"))
     system = " ".join(f"rule{i} keeps answers short" for i in range(40))
     async with in_process_gateway(tenants=("acme",), kv_cache_gb=0.0004,
-                                  cache={"disk_dir": str(tmp_path), "disk_gb": 0.01}
+                                  cache={"disk": {"dir": str(tmp_path), "gb": 0.01}}
                                   ) as (base, app):
         async with aiohttp.ClientSession(base) as http:
             body = c.anthropic_body("first question", system=system, max_tokens=2)
@@ -521,11 +522,13 @@ def test_a_spill_beyond_the_staging_room_keeps_what_fits_and_never_waits():
 
 KILLED_WRITER = """
 import sys, time
+from radixgate.kv import DiskTierConfig
 from radixgate.runtime.engine.engine import Engine
 from tests.support.engine import engine_config, tiny_model
 from tests.support.engine_compare import greedy
-engine = Engine(tiny_model(), engine_config(num_blocks=40, disk_dir=sys.argv[1],
-                                            disk_gb=0.01, adapt_threads=False,
+engine = Engine(tiny_model(), engine_config(num_blocks=40,
+                                            disk=DiskTierConfig(sys.argv[1], 0.01),
+                                            adapt_threads=False,
                                             deterministic=True)).start()
 k, ready = 0, False
 while True:

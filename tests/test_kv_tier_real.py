@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from radixgate.runtime.model.kv_cache import KVCache
+from radixgate.kv import DiskTierConfig
 from radixgate.kv.tiers.disk import DiskBackend, KVTier
 
 BLOCK_SIZE = 16
@@ -74,11 +75,12 @@ import sys, time
 from radixgate.runtime.engine.api import Breakpoint
 from radixgate.runtime.engine.engine import Engine
 from radixgate.runtime.model.loader import load_model
+from radixgate.kv import DiskTierConfig
 from tests.support.engine import engine_config
 from tests.support.engine_compare import greedy
 from tests.test_kv_tier_real import PINNED, PROMPTS, wait_settled
 loaded = load_model(sys.argv[2], device="cpu", dtype="float32", weights_dtype="float32")
-engine = Engine(loaded, engine_config(num_blocks=40, disk_dir=sys.argv[1], disk_gb=0.5,
+engine = Engine(loaded, engine_config(num_blocks=40, disk=DiskTierConfig(sys.argv[1], 0.5),
                                       adapt_threads=False)).start()
 for tokens in PROMPTS:
     engine.generate(greedy(tokens, max_tokens=2, namespace="ns-a"))
@@ -129,8 +131,9 @@ def test_blocks_on_disk_before_a_kill_9_are_served_after_it_at_real_size(tmp_pat
     finally:
         child.kill()                                  # SIGKILL: no shutdown, no flush
         child.wait(30)
-    restarted = Engine(real_model, engine_config(num_blocks=40, disk_dir=str(tmp_path),
-                                                 disk_gb=0.5, record_logits=True,
+    restarted = Engine(real_model, engine_config(num_blocks=40,
+                                                 disk=DiskTierConfig(str(tmp_path), 0.5),
+                                                 record_logits=True,
                                                  adapt_threads=False)).start()
     cold = Engine(real_model, engine_config(num_blocks=40, record_logits=True,
                                             enable_prefix_cache=False,
@@ -215,7 +218,7 @@ async def test_a_server_with_the_tier_adds_no_openmp_pool_beside_the_engine_s(tm
     try:
         for tier in (False, True):
             before = native_threads()
-            cache = {"disk_dir": str(tmp_path / "kv"), "disk_gb": 1} if tier else {}
+            cache = {"disk": {"dir": str(tmp_path / "kv"), "gb": 1}} if tier else {}
             async with in_process_gateway(tenants=("acme",), kv_cache_gb=0.05,
                                           max_model_len=2048, cache=cache,
                                           model=served_model) as (base_url, app):

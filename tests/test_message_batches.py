@@ -129,7 +129,7 @@ async def test_a_shuffled_batch_reads_as_much_as_the_same_requests_sorted_by_doc
 
 
 async def test_a_restart_resumes_a_batch_without_redoing_finished_requests(tmp_path):
-    cache = {"disk_dir": str(tmp_path / "kv"), "disk_gb": 0.05}
+    cache = {"disk": {"dir": str(tmp_path / "kv"), "gb": 0.05}}
     pairs = [(d, q) for d in range(4) for q in range(10)]
     async with in_process_gateway(tenants=("acme",), cache=cache) as (base_url, app):
         claude = client(base_url, "acme")

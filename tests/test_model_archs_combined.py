@@ -57,7 +57,7 @@ async def ask(base_url: str, tenant: str, question: str):
 async def test_gemma2_with_tier_tenants_breakpoints_and_structured_output(gemma, tmp_path):
     async with in_process_gateway(tenants=("acme", "beta"), kv_cache_gb=0.00019,
                                   max_model_len=512, model=gemma,
-                                  cache={"disk_dir": str(tmp_path / "kv"), "disk_gb": 0.05,
+                                  cache={"disk": {"dir": str(tmp_path / "kv"), "gb": 0.05},
                                          "window_ratio": 0.9}
                                   ) as (base_url, app):
         engine = engine_of(app)

@@ -64,7 +64,7 @@ async def test_completions_honour_it_and_an_unknown_value_is_a_400():
 async def test_24h_retention_outlives_a_restart_with_the_disk_tier(tmp_path):
     """The pin is written to the tier when it is made (an hour or more), with its day-long
     retention: a new server on the same folder reads the prompt from disk."""
-    cache = {"disk_dir": str(tmp_path / "kv"), "disk_gb": 0.05}
+    cache = {"disk": {"dir": str(tmp_path / "kv"), "gb": 0.05}}
     async with in_process_gateway(tenants=("acme",), cache=cache) as (base_url, app):
         first = await chat(base_url, "acme", "24h")
         assert first.usage.prompt_tokens_details.model_extra["cache_creation_tokens"] > 0

@@ -7,6 +7,7 @@ data is gone is recomputed from the nearest usable point. Greedy answers equal a
 without the cache; both pools stay conserved (``debug_integrity`` at every idle)."""
 import pytest
 
+from radixgate.kv import DiskTierConfig
 from radixgate.runtime.engine.engine import Engine
 from radixgate.runtime.model.loader import load_model
 from tests.support.engine import engine_config
@@ -63,7 +64,7 @@ def test_tombstoned_prefixes_are_recomputed_from_a_usable_point(loaded):
     the reuse backs off below the gap, and the window data of the full prompt's end stays."""
     cached, plain = engine(loaded), engine(loaded, cache=False, window_blocks=None)
     events = []
-    cached.core.tree.on_event = events.append       # (no request yet: the thread is idle)
+    cached.core.subscribe_events(events.append)     # (no request yet: the thread is idle)
     try:
         prompts = [SYSTEM + [1000 + 7 * k + j for j in range(5 + k)] for k in range(4)]
         first = [cached.generate(greedy(p, max_tokens=6)) for p in prompts[:2]]
@@ -108,8 +109,8 @@ def test_the_disk_tier_keeps_window_data_and_tombstones_apart(loaded, tmp_path):
     layers: stored without their K/V) and comes back: the whole prompt reuses its end's
     window data from disk; a prompt leaving it half-way backs off to the nearest point
     whose window the records hold (here: 0). Answers equal the uncached engine's."""
-    served = engine(loaded, window_blocks=12, num_blocks=24, disk_dir=str(tmp_path),
-                    disk_gb=0.01)
+    served = engine(loaded, window_blocks=12, num_blocks=24,
+                    disk=DiskTierConfig(str(tmp_path), 0.01))
     plain = engine(loaded, cache=False, window_blocks=None)
     try:
         prompt = [(13 * i) % 3000 + 200 for i in range(200)]

@@ -2,7 +2,7 @@
 wraps it in ``serve.deployment``).
 
 A replica claims its index first when there is a disk tier (the lowest free one:
-``tier_folders.py``; its tier is ``disk_dir/replica-<index>`` with its part of the budget),
+``tier_folders.py``; its tier is ``[cache.disk] dir/replica-<index>`` with its part of the budget),
 loads the model, starts an ``Engine`` whose KV events go out on a loopback ZMQ
 endpoint with a free port (the replica's id is the topic), and answers:
 
@@ -84,8 +84,8 @@ class EngineReplica:
         self._pin_ends: deque[tuple[float, str]] = deque(maxlen=PIN_ENDS_KEPT)
         log.info("replica %s (index %s) ready: KV events on %s%s", self.name, self.index,
                  self.engine.kv_events.bound_endpoint,
-                 f", KV disk tier {cache.disk_dir} ({cache.disk_gb:g} GiB)"
-                 if cache.disk_dir else "")
+                 f", KV disk tier {cache.disk.dir} ({cache.disk.gb:g} GiB)"
+                 if cache.disk.enabled else "")
 
     async def generate(self, request, ttl_s: float | None = None, target: str | None = None,
                        exclude: tuple[str, ...] = ()):
@@ -161,7 +161,7 @@ def replica_cache(spec: ReplicaSpec):
     index's subfolder and its part of the budget (``tier_folders.py``); without one, no
     index."""
     cache = spec.engine_config.cache
-    if not cache.disk_dir:
+    if not cache.disk.enabled:
         return None, None, cache
     from .tier_folders import claim_replica_index
     index, claim = claim_replica_index(cache, spec.replica_slots)

@@ -5,7 +5,7 @@ With ``--replicas N --kv-disk-dir D`` (``[cluster] max_replicas`` for N under au
     D/lock              held by the gateway while the deployment runs: a second server on D
                         (one engine, or another deployment) is refused at its start
     D/replica-I/        replica I's own tier folder (``CacheConfig.for_replica``), with
-                        ``disk_gb / N`` of the budget
+                        ``[cache.disk] gb / N`` of the budget
     D/replica-I/claim   held (flock) by the replica process that has index I
 
 ``prepare_deployment_folder`` (the gateway, before Ray starts) takes ``D/lock``, checks that
@@ -24,7 +24,8 @@ import re
 import time
 from pathlib import Path
 
-from radixgate.kv.config import REPLICA_FOLDER_PREFIX, CacheConfig, replica_disk_dir
+from radixgate.kv.config import (REPLICA_FOLDER_PREFIX, CacheConfig, DiskTierConfig,
+                                  replica_disk_dir)
 from radixgate.kv.tiers.disk import TierFolderError, check_disk_folder
 from radixgate.kv.tiers.disk.folders import (delete_folder, lock_holder, make_private_dir,
                                                open_locked, try_lock, unusable)
@@ -38,22 +39,22 @@ _held: dict[str, int] = {}    # deployment folder -> the fd of its lock, for thi
 
 
 def prepare_deployment_folder(cache: CacheConfig, slots: int) -> None:
-    """Before the replicas start: hold ``cache.disk_dir`` for this process, check the
+    """Before the replicas start: hold ``cache.disk.dir`` for this process, check the
     ``slots`` replica folders and reclaim those of indices >= ``slots``. TierFolderError
     (one line) when a folder cannot be used or another server or replica holds it. Holding
     again in the same process is a no-op."""
-    if not cache.disk_dir or cache.disk_dir in _held:
+    if not cache.disk.enabled or cache.disk.dir in _held:
         return
-    folder = Path(cache.disk_dir)
+    folder = Path(cache.disk.dir)
     fd = open_locked(folder)      # the tier folder's own lock: one server per folder
     try:
         for index in range(slots):
-            _check_replica_folder(Path(replica_disk_dir(cache.disk_dir, index)), index)
+            _check_replica_folder(Path(replica_disk_dir(cache.disk.dir, index)), index)
         _reclaim_beyond(folder, slots)
     except BaseException:
         os.close(fd)
         raise
-    _held[cache.disk_dir] = fd
+    _held[cache.disk.dir] = fd
 
 
 def release_deployment_folder(disk_dir: str) -> None:
@@ -70,12 +71,12 @@ def claim_replica_index(cache: CacheConfig, slots: int, *, wait_s: float = CLAIM
     deadline = time.monotonic() + wait_s
     while True:
         for index in range(slots):
-            fd = _try_lock(Path(replica_disk_dir(cache.disk_dir, index)) / CLAIM)
+            fd = _try_lock(Path(replica_disk_dir(cache.disk.dir, index)) / CLAIM)
             if fd is not None:
                 return index, fd
         if time.monotonic() >= deadline:
             raise TierFolderError(
-                f"every replica folder of the KV disk tier {cache.disk_dir} (replica-0 .. "
+                f"every replica folder of the KV disk tier {cache.disk.dir} (replica-0 .. "
                 f"replica-{slots - 1}) is claimed by a running replica")
         time.sleep(poll_s)
 
@@ -92,7 +93,7 @@ def _check_replica_folder(folder: Path, index: int) -> None:
             f"deployment (pid {lock_holder(folder / CLAIM)}): stop it first, or use another "
             "--kv-disk-dir")
     os.close(fd)
-    check_disk_folder(CacheConfig(disk_dir=str(folder), disk_gb=1.0))
+    check_disk_folder(CacheConfig(disk=DiskTierConfig(str(folder), 1.0)))
 
 
 def _reclaim_beyond(folder: Path, slots: int) -> None:

@@ -170,11 +170,11 @@ def _model_flags(p: argparse.ArgumentParser) -> None:
                         "bf16 with AVX512-BF16, else float32)")
     p.add_argument("--kv-disk-dir", metavar="DIR",
                    help="folder of the KV disk tier: evicted prefixes are kept there and "
-                        "loaded back instead of recomputed, also after a restart ([cache] "
-                        "disk_dir; default: none, no disk tier; needs --kv-disk-gb; one server "
+                        "loaded back instead of recomputed, also after a restart ([cache.disk] "
+                        "dir; default: none, no disk tier; needs --kv-disk-gb; one server "
                         "per folder; with --replicas N, replica i uses DIR/replica-i)")
     p.add_argument("--kv-disk-gb", type=float, metavar="G",
-                   help="the disk tier's budget in GiB ([cache] disk_gb; default: none; least "
+                   help="the disk tier's budget in GiB ([cache.disk] gb; default: none; least "
                         "recently used blocks go first); with --replicas N the total, split "
                         "evenly: G/N each (G/max_replicas under autoscaling), unlike "
                         "--kv-cache-gb, which is each replica's own")
@@ -241,7 +241,7 @@ def _check_disk_tier(config: GatewayConfig) -> None:
     """An unusable disk tier folder (unwritable, held by another server; with replicas, a
     replica subfolder too) is a ConfigError before anything loads or Ray starts. With
     replicas the folder stays held by this process (``radixgate/cluster/tier_folders.py``)."""
-    if not config.cache.disk_dir:
+    if not config.cache.disk.enabled:
         return
     from radixgate.kv.tiers.disk import TierFolderError, check_disk_folder
     try:

@@ -5,10 +5,12 @@ model. ``load_config(path, overrides)`` is the one entry point::
 
     cfg = load_config("radixgate.toml", {"port": 9000, "tiny": True})
 
-The ``[cache]`` section (and its ``[cache.credit]`` table) is parsed once into
-``kv.CacheConfig`` (``GatewayConfig.cache``), which the engine and the tree get as
-it is. The cache keys that used to sit under ``[model]`` (``MOVED_MODEL_KEYS``) are still
-read, onto ``[cache]``, with a ``FutureWarning`` (once per key and process).
+The ``[cache]`` section (and its ``[cache.credit]`` and ``[cache.disk]`` tables) is parsed
+once into ``kv.CacheConfig`` (``GatewayConfig.cache``), which the engine, the tree and the
+disk tier get as it is. The cache keys that used to sit under ``[model]``
+(``MOVED_MODEL_KEYS``) are still read, onto ``[cache]``, with a ``FutureWarning`` (once per
+key and process); the disk tier's keys that used to sit under ``[cache]``
+(``MOVED_DISK_KEYS``) onto ``[cache.disk]``, with one ``FutureWarning`` naming them.
 """
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from radixgate.kv import PUBLIC_NAMESPACE, CacheConfig, CreditParams
+from radixgate.kv import PUBLIC_NAMESPACE, CacheConfig, CreditParams, DiskTierConfig
 from radixgate.runtime.engine.spec import SpecConfig
 
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
@@ -73,6 +75,9 @@ MOVED_MODEL_KEYS = {
     "probation_ticks": "credit.probation_ticks",
     "partial_tails_first": "credit.partial_tails_first",
 }
+
+# [cache] keys of the disk tier that moved to [cache.disk]: old key -> its name there
+MOVED_DISK_KEYS = {"disk_dir": "dir", "disk_gb": "gb"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,7 +161,7 @@ _FLAG_FIELDS = {
     "kv_cache_gb": ("cache", "kv_cache_gb"), "block_size": ("cache", "block_size"),
     "policy": ("cache", "policy"), "kv_dtype": ("cache", "kv_dtype"),
     "window_ratio": ("cache", "window_ratio"),
-    "kv_disk_dir": ("cache", "disk_dir"), "kv_disk_gb": ("cache", "disk_gb"),
+    "kv_disk_dir": ("cache.disk", "dir"), "kv_disk_gb": ("cache.disk", "gb"),
     "enable_prefix_cache": ("cache", "enable_prefix_cache"),
     "page_rounded_match": ("cache", "page_rounded_match"),
     "kv_events_endpoint": ("server", "kv_events_endpoint"),
@@ -183,11 +188,14 @@ def config_from_dict(raw: dict[str, Any], overrides: dict[str, Any] | None = Non
                      ) -> GatewayConfig:
     sections = {"server": _section(raw, "server", ServerConfig),
                 "model": _section(raw, "model", ModelSettings, moved=MOVED_MODEL_KEYS),
-                "cache": _section(raw, "cache", CacheConfig),
+                "cache": _section(raw, "cache", CacheConfig, moved=MOVED_DISK_KEYS),
                 "cluster": _section(raw, "cluster", ClusterConfig),
                 "spec": _section(raw, "spec", SpecConfig)}
     credit = _table(sections["cache"].pop("credit", {}), "cache.credit", CreditParams)
+    sections["cache.disk"] = _table(sections["cache"].pop("disk", {}), "cache.disk",
+                                    DiskTierConfig)
     _move_deprecated_keys(sections["model"], sections["cache"], credit)
+    _move_disk_keys(sections["cache"], sections["cache.disk"])
     for flag, value in (overrides or {}).items():
         if value is None:
             continue
@@ -206,7 +214,7 @@ def config_from_dict(raw: dict[str, Any], overrides: dict[str, Any] | None = Non
     cfg = GatewayConfig(
         server=_build(ServerConfig, sections["server"]),
         model=_build(ModelSettings, sections["model"]),
-        cache=_cache_config(sections["cache"], credit),
+        cache=_cache_config(sections["cache"], credit, sections["cache.disk"]),
         cluster=_build(ClusterConfig, sections["cluster"]),
         spec=_build(SpecConfig, sections["spec"]),
         admin_keys=tuple(_str_list(admin.get("api_keys", []), "admin.api_keys")),
@@ -239,23 +247,47 @@ def _move_deprecated_keys(model: dict[str, Any], cache: dict[str, Any],
             continue
         table, key = (credit, new.split(".", 1)[1]) if new.startswith("credit.") else (cache, new)
         place = f"[cache.credit] {key}" if table is credit else f"[cache] {key}"
-        if key in table:
-            raise ConfigError(f"[model] {old} and {place} are both set: keep {place} only")
+        _move_key(model, old, f"[model] {old}", table, key, place)
         warnings.warn(f"config: [model] {old} is deprecated and will be removed; set {place} "
                       "instead", FutureWarning, stacklevel=2)
-        table[key] = model.pop(old)
 
 
-def _cache_config(values: dict[str, Any], credit: dict[str, Any]) -> CacheConfig:
-    """``[cache]`` and ``[cache.credit]`` (flags applied) as the one ``CacheConfig``;
-    refuses credit parameters that no policy would read. ``disk_dir`` is expanded (``~``)."""
+def _move_disk_keys(cache: dict[str, Any], disk: dict[str, Any]) -> None:
+    """Moves the disk tier's keys still found under ``[cache]`` onto ``[cache.disk]``, with
+    one FutureWarning naming them all (shown once per process)."""
+    found = [old for old in MOVED_DISK_KEYS if old in cache]
+    if not found:
+        return
+    for old in found:
+        new = MOVED_DISK_KEYS[old]
+        _move_key(cache, old, f"[cache] {old}", disk, new, f"[cache.disk] {new}")
+    verb = "is" if len(found) == 1 else "are"
+    warnings.warn(f"config: [cache] {', '.join(found)} {verb} deprecated and will be removed; "
+                  f"set [cache.disk] {', '.join(MOVED_DISK_KEYS[o] for o in found)} instead",
+                  FutureWarning, stacklevel=2)
+
+
+def _move_key(source: dict[str, Any], old: str, old_place: str, target: dict[str, Any],
+              new: str, new_place: str) -> None:
+    """``source[old]`` becomes ``target[new]``; both set is an error."""
+    if new in target:
+        raise ConfigError(f"{old_place} and {new_place} are both set: keep {new_place} only")
+    target[new] = source.pop(old)
+
+
+def _cache_config(values: dict[str, Any], credit: dict[str, Any],
+                  disk: dict[str, Any]) -> CacheConfig:
+    """``[cache]``, ``[cache.credit]`` and ``[cache.disk]`` (flags applied) as the one
+    ``CacheConfig``; refuses credit parameters that no policy would read. The disk tier's
+    ``dir`` is expanded (``~``)."""
     policy = values.get("policy", CacheConfig().policy)
     if credit and policy != "credit":
         raise ConfigError(f'[cache.credit] applies to policy = "credit" only (policy is '
                           f'{policy!r}): remove the table or the policy')
-    if isinstance(values.get("disk_dir"), str) and values["disk_dir"]:
-        values = {**values, "disk_dir": str(Path(str(values["disk_dir"])).expanduser())}
-    return _build(CacheConfig, values, credit=_build(CreditParams, credit))
+    if isinstance(disk.get("dir"), str) and disk["dir"]:
+        disk = {**disk, "dir": str(Path(disk["dir"]).expanduser())}
+    return _build(CacheConfig, values, credit=_build(CreditParams, credit),
+                  disk=_build(DiskTierConfig, disk))
 
 
 def _build(cls: type, values: dict[str, Any], **ready: Any):

@@ -66,7 +66,7 @@ def start_cluster_engine(config: GatewayConfig, gateway_engine) -> ClusterEngine
 
 def replica_slots(config: GatewayConfig) -> int:
     """The most replicas the deployment runs at once (``max_replicas`` under autoscaling):
-    the replica indices, each with its disk tier subfolder and ``disk_gb / slots``."""
+    the replica indices, each with its disk tier subfolder and ``[cache.disk] gb / slots``."""
     c = config.cluster
     return max(c.replicas, c.max_replicas)
 

@@ -2,7 +2,7 @@
 cache usage history, explicit cache handles), beside the KV disk tier's folder.
 
 ``[server] state_dir`` (``--state-dir``) names it; by default it is ``radixgate-state`` beside
-``[cache] disk_dir`` (a server with a disk tier keeps its state next to its KV), and there is
+``[cache.disk] dir`` (a server with a disk tier keeps its state next to its KV), and there is
 none without either (the state then lives in memory only, for the process's life). The
 tier's permission rule holds: every folder 0700 and every file 0600 whatever the umask
 (``private_folder``, ``write_private``); files are replaced atomically (written beside,
@@ -21,8 +21,8 @@ DEFAULT_NAME = "radixgate-state"
 def state_folder(config) -> Path | None:
     """The state folder for a ``GatewayConfig`` (created 0700), or None when there is none."""
     chosen = config.server.state_dir
-    if not chosen and config.cache.disk_dir:
-        chosen = str(Path(config.cache.disk_dir).expanduser().resolve().parent / DEFAULT_NAME)
+    if not chosen and config.cache.disk.enabled:
+        chosen = str(Path(config.cache.disk.dir).expanduser().resolve().parent / DEFAULT_NAME)
     if not chosen:
         return None
     return make_private_dir(Path(chosen).expanduser())

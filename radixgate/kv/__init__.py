@@ -3,7 +3,7 @@
 See docs/ARCHITECTURE.md section 3 for the reference, lock and copy-on-write rules.
 """
 
-from .config import CacheConfig, CreditParams, make_policy
+from .config import CacheConfig, CreditParams, DiskTierConfig, make_policy
 from .core.events import CacheEvent
 from .core.integrity import IntegrityError
 from .core.node import LockHandle, token_array
@@ -19,7 +19,7 @@ PUBLIC_NAMESPACE = "public"
 
 __all__ = [
     "BlockPool", "BlockPoolError", "CacheConfig", "CacheEvent", "CreditParams", "CreditPolicy",
-    "EvictionPolicy", "InsertResult", "IntegrityError", "LockHandle", "LRUPolicy", "MatchResult",
-    "NamespaceStats", "OutOfBlocks", "PrefixInfo", "Probe", "PUBLIC_NAMESPACE", "RadixTree",
-    "TreeStats", "WindowSlots", "make_policy", "token_array",
+    "DiskTierConfig", "EvictionPolicy", "InsertResult", "IntegrityError", "LockHandle",
+    "LRUPolicy", "MatchResult", "NamespaceStats", "OutOfBlocks", "PrefixInfo", "Probe",
+    "PUBLIC_NAMESPACE", "RadixTree", "TreeStats", "WindowSlots", "make_policy", "token_array",
 ]

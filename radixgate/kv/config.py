@@ -1,5 +1,6 @@
 """The cache's configuration: one frozen value, parsed once (the gateway's ``[cache]``
-section or the CLI flags) and handed down to the engine and the tree.
+section with its ``[cache.credit]`` and ``[cache.disk]`` tables, or the CLI flags) and
+handed down to the engine, the tree and the disk tier.
 
 ``make_policy(config)`` turns it into the eviction policy the tree runs.
 """
@@ -34,15 +35,47 @@ class CreditParams:
 
 
 @dataclass(frozen=True, slots=True)
+class DiskTierConfig:
+    """The disk tier below memory (``[cache.disk]``; radixgate/kv/tiers/disk/): blocks evicted
+    from memory are written to the folder ``dir`` within ``gb`` GiB and come back on a hit.
+    Both set (the tier is on), or neither (off)."""
+
+    dir: str = ""
+    gb: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not self.gb >= 0:
+            raise ValueError(f"cache.disk gb must be >= 0 (0: no disk tier), got {self.gb}")
+        if bool(self.dir) != (self.gb > 0):
+            raise ValueError("cache.disk dir and gb go together: a folder and a budget > 0 "
+                             f"for the disk tier (got {self.dir!r}, {self.gb})")
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.dir)
+
+    @property
+    def budget_bytes(self) -> int:
+        return int(self.gb * (1 << 30))
+
+    def for_replica(self, index: int, count: int) -> "DiskTierConfig":
+        """Replica ``index``'s part of a deployment of ``count``: its own subfolder
+        ``dir/replica-<index>`` (one server per folder) and ``gb / count`` (the replicas
+        together stay within ``gb``). Off stays off."""
+        if not self.dir:
+            return self
+        return DiskTierConfig(replica_disk_dir(self.dir, index), self.gb / count)
+
+
+@dataclass(frozen=True, slots=True)
 class CacheConfig:
     """Everything that shapes the KV cache.
 
     kv_cache_gb: the KV budget; block_size: tokens per KV block; policy: ``"lru"`` or
     ``"credit"`` (with ``credit``'s parameters); kv_dtype: the KV element type (``"auto"``:
-    the model's dtype; ``int8`` / ``fp8`` keep
-    a float16 scale per token and kv head: radixgate/runtime/model/kv_cache.py); disk_dir, disk_gb: the disk
-    tier below memory (radixgate/kv/tiers/disk/: evicted blocks go there and come back on a hit;
-    both set, or neither; it needs the prefix cache, whole-token matching included);
+    the model's dtype; ``int8`` / ``fp8`` keep a float16 scale per token and kv head:
+    radixgate/runtime/model/kv_cache.py); disk: the disk tier below memory
+    (``DiskTierConfig``; it needs the prefix cache, whole-token matching included);
     enable_prefix_cache / page_rounded_match: the baselines of the benchmarks (no reuse;
     reuse rounded down to whole blocks). window_ratio: for models with sliding-window
     layers, window-pool blocks per main block (0: auto, ``2 (W + step) / context``; 1: one
@@ -54,8 +87,7 @@ class CacheConfig:
     policy: str = "credit"
     credit: CreditParams = field(default_factory=CreditParams)
     kv_dtype: str = "auto"
-    disk_dir: str = ""
-    disk_gb: float = 0.0
+    disk: DiskTierConfig = field(default_factory=DiskTierConfig)
     enable_prefix_cache: bool = True
     page_rounded_match: bool = False
     window_ratio: float = 0.0
@@ -65,17 +97,13 @@ class CacheConfig:
             raise ValueError(f"cache.policy must be one of {POLICIES}, got {self.policy!r}")
         if self.kv_dtype not in KV_DTYPES:
             raise ValueError(f"cache.kv_dtype must be one of {KV_DTYPES}, got {self.kv_dtype!r}")
-        if self.block_size < 1 or self.kv_cache_gb <= 0 or self.disk_gb < 0:
-            raise ValueError("cache.block_size >= 1, kv_cache_gb > 0 and disk_gb >= 0 required")
+        if self.block_size < 1 or self.kv_cache_gb <= 0:
+            raise ValueError("cache.block_size >= 1 and kv_cache_gb > 0 required")
         if not 0.0 <= self.window_ratio <= 1.0:
             raise ValueError(f"cache.window_ratio must lie in [0, 1] (0: auto), "
                              f"got {self.window_ratio}")
-        if bool(self.disk_dir) != (self.disk_gb > 0):
-            raise ValueError("cache.disk_dir and cache.disk_gb go together: a folder and a "
-                             f"budget > 0 for the disk tier (got {self.disk_dir!r}, "
-                             f"{self.disk_gb})")
-        if self.disk_dir and (not self.enable_prefix_cache or self.page_rounded_match):
-            raise ValueError("the disk tier (cache.disk_dir) needs the prefix cache with "
+        if self.disk.enabled and (not self.enable_prefix_cache or self.page_rounded_match):
+            raise ValueError("the disk tier (cache.disk dir) needs the prefix cache with "
                              "token-exact matching (enable_prefix_cache on, "
                              "page_rounded_match off)")
 
@@ -83,28 +111,22 @@ class CacheConfig:
     def kv_cache_bytes(self) -> int:
         return int(self.kv_cache_gb * (1 << 30))
 
-    @property
-    def disk_bytes(self) -> int:
-        return int(self.disk_gb * (1 << 30))
-
     def for_replica(self, index: int, count: int) -> "CacheConfig":
         """This config for replica ``index`` of a deployment of at most ``count``: its disk
-        tier in its own subfolder ``disk_dir/replica-<index>`` (one server per folder) with
-        an equal part of ``disk_gb`` (the replicas together stay within it)."""
+        tier's part (``DiskTierConfig.for_replica``)."""
         if not 0 <= index < count:
             raise ValueError(f"replica index {index} outside the deployment's {count}")
-        if not self.disk_dir:
+        if not self.disk.enabled:
             return self
-        return replace(self, disk_dir=replica_disk_dir(self.disk_dir, index),
-                       disk_gb=self.disk_gb / count)
+        return replace(self, disk=self.disk.for_replica(index, count))
 
 
 REPLICA_FOLDER_PREFIX = "replica-"
 
 
-def replica_disk_dir(disk_dir: str, index: int) -> str:
-    """The disk tier folder of replica ``index`` inside a deployment's ``disk_dir``."""
-    return f"{disk_dir.rstrip('/')}/{REPLICA_FOLDER_PREFIX}{index}"
+def replica_disk_dir(folder: str, index: int) -> str:
+    """The disk tier folder of replica ``index`` inside a deployment's tier folder."""
+    return f"{folder.rstrip('/')}/{REPLICA_FOLDER_PREFIX}{index}"
 
 
 def make_policy(config: CacheConfig) -> EvictionPolicy:

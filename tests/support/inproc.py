@@ -23,7 +23,7 @@ async def in_process_gateway(tenants=("acme", "beta", "gamma", "delta"), kv_cach
                              max_model_len=512, cache: dict | None = None, model=None,
                              server: dict | None = None, rpm: dict | None = None):
     """Yields (base_url, app) once the engine is ready; shuts it down on exit. ``cache``:
-    more ``[cache]`` keys (a disk tier's ``disk_dir``, ``disk_gb``); ``server``: more
+    more ``[cache]`` keys (a disk tier: ``"disk": {"dir": ..., "gb": ...}``); ``server``: more
     ``[server]`` keys (``state_dir``); ``rpm``: requests per minute by tenant (default
     unlimited); ``model``: a LoadedModel to serve (default: the shared tiny one)."""
     rpm = rpm or {}

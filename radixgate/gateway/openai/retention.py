@@ -18,4 +18,4 @@ def retention_pin_s(state, retention: str | None) -> float | None:
     """How long the whole prompt is pinned for ``retention`` (None: not pinned)."""
     if retention != "24h":
         return None
-    return DISK_RETENTION_TTL_S if state.config.cache.disk_dir else RETENTION_PIN_TTL_S
+    return DISK_RETENTION_TTL_S if state.config.cache.disk.enabled else RETENTION_PIN_TTL_S

@@ -1,7 +1,7 @@
 """KV tiers below memory: evicted blocks kept on disk (or host RAM) and loaded back.
 
 ``open_disk_tier(cache, kv, fingerprint)`` builds the disk tier a ``CacheConfig`` asks for
-(``disk_dir``, ``disk_gb``); tier.py holds the tier (its engine-thread side), writer.py and
+(``cache.disk``); tier.py holds the tier (its engine-thread side), writer.py and
 reader.py its two threads, backends.py the storage, records.py the record format,
 fingerprint.py the model fingerprint, and glue.py the engine's side (the tier wired to the
 tree's evictions, long pins written through, the tree kept at shutdown). It imports nothing
@@ -19,17 +19,17 @@ from .tier import KVTier, LoadTicket, TierStats, space_key
 def check_disk_folder(cache) -> None:
     """Before loading a model: ``TierFolderError`` now when ``cache``'s disk tier folder
     cannot be used (unwritable, or held by another server); nothing without a tier."""
-    if cache.disk_dir:
-        DiskBackend.check_folder(cache.disk_dir)
+    if cache.disk.enabled:
+        DiskBackend.check_folder(cache.disk.dir)
 
 
 def open_disk_tier(cache, kv, fingerprint: bytes, description: str = "") -> KVTier:
-    """The disk tier of ``cache`` (a CacheConfig with ``disk_dir``) over ``kv``; raises
+    """The disk tier of ``cache`` (a CacheConfig with ``disk.dir``) over ``kv``; raises
     ``TierFolderError`` when its folder cannot be used (unwritable, held by another server)."""
-    backend = DiskBackend(cache.disk_dir, fingerprint, description)
+    backend = DiskBackend(cache.disk.dir, fingerprint, description)
     try:
-        return KVTier(backend, kv, fingerprint, cache.disk_bytes, kind="disk",
-                      folder=str(cache.disk_dir))
+        return KVTier(backend, kv, fingerprint, cache.disk.budget_bytes, kind="disk",
+                      folder=str(cache.disk.dir))
     except BaseException:
         backend.close()
         raise

@@ -52,7 +52,7 @@ def stat_mode(path: Path) -> int:
 
 def unusable(folder: Path, exc: OSError) -> TierFolderError:
     return TierFolderError(f"the KV disk tier folder {folder} cannot be used: "
-                           f"{exc.strerror or exc} (set [cache] disk_dir / --kv-disk-dir to a "
+                           f"{exc.strerror or exc} (set [cache.disk] dir / --kv-disk-dir to a "
                            "folder this user can write)")
 
 

@@ -1,4 +1,4 @@
-"""The engine's side of the disk tier: built from ``[cache] disk_dir`` / ``disk_gb``. What
+"""The engine's side of the disk tier: built from ``[cache.disk]`` ``dir`` / ``gb``. What
 feeds it (the tree's evictions, long pins, the whole tree at shutdown) speaks to any lower
 tier: kv/tiers/base.py (re-exported here for the tier's callers)."""
 from __future__ import annotations
@@ -15,15 +15,15 @@ log = logging.getLogger(__name__)
 
 
 def open_tier(config, kv, fingerprint, description: str) -> KVTier | None:
-    """The disk tier ``config.cache`` asks for (None without ``disk_dir``); the tree built
+    """The disk tier ``config.cache`` asks for (None without ``disk.dir``); the tree built
     after it takes ``spill_to(tier)`` (tiers/base.py) as its eviction hook. ``fingerprint()``
     gives the model's 16 bytes (called only when a tier opens: it reads the weights)."""
     cache = config.cache
-    if not cache.disk_dir:
+    if not cache.disk.enabled:
         return None
     tier = open_disk_tier(cache, kv, fingerprint(), description=description)
-    log.info("KV disk tier at %s: %.2f GiB budget, %s held", cache.disk_dir,
-             cache.disk_gb, plural(tier.stats().blocks, "block"))
+    log.info("KV disk tier at %s: %.2f GiB budget, %s held", cache.disk.dir,
+             cache.disk.gb, plural(tier.stats().blocks, "block"))
     return tier
 
 
