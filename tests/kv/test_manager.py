@@ -11,7 +11,10 @@ from radixgate.kv.groups.full import FullAttentionGroup
 from radixgate.kv.groups.window import WindowGroup
 from radixgate.kv.manager import KVManager
 from radixgate.kv.page_rounded import PageRoundedKVManager
+from radixgate.runtime.engine.api import Request
+from radixgate.runtime.engine.sequence import Sequence
 from tests.support.kv_fakes import B, compute, conserved, manager, run, seq_of
+
 
 # -- admission --------------------------------------------------------------------------
 def test_a_cold_admission_takes_a_block_per_started_block_and_release_caches_it():
@@ -194,4 +197,39 @@ def test_long_pins_are_written_through_and_retained():
     assert m.unpin_prefix("ns", prompt) and m.tier.retained == {}
     m.close()
     assert m.tier is None
+    conserved(m)
+
+
+# -- failures give everything back --------------------------------------------------------
+class CopyFails(Exception):
+    pass
+
+
+def test_a_failed_copy_on_write_gives_back_the_match_and_the_private_block():
+    m, kv = manager()
+    run(m, kv, seq_of(range(10)))
+    free = m.pool.num_free()
+
+    def fail(pairs, valid_slots):
+        raise CopyFails()
+    kv.copy_blocks = fail
+    seq = seq_of(list(range(6)) + [99])
+    with pytest.raises(CopyFails):
+        m.admit(seq, m.match(seq))
+    assert seq.kv.block_table == [] and seq.kv.lock_handle is None and seq.num_computed == 0
+    assert m.pool.num_free() == free
+    conserved(m)
+
+
+def test_the_public_namespace_is_matched_when_the_request_opts_in_and_it_is_longer():
+    m, kv = manager()
+    run(m, kv, seq_of(range(12), namespace="public"))
+    run(m, kv, seq_of(range(4), namespace="ns"))
+    plain = seq_of(list(range(12)) + [50])
+    assert m.peek_length(plain) == 4
+    opted = Sequence(Request(list(range(12)) + [50], namespace="ns", use_public=True), arrival=1)
+    assert m.peek_length(opted) == 12
+    assert m.admit(opted, m.match(opted)) and opted.num_computed == 12
+    conserved(m, opted)
+    m.release(opted)
     conserved(m)
