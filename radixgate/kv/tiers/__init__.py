@@ -1,1 +1,2 @@
-"""Lower tiers below memory: the tier index (torch-free) and the disk tier."""
+"""Lower tiers below memory behind one protocol (base.py: look up, load, spill, forget): the
+tier index (index.py, torch-free) and the disk tier (disk/), the first implementation."""
