@@ -8,13 +8,12 @@ import time
 import msgpack
 import pytest
 
-from radixgate.kv.events.decode import decode_batch
 from radixgate.kv import BlockPool, RadixTree
 from radixgate.kv.core.block_hash import as_event_id, block_hashes, root_hash
-from radixgate.kv.events.blocks import (AllBlocksCleared, BlockRemoved, BlockStored,
-                                             BlockTracker, prompt_block_ids)
-from radixgate.kv.events.publisher import (EndpointError, check_endpoint, encode_batch,
-                                         hash_seed)
+from radixgate.kv.events.blocks import BlockTracker, hash_seed, prompt_block_ids
+from radixgate.kv.events.publisher import EndpointError, check_endpoint
+from radixgate.kv.events.wire import (AllBlocksCleared, BlockRemoved, BlockStored,
+                                      decode_batch, encode_batch)
 
 B = 4
 SEED = hash_seed("m", "float32", B)
@@ -121,7 +120,7 @@ def test_window_data_let_go_is_a_removal_in_the_window_group_only():
     prefix index keeps them."""
     from radixgate.cluster.prefix_index import PrefixIndex
     from radixgate.kv import CacheEvent
-    from radixgate.kv.events.blocks import WINDOW_MEDIUM
+    from radixgate.kv.events.wire import WINDOW_MEDIUM
     rec = Recorder()
     tokens = list(range(100, 112))                       # blocks 0, 1, 2
     rec.cache("ns", tokens)

@@ -10,11 +10,10 @@ import pytest
 import zmq
 
 from benchmarks.launch import free_ports
-from radixgate.kv.events.decode import decode_batch
 from radixgate.cluster.prefix_index import PrefixIndex
 from radixgate.gateway.auth import namespace_for
-from radixgate.kv.events.blocks import BlockRemoved, BlockStored, prompt_block_ids
-from radixgate.kv.events.publisher import hash_seed
+from radixgate.kv.events.blocks import hash_seed, prompt_block_ids
+from radixgate.kv.events.wire import BlockRemoved, BlockStored, decode_batch
 from tests.support.server import ADMIN_KEY, ServerProcess, ServerSpec
 from tests.test_cluster_ray import call, complete
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from radixgate.cluster.policy import PrefixRouter, RoutingParams, home_replica
 from radixgate.cluster.prefix_index import PrefixIndex
-from radixgate.kv.events.blocks import AllBlocksCleared, BlockRemoved, BlockStored
+from radixgate.kv.events.wire import AllBlocksCleared, BlockRemoved, BlockStored
 
 B = 4
 SEED = "seed"

@@ -49,9 +49,8 @@ def _tree_with_drafts(num_blocks: int = 32, **spec):
     from radixgate.kv import BlockPool, RadixTree
     from radixgate.runtime.engine.spec import NamespaceDrafts
     pool = BlockPool(num_blocks, 4)
-    tree = RadixTree(pool)
     drafts = NamespaceDrafts(SpecConfig(mode="ngram", **spec), block_size=4)
-    tree.on_event = drafts.on_event
+    tree = RadixTree(pool, on_event=drafts.on_event)
     return pool, tree, drafts
 
 

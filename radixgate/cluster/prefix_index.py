@@ -21,8 +21,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Hashable, Iterable, Sequence
 
-from radixgate.kv.events.blocks import (WINDOW_MEDIUM, AllBlocksCleared, BlockRemoved,
-                                             BlockStored, KVEvent)
+from radixgate.kv.events.wire import (WINDOW_MEDIUM, AllBlocksCleared, BlockRemoved,
+                                      BlockStored, KVEvent)
 
 Replica = Hashable
 

@@ -32,7 +32,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from radixgate.kv.events.decode import KVDecodeError, decode_batch
+from radixgate.kv.events.wire import KVDecodeError, decode_batch
 from .prefix_index import PrefixIndex
 
 log = logging.getLogger(__name__)

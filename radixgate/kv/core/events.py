@@ -38,3 +38,31 @@ class CacheEvent:
 
 
 EventSink = Callable[[CacheEvent], None]
+
+
+class EventFanout:
+    """One stream of ``CacheEvent``s handed to every subscriber, in the order they
+    subscribed, each event to all of them before the next.
+
+    Built before the tree and given to its constructor (``RadixTree(pool,
+    on_event=fanout)``): whoever wants the tree's events then subscribes. Without a
+    subscriber it is false, and the tree builds no event. Events arrive on the thread that
+    changes the tree (the engine thread); a subscriber must not block or touch the tree.
+    """
+
+    __slots__ = ("_sinks",)
+
+    def __init__(self, *sinks: EventSink):
+        self._sinks = sinks
+
+    def subscribe(self, sink: EventSink) -> None:
+        """``sink`` gets every event from now on, after the earlier subscribers. Call it
+        before the thread that changes the tree starts, or on that thread."""
+        self._sinks += (sink,)
+
+    def __bool__(self) -> bool:
+        return bool(self._sinks)
+
+    def __call__(self, event: CacheEvent) -> None:
+        for sink in self._sinks:
+            sink(event)

@@ -39,10 +39,12 @@ class RadixTree:
 
     ``clock`` (seconds) drives pin expiry only; eviction order is ``policy``'s (one policy
     object per tree; default: the credit policy with default parameters). ``on_event``
-    receives a ``CacheEvent`` for each node stored or removed. Counters read by the engine:
-    ``evictable_blocks`` (own blocks of unlocked nodes, pinned ones included), ``handles``
-    (live lock handles), ``pinned_nodes``. ``version`` changes whenever a node is added,
-    removed or trimmed (not at a split): a ``Probe`` is current while it is unchanged.
+    receives a ``CacheEvent`` for each node stored or removed (a false sink, an
+    ``EventFanout`` nobody subscribed to, is skipped: no event is built). Counters read by
+    the engine: ``evictable_blocks`` (own blocks of unlocked nodes, pinned ones included),
+    ``handles`` (live lock handles), ``pinned_nodes``. ``version`` changes whenever a node
+    is added, removed or trimmed (not at a split): a ``Probe`` is current while it is
+    unchanged.
     ``spill`` (a lower KV tier's hook, or None) is called as ``spill(node, start, end,
     blocks)`` when eviction (``lru`` / ``ttl``, never a flush) is about to drop the blocks
     ``blocks`` covering ``[start, end)`` of ``node``'s path: still held and unchanged, so the
@@ -251,7 +253,7 @@ class RadixTree:
         self.pins.swap_block(node, old, block)
         self._hold_references([block])
         self._drop_references([old])
-        if self.on_event is not None:
+        if self.on_event:
             start = max(node.start, (node.end - 1) // self.block_size * self.block_size)
             self.on_event(CacheEvent("removed", node.ns.name, (old,), start, node.end,
                                      "replaced"))
@@ -270,7 +272,7 @@ class RadixTree:
         self._count_node(leaf, +1)
         self.version += 1
         self.policy.on_insert(parent, leaf, data)
-        if self.on_event is not None:
+        if self.on_event:
             self.on_event(CacheEvent("stored", parent.ns.name, tuple(taken), start, end,
                                      tokens=data[:end * TOKEN_BYTES]))
         return leaf
@@ -322,7 +324,7 @@ class RadixTree:
             self.namespaces.drop_if_unused(node.ns)     # its last node: drop it unless held
         self.evictions[reason] += 1
         self.evicted_tokens[reason] += node.num_tokens
-        if self.on_event is not None:
+        if self.on_event:
             self.on_event(CacheEvent("removed", node.ns.name, tuple(node.blocks),
                                      node.start, node.end, reason))
         if parent.parent is not None and not parent.children and parent.lock_ref == 0:
@@ -354,7 +356,7 @@ class RadixTree:
         freed = self._drop_references(dropped)
         self.evictions[reason] += 1
         self.evicted_tokens[reason] += old_end - new_end
-        if self.on_event is not None:
+        if self.on_event:
             self.on_event(CacheEvent("removed", node.ns.name, tuple(dropped), new_end, old_end,
                                      reason))
         self.policy.offer(node)

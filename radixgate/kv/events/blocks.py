@@ -18,41 +18,22 @@ The tracker remembers each announced block by ``(namespace, block id)`` (its has
 parent's hash and its token ids): only one node of a namespace holds a block as full (a
 boundary block shared with a parent is partial for the parent), so a removal names exactly
 what it announced, and ``snapshot()`` lists what is announced now (for a subscriber that
-lost track: ``radixgate/kv/events/publisher.py`` answers a replay request with it). Pure Python; the
-wire encoding (msgpack over ZMQ) lives in ``radixgate/kv/events/publisher.py``.
+lost track: ``publisher.py`` answers a replay request with it). Pure Python; the records
+and their wire form are ``wire.py``'s, the transport (ZMQ) ``publisher.py``'s.
 """
 from __future__ import annotations
 
 from array import array
-from dataclasses import dataclass
 
 from ..core.block_hash import as_event_id, block_hashes, root_hash
 from ..core.events import CacheEvent
+from .wire import WINDOW_MEDIUM, AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 
 
-@dataclass(frozen=True, slots=True)
-class BlockStored:
-    block_hashes: tuple[int, ...]
-    parent_block_hash: int | None
-    token_ids: tuple[int, ...]
-    block_size: int
-
-
-WINDOW_MEDIUM = "GPU_WINDOW"    # the window layers' pool (a second KV cache group)
-
-
-@dataclass(frozen=True, slots=True)
-class BlockRemoved:
-    block_hashes: tuple[int, ...]
-    medium: str | None = None       # None: the publisher's own (the main pool)
-
-
-@dataclass(frozen=True, slots=True)
-class AllBlocksCleared:
-    pass
-
-
-KVEvent = BlockStored | BlockRemoved | AllBlocksCleared
+def hash_seed(model_name: str, kv_dtype: str, block_size: int) -> str:
+    """What every block hash of an engine is seeded with: engines that share it compute the
+    same K/V for the same tokens (same model, KV dtype and block layout)."""
+    return f"{model_name}|{kv_dtype}|{block_size}"
 
 
 def prompt_block_ids(seed: bytes | str, namespace: str, tokens, block_size: int) -> list[int]:

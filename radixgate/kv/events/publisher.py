@@ -1,20 +1,8 @@
-"""KV events on the wire: vLLM's ``KVEventBatch`` in msgpack, published over ZMQ PUB.
+"""KV events over ZMQ: the tree's events, converted (``blocks.py``) and encoded
+(``wire.py``: vLLM's ``KVEventBatch``), published on a ZMQ PUB socket.
 
-Wire format (vLLM's ``vllm/distributed/kv_events.py`` structs, ``array_like`` and tagged,
-which external routers such as llm-d and Dynamo decode), one ZMQ multipart message per
-batch: ``[topic, sequence number (8 bytes, big-endian), payload]`` with payload::
-
-    [ts: float, [event, ...], data_parallel_rank: int | None]
-    event: ["BlockStored", block_hashes: [int], parent_block_hash: int | None,
-            token_ids: [int], block_size: int, lora_id: None, medium: str, lora_name: None]
-         | ["BlockRemoved", block_hashes: [int], medium: str]   (medium "GPU_WINDOW": the
-           window layers' pool let go of the blocks' K/V; the global layers keep them)
-         | ["AllBlocksCleared"]
-
-Block hashes are signed 64-bit ints, radixgate's own chained content addresses
-(``radixgate/kv/core/block_hash.py``: seeded by the model and KV layout, chained from the
-namespace's root), so they identify a block across radixgate engines but are not vLLM's
-hash values. Events carry every tenant's token ids: the publisher binds to loopback unless
+One ZMQ multipart message per batch: ``[topic, sequence number (8 bytes, big-endian),
+payload]``. Events carry every tenant's token ids: the publisher binds to loopback unless
 told otherwise (``check_endpoint``).
 
 Replay (vLLM's replay socket, with a snapshot added): with a ``replay_endpoint`` the
@@ -37,15 +25,12 @@ import time
 from collections import deque
 from urllib.parse import urlsplit
 
-import msgpack
-
 from radixgate.kv.core.events import CacheEvent
-from radixgate.kv.events.blocks import (AllBlocksCleared, BlockRemoved, BlockStored,
-                                             BlockTracker, KVEvent)
+from radixgate.kv.events.blocks import BlockTracker
+from radixgate.kv.events.wire import KVEvent, encode_batch
 
 log = logging.getLogger(__name__)
 MAX_EVENTS_PER_BATCH = 512
-DEFAULT_MEDIUM = "GPU"      # vLLM's name for the engine's own KV pool (whatever the device)
 REPLAY_BATCHES = 1024       # recent batches kept for replay (an older start gets a snapshot)
 REPLAY_POLL_S = 0.05        # how often an idle publisher looks for replay requests
 END_OF_REPLAY = (-1).to_bytes(8, "big", signed=True)
@@ -80,30 +65,6 @@ def _is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
-
-
-def encode_event(event: KVEvent, medium: str = DEFAULT_MEDIUM) -> list:
-    if isinstance(event, BlockStored):
-        return ["BlockStored", list(event.block_hashes), event.parent_block_hash,
-                list(event.token_ids), event.block_size, None, medium, None]
-    if isinstance(event, BlockRemoved):
-        return ["BlockRemoved", list(event.block_hashes), event.medium or medium]
-    if isinstance(event, AllBlocksCleared):
-        return ["AllBlocksCleared"]
-    raise TypeError(f"not a KV event: {event!r}")
-
-
-def encode_batch(events: list[KVEvent], ts: float, rank: int | None = None,
-                 medium: str = DEFAULT_MEDIUM) -> bytes:
-    """One ``KVEventBatch`` as msgpack bytes."""
-    return msgpack.packb([ts, [encode_event(e, medium) for e in events], rank],
-                         use_bin_type=True)
-
-
-def hash_seed(model_name: str, kv_dtype: str, block_size: int) -> str:
-    """What every block hash of an engine is seeded with: engines that share it compute the
-    same K/V for the same tokens (same model, KV dtype and block layout)."""
-    return f"{model_name}|{kv_dtype}|{block_size}"
 
 
 class KVEventPublisher:

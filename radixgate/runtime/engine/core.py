@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 
 import torch
 
 from radixgate.kv import BlockPool, RadixTree, make_policy
+from radixgate.kv.core.events import EventFanout, EventSink
 from radixgate.kv.groups.window_plan import min_window_blocks, split_for_count
 from radixgate.kv.manager import KVManager
 from radixgate.kv.page_rounded import PageRoundedKVManager
@@ -56,7 +58,9 @@ class InjectedFault(RuntimeError):
 
 
 class EngineCore:
-    def __init__(self, loaded, config: EngineConfig):
+    def __init__(self, loaded, config: EngineConfig, wake: Callable[[], None] | None = None):
+        """``wake``: called on the lower tier's reader thread when a load finished (the
+        engine thread looks again); it must not block."""
         self.config = config
         self.model = loaded.model
         if config.deterministic:
@@ -69,8 +73,10 @@ class EngineCore:
                               on_free=window.on_main_free if window is not None else None)
         self.tier = open_tier(config, self.kv,
                               lambda: model_fingerprint(loaded, self.kv, FORMAT_VERSION),
-                              loaded.name)
-        self.tree = RadixTree(self.pool, policy=make_policy(cache), spill=spill_to(self.tier))
+                              loaded.name, wake=wake)
+        self.events = EventFanout()     # the tree's events: the drafts' index, KV events
+        self.tree = RadixTree(self.pool, policy=make_policy(cache), spill=spill_to(self.tier),
+                              on_event=self.events)
         manager = PageRoundedKVManager if cache.page_rounded_match else KVManager
         self.blocks = manager(self.tree, self.pool, self.kv,
                               enable_prefix_cache=cache.enable_prefix_cache, tier=self.tier)
@@ -78,7 +84,7 @@ class EngineCore:
         self.spec_store = None
         if config.spec.enabled and config.spec.namespace_tokens > 0 and cache.enable_prefix_cache:
             self.spec_store = NamespaceDrafts(config.spec, cache.block_size)
-            self.tree.on_event = self.spec_store.on_event        # in step with the tree
+            self.events.subscribe(self.spec_store.on_event)      # in step with the tree
         self.scheduler.shared_drafts = self.spec_store
         self.max_model_len = min(config.max_model_len or loaded.max_model_len, loaded.max_model_len)
         self.eos_ids = set(loaded.tokenizer.eos_token_ids) | set(loaded.config.eos_token_ids)
@@ -95,6 +101,12 @@ class EngineCore:
         self.pin_ceiling = pin_ceiling(config, self.pool.num_blocks, self.pool.block_size)
         log_pin_shares(config, self.pin_ceiling)
         self.submit_view = self._submit_view()
+
+    def subscribe_events(self, sink: EventSink) -> None:
+        """``sink`` gets every ``CacheEvent`` of the tree (and of the window pool) from now
+        on, after the earlier subscribers (the drafts' index), on the engine thread: call it
+        before that thread starts. It must not block or touch the tree."""
+        self.events.subscribe(sink)
 
     # -- requests -------------------------------------------------------------------------
     def add_request(self, request: Request, sink) -> None:

@@ -50,21 +50,20 @@ class Engine:
         # built on a thread that ends with the build: a torch op of the build that goes
         # parallel (the tier fingerprint's embedding probe, a warm-up) would otherwise leave
         # the caller, often a long-lived executor thread, an OpenMP pool for the process's
-        # life, and the engine's workers would sleep between ops (cpu_threads.py)
-        self.core = run_on_fresh_thread(EngineCore, loaded, config)
+        # life, and the engine's workers would sleep between ops (cpu_threads.py); the
+        # lower tier's reader wakes the engine thread through the command queue (``_wake``)
+        self._commands: queue.SimpleQueue = queue.SimpleQueue()
+        self.core = run_on_fresh_thread(EngineCore, loaded, config, wake=self._wake)
         self.tokenizer = loaded.tokenizer
         self.model_info = loaded.info
         self.shape = shape = self.core.shape()
         self.block_size = shape.block_size
         self.num_blocks = shape.num_blocks
         self.max_model_len = shape.max_model_len
-        self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._state_lock = threading.Lock()
         self._stopped = False
         self._thread: threading.Thread | None = None
         self._drain_deadline: float | None = None
-        if self.core.tier is not None:
-            self.core.tier.wake = self._wake
         self._snapshot = empty_snapshot(shape.num_blocks, shape.block_size, shape.kv_dtype,
                                         shape.kv_bytes_per_token)
         self._last_publish = 0.0
@@ -74,7 +73,8 @@ class Engine:
         """The KV-event publisher fed by the tree (``config.kv_events_endpoint``), or None."""
         if self.config.kv_events_endpoint is None:
             return None
-        from radixgate.kv.events.publisher import KVEventPublisher, hash_seed
+        from radixgate.kv.events.blocks import hash_seed
+        from radixgate.kv.events.publisher import KVEventPublisher
         seed = hash_seed(getattr(self.loaded, "name", "model"), self.shape.kv_dtype,
                          self.block_size)
         publisher = KVEventPublisher(self.config.kv_events_endpoint, seed, self.block_size,
@@ -82,9 +82,7 @@ class Engine:
                                      topic=self.config.kv_events_topic,
                                      allow_remote=self.config.kv_events_allow_remote,
                                      replay_endpoint=self.config.kv_events_replay_endpoint)
-        drafts = self.core.tree.on_event                  # the spec index's, if any
-        self.core.tree.on_event = publisher.put if drafts is None else \
-            (lambda event: (drafts(event), publisher.put(event)))
+        self.core.subscribe_events(publisher.put)        # after the drafts' index, if any
         return publisher
 
     # -- lifecycle ------------------------------------------------------------------------

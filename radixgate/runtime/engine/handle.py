@@ -6,9 +6,9 @@ event loop just drops the event: its consumer is gone).
 A reader that falls behind (its handler stuck writing to a client that does not read) must
 not make the queue grow without bound: past ``max_unsent`` events put but not yet taken,
 the sink calls ``on_overflow`` once (the engine ends the request, freeing its blocks),
-drops every later TextDelta and keeps the final Finished. On the loop, the handle then
-gives its consumer ``SLOW_READER_GRACE_S`` seconds to finish (read that Finished and tell
-its client) before it cancels the consumer task, which closes the connection.
+drops every later TextDelta and keeps the final Finished. On the loop, the sink then
+gives its reader ``SLOW_READER_GRACE_S`` seconds to finish (read that Finished and tell
+its client) before it cancels the reader task, which closes the connection.
 """
 from __future__ import annotations
 
@@ -27,7 +27,9 @@ class AsyncSink:
 
     ``max_unsent``: events queued but not yet taken before the sink overflows (None: no
     bound). ``on_overflow`` runs once, on the thread that puts (the engine thread): it must
-    not block. ``on_overflow_loop`` (set by the handle) runs once on the loop after it.
+    not block. The first task that takes an event (``get``; a ``RequestHandle``'s
+    iteration) is the sink's reader: after an overflow it is cancelled unless it is done
+    within ``SLOW_READER_GRACE_S`` seconds.
     The two counters each have one writer (``_put`` the putting thread, ``_taken`` the
     loop), so their difference needs no lock; it may be stale by an event or two.
     """
@@ -38,8 +40,8 @@ class AsyncSink:
         self.queue: asyncio.Queue[Event] = asyncio.Queue()
         self.max_unsent = max_unsent
         self.on_overflow = on_overflow
-        self.on_overflow_loop: Callable[[], object] | None = None
         self.overflowed = False
+        self._reader: asyncio.Task | None = None
         self._put = 0
         self._taken = 0
 
@@ -59,6 +61,8 @@ class AsyncSink:
         self._call(self.queue.put_nowait, event)
 
     async def get(self) -> Event:
+        if self._reader is None:
+            self._reader = asyncio.current_task()
         event = await self.queue.get()
         self._taken += 1
         return event
@@ -67,11 +71,15 @@ class AsyncSink:
         self.overflowed = True
         if self.on_overflow is not None:
             self.on_overflow()
-        self._call(self._overflowed_on_loop)
+        self._call(self._reader_fell_behind)
 
-    def _overflowed_on_loop(self) -> None:
-        if self.on_overflow_loop is not None:
-            self.on_overflow_loop()
+    def _reader_fell_behind(self) -> None:
+        """On the loop, after an overflow: the reader gets a grace to finish."""
+        self.loop.call_later(SLOW_READER_GRACE_S, self._cancel_stuck_reader)
+
+    def _cancel_stuck_reader(self) -> None:
+        if self._reader is not None and not self._reader.done():
+            self._reader.cancel()
 
     def _call(self, fn: Callable, *args) -> None:
         try:
@@ -87,17 +95,16 @@ class RequestHandle:
     ``async with handle:`` it aborts on exit when the request is still running (for example
     when the consuming task is cancelled because its client disconnected).
 
-    The first task that iterates the handle is its consumer: when the sink overflows (the
-    consumer stopped taking events), that task is cancelled unless it is done (it read the
-    Finished and told its client) within ``SLOW_READER_GRACE_S`` seconds."""
+    The first task that iterates the handle is the sink's reader: when the sink overflows
+    (the reader stopped taking events), that task is cancelled unless it is done (it read
+    the Finished and told its client) within ``SLOW_READER_GRACE_S`` seconds
+    (``AsyncSink``)."""
 
     def __init__(self, request_id: str, sink: AsyncSink, abort: Callable[[str], object]):
         self.request_id = request_id
         self._sink = sink
         self._abort = abort
-        self._consumer: asyncio.Task | None = None
         self.finished: Finished | None = None
-        sink.on_overflow_loop = self._reader_fell_behind
 
     def __aiter__(self) -> "RequestHandle":
         return self
@@ -105,8 +112,6 @@ class RequestHandle:
     async def __anext__(self) -> Event:
         if self.finished is not None:
             raise StopAsyncIteration
-        if self._consumer is None:
-            self._consumer = asyncio.current_task()
         event = await self._sink.get()
         if isinstance(event, Finished):
             self.finished = event
@@ -122,13 +127,6 @@ class RequestHandle:
     def abort(self) -> None:
         if self.finished is None:
             self._abort(self.request_id)
-
-    def _reader_fell_behind(self) -> None:
-        self._sink.loop.call_later(SLOW_READER_GRACE_S, self._cancel_stuck_consumer)
-
-    def _cancel_stuck_consumer(self) -> None:
-        if self._consumer is not None and not self._consumer.done():
-            self._consumer.cancel()
 
     async def __aenter__(self) -> "RequestHandle":
         return self

@@ -11,6 +11,8 @@ handed); of runtime.model, only fingerprint.py reads a GGUF file's header
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from .backends import DiskBackend, MemoryBackend, TierBackend, TierFolderError
 from .records import CorruptRecord
 from .tier import KVTier, LoadTicket, TierStats, space_key
@@ -23,13 +25,15 @@ def check_disk_folder(cache) -> None:
         DiskBackend.check_folder(cache.disk.dir)
 
 
-def open_disk_tier(cache, kv, fingerprint: bytes, description: str = "") -> KVTier:
+def open_disk_tier(cache, kv, fingerprint: bytes, description: str = "",
+                   wake: Callable[[], None] | None = None) -> KVTier:
     """The disk tier of ``cache`` (a CacheConfig with ``disk.dir``) over ``kv``; raises
-    ``TierFolderError`` when its folder cannot be used (unwritable, held by another server)."""
+    ``TierFolderError`` when its folder cannot be used (unwritable, held by another server).
+    ``wake``: called on the tier's reader thread when a load finished."""
     backend = DiskBackend(cache.disk.dir, fingerprint, description)
     try:
         return KVTier(backend, kv, fingerprint, cache.disk.budget_bytes, kind="disk",
-                      folder=str(cache.disk.dir))
+                      folder=str(cache.disk.dir), wake=wake)
     except BaseException:
         backend.close()
         raise

@@ -4,6 +4,7 @@ tier: kv/tiers/base.py (re-exported here for the tier's callers)."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 from radixgate.plural import plural
 
@@ -14,14 +15,16 @@ from .tier import KVTier
 log = logging.getLogger(__name__)
 
 
-def open_tier(config, kv, fingerprint, description: str) -> KVTier | None:
+def open_tier(config, kv, fingerprint, description: str,
+              wake: Callable[[], None] | None = None) -> KVTier | None:
     """The disk tier ``config.cache`` asks for (None without ``disk.dir``); the tree built
     after it takes ``spill_to(tier)`` (tiers/base.py) as its eviction hook. ``fingerprint()``
-    gives the model's 16 bytes (called only when a tier opens: it reads the weights)."""
+    gives the model's 16 bytes (called only when a tier opens: it reads the weights);
+    ``wake`` is called on the tier's reader thread when a load finished."""
     cache = config.cache
     if not cache.disk.enabled:
         return None
-    tier = open_disk_tier(cache, kv, fingerprint(), description=description)
+    tier = open_disk_tier(cache, kv, fingerprint(), description=description, wake=wake)
     log.info("KV disk tier at %s: %.2f GiB budget, %s held", cache.disk.dir,
              cache.disk.gb, plural(tier.stats().blocks, "block"))
     return tier

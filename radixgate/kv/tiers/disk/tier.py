@@ -79,7 +79,10 @@ class KVTier:
     def __init__(self, backend: TierBackend, kv, fingerprint: bytes, budget_bytes: int, *,
                  kind: str = "disk", folder: str = "",
                  staging_bytes: int = DEFAULT_STAGING_BYTES,
-                 clock: Callable[[], float] = time.time):
+                 clock: Callable[[], float] = time.time,
+                 wake: Callable[[], None] | None = None):
+        """``wake``: called on the reader thread after each load (``load``) finished, so
+        the engine thread looks again; it must not block."""
         self.backend, self.kv, self.fingerprint = backend, kv, fingerprint
         self.kind, self.folder, self.clock = kind, folder, clock
         self.block_size = kv.block_size
@@ -93,7 +96,7 @@ class KVTier:
         self.staged_bytes = 0
         self.epoch, self.epochs = 0, {}
         self.full_until = 0.0
-        self.wake: Callable[[], None] | None = None
+        self.wake = wake
         self.counts = dict.fromkeys(("hit_tokens", "loads", "loaded_blocks", "load_bytes",
                                      "writes", "write_bytes", "evicted"), 0)
         self.load_s = 0.0
