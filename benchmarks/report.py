@@ -200,7 +200,7 @@ def workloads_markdown(results: dict) -> str:
             parts.append("Server variants that failed to start: " + "; ".join(
                 f"`{v}`: {e!r}" for v, e in errors.items()) + "\n")
     goals = results["sweep"]["goals"]
-    parts += [f"### Memory-pressure sweep (RadixTree replay, no model; {results['sweep']['mode']}"
+    parts += [f"### Memory-pressure sweep (KV manager replay, no model; {results['sweep']['mode']}"
               "-size traces)\n",
               "Hit rate (prompt tokens reused) vs KV budget as a share of each workload's "
               "working set; plot `sweep.png`.\n", sweep_markdown(_sweeps(results)),

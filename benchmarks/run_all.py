@@ -1,6 +1,6 @@
 """Run the whole benchmark suite: ``python -m benchmarks.run_all --quick|--full``.
 
-1. memory sweep (``benchmarks.memory_sweep``: RadixTree alone, no model; full-size traces
+1. memory sweep (``benchmarks.memory_sweep``: the KV manager and tree, no model; full-size traces
    in both modes, about 25 s);
 2. the five workloads over HTTP against ``radixgate serve`` subprocesses with the default
    real model, one variant after the other: cache on and ``--page-rounded-match`` on every
