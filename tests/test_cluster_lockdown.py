@@ -84,8 +84,10 @@ def _running(proc: psutil.Process) -> bool:
 
 
 def _name(proc: psutil.Process) -> str:
+    """The process's name and the start of its command line: the name first, so a long
+    install path (a CI checkout) cannot cut the part the checks look for."""
     try:
-        return " ".join(proc.cmdline())[:80] or proc.name()
+        return f"{proc.name()}: {' '.join(proc.cmdline())[:80]}"
     except psutil.Error:
         return "?"
 

@@ -11,12 +11,7 @@ from pathlib import Path
 ENGINE_DIR = Path(__file__).resolve().parents[1] / "radixgate" / "runtime" / "engine"
 
 # name -> why Engine may reach it although it is not a method (each use of it passes)
-ALLOWED: dict[str, str] = {
-    # until the constructor wiring lands (EngineCore(wake=...), core.subscribe_events): the
-    # tier's wake and the tree's event sink are still set on the parts after construction
-    "tier": "the lower tier's wake, set after construction (to go with the wiring step)",
-    "tree": "the KV-event publisher chained onto tree.on_event (to go with the wiring step)",
-}
+ALLOWED: dict[str, str] = {}
 
 
 def core_methods(core_source: str) -> set[str]:
