@@ -1,4 +1,4 @@
-"""The radix-tree state machine of ``test_radix_stateful.py`` under a tight pool (long mode only): with 10 blocks of 4 slots every request competes for memory, so
+"""The radix-tree state machine of ``tests/kv/core/test_tree_stateful.py`` under a tight pool (long mode only): with 10 blocks of 4 slots every request competes for memory, so
 allocation failures, eviction of parents after their last child, copy-on-write under
 pressure and pins that hold most of the pool are exercised far more often than with the
 default 40 blocks. Reuses the machine's rules and checks (they read the pool's own size); only
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from radixgate.kv import BlockPool, CreditParams, CreditPolicy, LRUPolicy, RadixTree
-from tests.test_radix_stateful import B, RadixMachine, machine_for
+from tests.kv.core.test_tree_stateful import B, RadixMachine, machine_for
 
 TIGHT_BLOCKS = 10
 POLICIES = {"credit": lambda: CreditPolicy(CreditParams()), "lru": LRUPolicy}
