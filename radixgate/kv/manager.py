@@ -44,7 +44,7 @@ import torch
 from radixgate.kv import PUBLIC_NAMESPACE, BlockPool, Probe, RadixTree
 from radixgate.kv.groups.base import AttentionGroup
 from radixgate.kv.groups.full import FullAttentionGroup
-from radixgate.kv.groups.window import WindowGroup
+from radixgate.kv.groups.window import WindowGroup, window_pool_counts
 from radixgate.kv.tiers.base import LowerTier, close_tier, write_through
 from radixgate.kv.tiers.index import TierRun
 
@@ -459,6 +459,34 @@ class KVManager:
     def cacheable(self, num_computed: int) -> int:
         """How many computed tokens go into the tree: all of them here."""
         return num_computed
+
+    # -- books --------------------------------------------------------------------------
+    def check_integrity(self, running: Seq[Sequence], sequences: Seq[Sequence] = ()) -> dict:
+        """Recount tree and pool with ``running``'s block tables as extra holders (raises
+        ``IntegrityError``); free + held == total; with nothing running nothing may be
+        locked; with a window pool its ids are recounted against ``sequences``' holds.
+        Returns the counts (free, held, total, locks, running; window)."""
+        tables = [seq.kv.block_table for seq in running]
+        self.tree.check_integrity(extra_holders=tables)
+        kept = self.tree.held_blocks()
+        held = kept.union(*map(set, tables)) if tables else kept
+        free = self.pool.num_free()
+        if free + len(held) != self.pool.num_blocks:
+            raise AssertionError(f"free {free} + held {len(held)} != total {self.pool.num_blocks}")
+        if not running and self.tree.handles:
+            raise AssertionError(f"idle engine left {len(self.tree.handles)} locks in the tree")
+        report = {"free": free, "held": len(held), "total": self.pool.num_blocks,
+                  "locks": len(self.tree.handles), "running": len(running)}
+        window = getattr(self.kv, "window", None)
+        if window is not None:
+            window.check(kept, [seq.kv.window_ids(seq.kv.block_table) for seq in sequences])
+            report["window"] = window.stats()
+        return report
+
+    def window_counts(self, running: Seq[Sequence]):
+        """The window layers' pool at a moment (``kv/groups/window.py``), or None."""
+        window = getattr(self.kv, "window", None)
+        return None if window is None else window_pool_counts(self.kv, running)
 
     # -- pins ---------------------------------------------------------------------------
     def pin(self, seq: Sequence, offset: int, ttl_s: float) -> int:

@@ -31,5 +31,9 @@ class SequenceKV:
         """Blocks to add so positions [0, num_tokens) have a block."""
         return max(0, -(-num_tokens // block_size) - len(self.block_table))
 
+    def window_ids(self, table: list[int]) -> list[int]:
+        """The blocks of ``table`` whose window-layer data this sequence holds."""
+        return [table[i] for i in self.window_held]
+
 
 __all__ = ["SequenceKV"]

@@ -8,7 +8,8 @@ event sink as ``window_removed``), never the blocks a pinned prefix's end reads.
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from types import MappingProxyType
 
 from ..core.events import CacheEvent
 from ..core.tree import RadixTree
@@ -177,4 +178,22 @@ class WindowGroup:
             self.slots.drop([table[i] for i in held])
 
 
-__all__ = ["WindowGroup"]
+
+def window_pool_counts(kv, running) -> Mapping | None:
+    """The window layers' pool (``KVCache.window``) at a moment: its layers, window, blocks
+    free / kept by the tree / held by running requests, tombstones made, bytes per token
+    of the window layers and of the main pool's; None without one."""
+    window = kv.window
+    if window is None:
+        return None
+    held = {b for seq in running for b in seq.kv.window_ids(seq.kv.block_table)}
+    per_layer = kv.bytes_per_token // kv.num_layers
+    return MappingProxyType({
+        "window": window.window, "layers": sorted(kv.window_layers),
+        "blocks": window.pool.num_blocks, "free": window.pool.num_free(),
+        "cached": len(window.kept), "in_use": len(held), "tombstoned": window.tombstoned,
+        "bytes_per_token": per_layer * len(kv.window_layers),
+        "main_bytes_per_token": per_layer * (kv.num_layers - len(kv.window_layers))})
+
+
+__all__ = ["WindowGroup", "window_pool_counts"]

@@ -544,28 +544,13 @@ class EngineCore:
                              top_n=self.config.top_prefixes, draining=self.draining,
                              kv_dtype=self.kv.kv_dtype, kv_bytes_per_token=self.kv.bytes_per_token,
                              tier=self.tier.stats() if self.tier is not None else None,
-                             hit_tokens=self.blocks.hit_tokens, kv=self.kv)
+                             hit_tokens=self.blocks.hit_tokens, kv=self.kv,
+                             window_pool=self.blocks.window_counts(self.scheduler.running))
 
     def check_integrity(self) -> dict:
-        """Recounts tree and pool (raises IntegrityError); free + held == total; when idle,
-        nothing may be locked. With a window pool its ids are recounted too (per pool)."""
-        tables = [seq.kv.block_table for seq in self.scheduler.running]
-        self.tree.check_integrity(extra_holders=tables)
-        held = self.tree.held_blocks().union(*map(set, tables)) if tables else self.tree.held_blocks()
-        free = self.pool.num_free()
-        if free + len(held) != self.pool.num_blocks:
-            raise AssertionError(f"free {free} + held {len(held)} != total {self.pool.num_blocks}")
-        if not self.scheduler.running and self.tree.handles:
-            raise AssertionError(f"idle engine left {len(self.tree.handles)} locks in the tree")
-        report = {"free": free, "held": len(held), "total": self.pool.num_blocks,
-                  "locks": len(self.tree.handles), "running": len(self.scheduler.running)}
-        window = self.kv.window
-        if window is not None:
-            holds = [[seq.kv.block_table[i] for i in seq.kv.window_held]
-                     for seq in self.scheduler.all_sequences()]
-            window.check(self.tree.held_blocks(), holds)
-            report["window"] = window.stats()
-        return report
+        """The KV books recounted (``KVManager.check_integrity``: raises on a mismatch)
+        against the running requests' block tables and every sequence's window holds."""
+        return self.blocks.check_integrity(self.scheduler.running, self.scheduler.all_sequences())
 
 
 def internal_error_message(request_id: str) -> str:

@@ -164,7 +164,7 @@ class EngineCounters:
 def take_snapshot(tree, pool, scheduler, counters: EngineCounters, *, top_n: int,
                   draining: bool, kv_dtype: str = "", kv_bytes_per_token: int = 0,
                   tier=None, hit_tokens: Mapping[str, int] | None = None,
-                  kv=None) -> EngineSnapshot:
+                  kv=None, window_pool: Mapping | None = None) -> EngineSnapshot:
     """Reads tree, pool and scheduler (engine thread only) into an immutable snapshot.
     Nothing here walks the tree or grows with the cache: tree counters are kept current
     (``block_counts``), each tenant's hottest prefixes come from a bounded search of its own
@@ -190,24 +190,7 @@ def take_snapshot(tree, pool, scheduler, counters: EngineCounters, *, top_n: int
         spec=MappingProxyType({"steps": counters.spec_steps, "drafted": counters.spec_drafted,
                                "accepted": counters.spec_accepted}),
         kv_bytes=kv.nbytes if kv is not None else 0,
-        window_pool=window_pool_counts(kv, scheduler.running) if kv is not None else None)
-
-
-def window_pool_counts(kv, running) -> Mapping | None:
-    """The window layers' pool (``KVCache.window``) at a moment: its layers, window, blocks
-    free / kept by the tree / held by running requests, tombstones made, bytes per token
-    of the window layers and of the main pool's; None without one."""
-    window = kv.window
-    if window is None:
-        return None
-    held = {seq.kv.block_table[i] for seq in running for i in seq.kv.window_held}
-    per_layer = kv.bytes_per_token // kv.num_layers
-    return MappingProxyType({
-        "window": window.window, "layers": sorted(kv.window_layers),
-        "blocks": window.pool.num_blocks, "free": window.pool.num_free(),
-        "cached": len(window.kept), "in_use": len(held), "tombstoned": window.tombstoned,
-        "bytes_per_token": per_layer * len(kv.window_layers),
-        "main_bytes_per_token": per_layer * (kv.num_layers - len(kv.window_layers))})
+        window_pool=window_pool)
 
 
 def block_counts(tree, pool, running, stats) -> BlockCounts:
