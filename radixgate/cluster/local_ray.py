@@ -29,6 +29,8 @@ import os
 import threading
 import time
 
+from radixgate.loopback import is_loopback
+
 from . import ray_internals
 from .watchdog import start_watchdog, stop_watchdog
 
@@ -45,15 +47,6 @@ UNACTIONABLE = (
     ("ray.serve", "Started <ray.serve."),           # an object's repr, at the first request
 )
 _watchdog = None
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def _is_unspecified(host: str) -> bool:

@@ -17,7 +17,6 @@ applies the answer in order is then exactly where the live stream continues.
 """
 from __future__ import annotations
 
-import ipaddress
 import logging
 import queue
 import threading
@@ -28,6 +27,7 @@ from urllib.parse import urlsplit
 from radixgate.kv.core.events import CacheEvent
 from radixgate.kv.events.blocks import BlockTracker
 from radixgate.kv.events.wire import KVEvent, encode_batch
+from radixgate.loopback import is_loopback
 
 log = logging.getLogger(__name__)
 MAX_EVENTS_PER_BATCH = 512
@@ -51,20 +51,11 @@ def check_endpoint(endpoint: str, allow_remote: bool = False) -> str:
     if parts.scheme != "tcp" or not host or not (port == "*" or port.isdigit()):
         raise EndpointError(f"KV events endpoint must look like tcp://127.0.0.1:5557 "
                             f"(port * picks a free one), got {endpoint!r}")
-    if not allow_remote and not _is_loopback(host):
+    if not allow_remote and not is_loopback(host):
         raise EndpointError(f"KV events endpoint {endpoint!r} is not a loopback address: "
                             "the events carry every tenant's token ids (pass "
                             "--kv-events-allow-remote to bind it anyway)")
     return endpoint
-
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 class KVEventPublisher:
