@@ -6,6 +6,7 @@ A decode step of a small model is mostly per-op overhead, not arithmetic: torch'
 rope and the K/V store ~26 us a layer, the lone decode row's attention (gather, SDPA) ~25 us.
 One C call does each: ``add_rms_norm``, ``rope_store``, ``decode_attention``, ``extend_attention``
 (``native_extend.c``: a cache hit's few new tokens over its prefix), ``silu_mul``,
+``int4_mm`` (``native_int4.c``: torch's int4 matmul, its very bits, fast at many rows),
 ``topk_indices`` (the rescored head's candidates) and ``argmax_rows`` (greedy picks).
 
 - **Build**: ``cc -O3 -march=native -fno-math-errno -fopenmp -shared -fPIC`` (about 0.5 s), once per source, compiler
@@ -40,7 +41,7 @@ from pathlib import Path
 import torch
 
 log = logging.getLogger(__name__)
-SOURCES = tuple(Path(__file__).with_name(n) for n in ("native.c", "native_extend.c"))
+SOURCES = tuple(Path(__file__).with_name(n) for n in ("native.c", "native_extend.c", "native_int4.c"))
 HEADERS = (Path(__file__).with_name("native_math.h"),)     # part of the build's key
 ENABLE_ENV = "RADIXGATE_NATIVE"
 CACHE_ENV = "RADIXGATE_CACHE_DIR"
@@ -90,6 +91,8 @@ def library() -> ctypes.CDLL | None:
     lib.rg_ragged_attention.restype = _I
     lib.rg_ragged_attention.argtypes = [_P, _P, _P, _P, _L, _P, _P, _L, _L, _L, _L, _L, _L, _F,
                                         _L, _I, _P]
+    lib.rg_int4_mm.restype = _I
+    lib.rg_int4_mm.argtypes = [_P, _P, _P, _P, _L, _L, _L, _L, _I]
     return lib
 
 
@@ -372,3 +375,54 @@ def argmax_rows(x: torch.Tensor) -> list[int]:
     out = torch.empty(rows, dtype=torch.int64)
     library().rg_argmax_rows(x.data_ptr(), rows, n, out.data_ptr())
     return out.tolist()
+
+
+def int4_mm(x: torch.Tensor, packed: torch.Tensor, scales_and_zeros: torch.Tensor,
+            group: int, threads: int | None = None) -> torch.Tensor | None:
+    """x [M, K] contiguous bf16 times int4 weights in torch's CPU pack (``packed`` uint8
+    [N/64, K, 32], ``scales_and_zeros`` bf16 [K/group, N, 2]) -> bf16 [M, N], the same bits
+    as ``torch.ops.aten._weight_int4pack_mm_for_cpu`` (``native_int4.c``), faster from a few
+    dozen rows on. None where the library was built without AVX-512 (run the op then).
+    Only use it where ``int4_mm_matches_torch()``: the equality holds for torch's AVX-512
+    kernel, the one it dispatches on such a CPU."""
+    rows, k = x.shape
+    n = scales_and_zeros.shape[1]
+    if x.dtype != torch.bfloat16 or not x.is_contiguous():
+        raise ValueError("x must be a contiguous bf16 [M, K] tensor")
+    if packed.numel() * 2 != n * k or scales_and_zeros.shape != (k // group, n, 2):
+        raise ValueError(f"weights do not match x's {k} columns (groups of {group})")
+    out = torch.empty((rows, n), dtype=torch.bfloat16)
+    status = library().rg_int4_mm(x.data_ptr(), packed.data_ptr(), scales_and_zeros.data_ptr(),
+                                  out.data_ptr(), rows, n, k, group,
+                                  default_threads() if threads is None else threads)
+    if status == -4:
+        return None
+    _check_status(status, "", f"shape not taken: N {n} (a multiple of 64), K {k} "
+                              f"(a multiple of the group {group})")
+    return out
+
+
+@functools.cache
+def int4_mm_matches_torch() -> bool:
+    """``int4_mm`` is built and gives torch's int4 op's bits on this machine (checked once,
+    on a small random product: torch's kernel differs by CPU capability and could change
+    between versions)."""
+    if library() is None or not hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu"):
+        return False
+    gen = torch.Generator().manual_seed(0)
+    n, k, rows = 128, 64, 13
+    codes = torch.randint(0, 16, (n, k), generator=gen, dtype=torch.int32)
+    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 8)
+    sz = (torch.randn(k // 32, n, 2, generator=gen) / 8).to(torch.bfloat16)
+    x = torch.randn(rows, k, generator=gen).to(torch.bfloat16)
+    try:
+        ours = int4_mm(x, packed, sz, 32, threads=1)
+    except ValueError:
+        return False
+    if ours is None:
+        return False
+    theirs = torch.ops.aten._weight_int4pack_mm_for_cpu(x, packed, 32, sz)
+    if not torch.equal(ours.view(torch.int16), theirs.view(torch.int16)):
+        log.warning("native int4 matmul differs from torch's int4 op here: torch's op instead")
+        return False
+    return True
