@@ -7,8 +7,8 @@ wrapper around the call that does it (the calls are synchronous CPU work): the i
 matmuls, the other matmuls, the head, attention, the small native ops (rope and K/V store,
 residual + norm, silu), and the rest (Python and small torch ops) as the step's wall time
 minus those. Modes interleave for ``--rounds`` rounds; medians in ms. ``--modes`` takes
-``default``, ``deterministic`` and ``deterministic-op`` (the deterministic mode with the
-int4 matmuls through torch's op at every row count: the mode before native_int4.c).
+``default``, ``deterministic``, and either with ``-op`` (the int4 matmuls through torch's op
+and the dequantized GEMM as before native_int4.c and native_int4_amx.c).
 """
 from __future__ import annotations
 
@@ -76,12 +76,15 @@ def wrapped(clock: Clock, head_type: type):
             setattr(owner, name, original)
 
 
-def _set_native_int4(model, on: bool) -> None:
+def _set_kernels(model, mode: str) -> None:
+    """The int4 layers' own kernels on or off as ``mode`` asks (``-op``: torch's op only)."""
+    ours = not mode.endswith("-op")
     for layer in model.layers:
         for part in vars(layer).values():
             if isinstance(part, linear.Int4Linear):
-                part.native_op = on and native.int4_mm_matches_torch() \
-                    and part.shape[0] % 64 == 0
+                tiled = part.shape[0] % 64 == 0
+                part.native_op = ours and tiled and native.int4_mm_matches_torch()
+                part.amx = ours and tiled and native.has_amx_int4()
 
 
 def steps(loaded, prefill: int, context: int, deterministic: bool):
@@ -109,7 +112,7 @@ def steps(loaded, prefill: int, context: int, deterministic: bool):
 
 def profile_mode(loaded, mode: str, args) -> dict[str, dict[str, float]]:
     deterministic = mode.startswith("deterministic")
-    _set_native_int4(loaded.model, mode != "deterministic-op")
+    _set_kernels(loaded.model, mode)
     found, kv = steps(loaded, args.prefill, args.context, deterministic)
     head_type = type(loaded.model.logits_proj)
     out = {}
@@ -127,7 +130,7 @@ def profile_mode(loaded, mode: str, args) -> dict[str, dict[str, float]]:
         parts["rest"] = wall * 1e3 - sum(parts.values())
         parts["wall"] = wall * 1e3
         out[name] = parts
-    _set_native_int4(loaded.model, True)
+    _set_kernels(loaded.model, "")
     return out
 
 

@@ -74,3 +74,43 @@ def test_the_deterministic_mode_runs_it_above_a_few_rows(monkeypatch):
     assert calls == [x.shape]
     alone = torch.cat([layer.native(x[r:r + 1], invariant=True) for r in range(x.shape[0])])
     assert _same_bits(invariant, alone)
+
+
+amx = pytest.mark.skipif(not native.has_amx_int4(), reason="no AMX here")
+
+
+@amx
+@pytest.mark.parametrize("n, k", [(960, 576), (576, 1536)])
+def test_the_amx_kernel_multiplies_by_the_bf16_weights(n, k):
+    layer = _layer(n, k, seed=11)
+    w = layer.dequantized_t(torch.float32).T.bfloat16().float()         # [N, K] rounded
+    x = torch.randn(37, k, generator=torch.Generator().manual_seed(12)).bfloat16()
+    want = x.float() @ w.T
+    got = native.int4_mm_amx(x, layer.packed, layer.scales_and_zeros, 32).float()
+    # float32 sums in another order, then bf16: within a few bf16 steps of the largest
+    assert (got - want).abs().max() <= 4 * 2 ** -8 * want.abs().max()
+    assert (got - want).abs().mean() <= 2 ** -9 * want.abs().mean()
+
+
+@amx
+def test_an_amx_row_does_not_depend_on_the_rows_beside_it():
+    layer = _layer(960, 576, seed=13)
+    x = torch.randn(600, 576, generator=torch.Generator().manual_seed(14)).bfloat16()
+    whole = native.int4_mm_amx(x, layer.packed, layer.scales_and_zeros, 32)
+    for start, rows, threads in ((0, 1, 1), (7, 1, 2), (15, 3, 2), (100, 17, 1), (90, 510, 2)):
+        part = native.int4_mm_amx(x[start:start + rows].contiguous(), layer.packed,
+                                  layer.scales_and_zeros, 32, threads=threads)
+        assert _same_bits(part, whole[start:start + rows]), (start, rows, threads)
+
+
+@amx
+def test_the_default_mode_runs_amx_from_a_few_rows_and_the_op_below(monkeypatch):
+    layer = _layer(960, 576, seed=15)
+    calls = []
+    real = native.int4_mm_amx
+    monkeypatch.setattr(native, "int4_mm_amx",
+                        lambda *a, **kw: calls.append(a[0].shape[0]) or real(*a, **kw))
+    for rows in (1, linear.AMX_INT4_MIN_ROWS, linear.AMX_INT4_MIN_ROWS + 1, 300):
+        layer.native(torch.randn(rows, 576))
+    layer.native(torch.randn(300, 576), invariant=True)       # the deterministic mode: never
+    assert calls == [linear.AMX_INT4_MIN_ROWS + 1, 300]

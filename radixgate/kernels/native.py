@@ -7,6 +7,7 @@ rope and the K/V store ~26 us a layer, the lone decode row's attention (gather, 
 One C call does each: ``add_rms_norm``, ``rope_store``, ``decode_attention``, ``extend_attention``
 (``native_extend.c``: a cache hit's few new tokens over its prefix), ``silu_mul``,
 ``int4_mm`` (``native_int4.c``: torch's int4 matmul, its very bits, fast at many rows),
+``int4_mm_amx`` (``native_int4_amx.c``: the int4 matmul on AMX tiles, from a few rows on),
 ``topk_indices`` (the rescored head's candidates) and ``argmax_rows`` (greedy picks).
 
 - **Build**: ``cc -O3 -march=native -fno-math-errno -fopenmp -shared -fPIC`` (about 0.5 s), once per source, compiler
@@ -41,7 +42,8 @@ from pathlib import Path
 import torch
 
 log = logging.getLogger(__name__)
-SOURCES = tuple(Path(__file__).with_name(n) for n in ("native.c", "native_extend.c", "native_int4.c"))
+SOURCES = tuple(Path(__file__).with_name(n) for n in ("native.c", "native_extend.c", "native_int4.c",
+                                                   "native_int4_amx.c"))
 HEADERS = (Path(__file__).with_name("native_math.h"),)     # part of the build's key
 ENABLE_ENV = "RADIXGATE_NATIVE"
 CACHE_ENV = "RADIXGATE_CACHE_DIR"
@@ -93,6 +95,10 @@ def library() -> ctypes.CDLL | None:
                                         _L, _I, _P]
     lib.rg_int4_mm.restype = _I
     lib.rg_int4_mm.argtypes = [_P, _P, _P, _P, _L, _L, _L, _L, _I]
+    lib.rg_int4_mm_amx.restype = _I
+    lib.rg_int4_mm_amx.argtypes = [_P, _P, _P, _P, _L, _L, _L, _L, _I]
+    lib.rg_amx_init.restype = _I
+    lib.rg_amx_init.argtypes = []
     return lib
 
 
@@ -377,6 +383,29 @@ def argmax_rows(x: torch.Tensor) -> list[int]:
     return out.tolist()
 
 
+def _int4_args(x: torch.Tensor, packed: torch.Tensor, scales_and_zeros: torch.Tensor,
+               group: int) -> tuple[int, int, int]:
+    rows, k = x.shape
+    n = scales_and_zeros.shape[1]
+    if x.dtype != torch.bfloat16 or not x.is_contiguous():
+        raise ValueError("x must be a contiguous bf16 [M, K] tensor")
+    if packed.numel() * 2 != n * k or scales_and_zeros.shape != (k // group, n, 2):
+        raise ValueError(f"weights do not match x's {k} columns (groups of {group})")
+    return rows, n, k
+
+
+def _int4_call(fn, x, packed, scales_and_zeros, group, threads) -> torch.Tensor | None:
+    rows, n, k = _int4_args(x, packed, scales_and_zeros, group)
+    out = torch.empty((rows, n), dtype=torch.bfloat16)
+    status = fn(x.data_ptr(), packed.data_ptr(), scales_and_zeros.data_ptr(), out.data_ptr(),
+                rows, n, k, group, default_threads() if threads is None else threads)
+    if status == -4:
+        return None
+    _check_status(status, "", f"shape not taken: N {n} (a multiple of 64), K {k} "
+                              f"(a multiple of 32 and of the group {group})")
+    return out
+
+
 def int4_mm(x: torch.Tensor, packed: torch.Tensor, scales_and_zeros: torch.Tensor,
             group: int, threads: int | None = None) -> torch.Tensor | None:
     """x [M, K] contiguous bf16 times int4 weights in torch's CPU pack (``packed`` uint8
@@ -385,21 +414,21 @@ def int4_mm(x: torch.Tensor, packed: torch.Tensor, scales_and_zeros: torch.Tenso
     dozen rows on. None where the library was built without AVX-512 (run the op then).
     Only use it where ``int4_mm_matches_torch()``: the equality holds for torch's AVX-512
     kernel, the one it dispatches on such a CPU."""
-    rows, k = x.shape
-    n = scales_and_zeros.shape[1]
-    if x.dtype != torch.bfloat16 or not x.is_contiguous():
-        raise ValueError("x must be a contiguous bf16 [M, K] tensor")
-    if packed.numel() * 2 != n * k or scales_and_zeros.shape != (k // group, n, 2):
-        raise ValueError(f"weights do not match x's {k} columns (groups of {group})")
-    out = torch.empty((rows, n), dtype=torch.bfloat16)
-    status = library().rg_int4_mm(x.data_ptr(), packed.data_ptr(), scales_and_zeros.data_ptr(),
-                                  out.data_ptr(), rows, n, k, group,
-                                  default_threads() if threads is None else threads)
-    if status == -4:
-        return None
-    _check_status(status, "", f"shape not taken: N {n} (a multiple of 64), K {k} "
-                              f"(a multiple of the group {group})")
-    return out
+    return _int4_call(library().rg_int4_mm, x, packed, scales_and_zeros, group, threads)
+
+
+def int4_mm_amx(x: torch.Tensor, packed: torch.Tensor, scales_and_zeros: torch.Tensor,
+                group: int, threads: int | None = None) -> torch.Tensor | None:
+    """The same product on AMX tiles (``native_int4_amx.c``): bf16-rounded weights, float32
+    sums, each row's result independent of the others; None without AMX."""
+    return _int4_call(library().rg_int4_mm_amx, x, packed, scales_and_zeros, group, threads)
+
+
+@functools.cache
+def has_amx_int4() -> bool:
+    """The AMX int4 kernel is built and the kernel granted the tile state."""
+    lib = library()
+    return lib is not None and bool(lib.rg_amx_init())
 
 
 @functools.cache
