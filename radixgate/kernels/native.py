@@ -44,7 +44,7 @@ import torch
 log = logging.getLogger(__name__)
 SOURCES = tuple(Path(__file__).with_name(n) for n in ("native.c", "native_extend.c", "native_int4.c",
                                                    "native_int4_amx.c"))
-HEADERS = (Path(__file__).with_name("native_math.h"),)     # part of the build's key
+HEADERS = tuple(Path(__file__).with_name(n) for n in ("native_math.h", "native_int4.h"))     # part of the build's key
 ENABLE_ENV = "RADIXGATE_NATIVE"
 CACHE_ENV = "RADIXGATE_CACHE_DIR"
 FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-fopenmp", "-shared", "-fPIC")

@@ -33,52 +33,23 @@
 #ifdef __AVX512F__
 #include <immintrin.h>
 
-static inline float bf16_to_f32(uint16_t h) {
-    uint32_t bits = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &bits, sizeof f);
-    return f;
-}
+#include "native_int4.h"
 
 /* float32 -> bfloat16, to nearest even; NaN -> 0xffff (as torch's vectorized conversion). */
 static inline __m256i to_bf16(__m512 v) {
-    __m512i bits = _mm512_castps_si512(v);
-    __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
-    __m512i rounded = _mm512_add_epi32(_mm512_add_epi32(bits, _mm512_set1_epi32(0x7fff)), lsb);
-    rounded = _mm512_srli_epi32(rounded, 16);
-    __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
-    rounded = _mm512_mask_blend_epi32(nan, rounded, _mm512_set1_epi32(0xffff));
-    return _mm512_cvtepi32_epi16(rounded);
+    return _mm512_cvtepi32_epi16(int4_bf16_lanes(v));
 }
 
 /* The tile's weights for all of k as float32 [K, 64], dequantized as the op does. */
 static void dequantize_panel(const uint8_t *tile, const uint16_t *sz, long n0, long N,
                              long K, long group, float *panel) {
-    const __m512 lut = _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
-    __m512 scale[4], zero[4];
+    __m512 scale[4], zero[4], w[4];
     for (long k = 0; k < K; k++) {
-        if (k % group == 0) {                 /* this group's scale and zero per column */
-            const uint16_t *pair = sz + ((k / group) * N + n0) * 2;
-            for (int c = 0; c < 4; c++) {
-                float s[16], z[16];
-                for (int j = 0; j < 16; j++) {
-                    s[j] = bf16_to_f32(pair[(c * 16 + j) * 2]);
-                    z[j] = bf16_to_f32(pair[(c * 16 + j) * 2 + 1]);
-                }
-                scale[c] = _mm512_loadu_ps(s);
-                zero[c] = _mm512_loadu_ps(z);
-            }
-        }
-        __m256i bytes = _mm256_loadu_si256((const __m256i *)(tile + k * 32));
-        __m512i low = _mm512_cvtepu8_epi32(_mm256_castsi256_si128(bytes));     /* cols 0-15, 32-47 */
-        __m512i high = _mm512_cvtepu8_epi32(_mm256_extracti128_si256(bytes, 1)); /* 16-31, 48-63 */
-        float *row = panel + k * TILE_N;
-        _mm512_storeu_ps(row + 0, _mm512_fmadd_ps(_mm512_permutexvar_ps(low, lut), scale[0], zero[0]));
-        _mm512_storeu_ps(row + 16, _mm512_fmadd_ps(_mm512_permutexvar_ps(high, lut), scale[1], zero[1]));
-        _mm512_storeu_ps(row + 32, _mm512_fmadd_ps(
-            _mm512_permutexvar_ps(_mm512_srli_epi32(low, 4), lut), scale[2], zero[2]));
-        _mm512_storeu_ps(row + 48, _mm512_fmadd_ps(
-            _mm512_permutexvar_ps(_mm512_srli_epi32(high, 4), lut), scale[3], zero[3]));
+        if (k % group == 0)
+            int4_group_scales(sz, k, group, N, n0, scale, zero);
+        int4_dequantize_row(tile, k, scale, zero, w);
+        for (int c = 0; c < 4; c++)
+            _mm512_storeu_ps(panel + k * TILE_N + c * 16, w[c]);
     }
 }
 
@@ -151,7 +122,7 @@ int rg_int4_mm(const uint16_t *A, const uint8_t *packed, const uint16_t *sz, uin
             long chunk = item / tiles, t = item % tiles;
             long m0 = chunk * CHUNK_M, rows = M - m0 < CHUNK_M ? M - m0 : CHUNK_M;
             if (widened != chunk) {
-                for (long i = 0; i < rows * K; i++) a[i] = bf16_to_f32(A[m0 * K + i]);
+                for (long i = 0; i < rows * K; i++) a[i] = int4_bf16_to_f32(A[m0 * K + i]);
                 widened = chunk;
             }
             dequantize_panel(packed + t * K * 32, sz, t * TILE_N, N, K, group, panel);

@@ -33,6 +33,8 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include "native_int4.h"
+
 #define ARCH_REQ_XCOMP_PERM 0x1023
 #define XFEATURE_XTILEDATA 18
 #define TILE_N 64          /* a pack tile: 4 AMX column tiles of 16 */
@@ -65,55 +67,20 @@ static void configure_tiles(void) {
     _tile_loadconfig(&cfg);
 }
 
-/* float32 lanes -> bfloat16 (to nearest even) in the low 16 bits of each 32-bit lane. */
-static inline __m512i bf16_lanes(__m512 v) {
-    __m512i bits = _mm512_castps_si512(v);
-    __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
-    __m512i rounded = _mm512_add_epi32(_mm512_add_epi32(bits, _mm512_set1_epi32(0x7fff)), lsb);
-    rounded = _mm512_srli_epi32(rounded, 16);
-    __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
-    return _mm512_mask_blend_epi32(nan, rounded, _mm512_set1_epi32(0xffff));
-}
-
-static inline float bf16_to_f32(uint16_t h) {
-    uint32_t bits = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &bits, sizeof f);
-    return f;
-}
-
 /* One pack tile's weights as AMX B tiles: vnni[c][k / 2][n][k % 2] (c: the 16-column
  * group), each [c][k0 / 2 .. k0 / 2 + 15] a 1 KiB tile. */
 static void dequantize_vnni(const uint8_t *tile, const uint16_t *sz, long n0, long N, long K,
                             long group, uint32_t *vnni) {
-    const __m512 lut = _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
-    __m512 scale[4], zero[4];
+    __m512 scale[4], zero[4], w[2][4];
     long pairs = K / 2;
     for (long k = 0; k < K; k += 2) {
-        if (k % group == 0) {
-            const uint16_t *pair = sz + ((k / group) * N + n0) * 2;
-            for (int c = 0; c < 4; c++) {
-                float s[16], z[16];
-                for (int j = 0; j < 16; j++) {
-                    s[j] = bf16_to_f32(pair[(c * 16 + j) * 2]);
-                    z[j] = bf16_to_f32(pair[(c * 16 + j) * 2 + 1]);
-                }
-                scale[c] = _mm512_loadu_ps(s);
-                zero[c] = _mm512_loadu_ps(z);
-            }
-        }
-        __m512i w[2][4];
-        for (int h = 0; h < 2; h++) {
-            __m256i bytes = _mm256_loadu_si256((const __m256i *)(tile + (k + h) * 32));
-            __m512i low = _mm512_cvtepu8_epi32(_mm256_castsi256_si128(bytes));
-            __m512i high = _mm512_cvtepu8_epi32(_mm256_extracti128_si256(bytes, 1));
-            __m512i codes[4] = {low, high, _mm512_srli_epi32(low, 4), _mm512_srli_epi32(high, 4)};
-            for (int c = 0; c < 4; c++)
-                w[h][c] = bf16_lanes(_mm512_fmadd_ps(_mm512_permutexvar_ps(codes[c], lut),
-                                                     scale[c], zero[c]));
-        }
+        if (k % group == 0)
+            int4_group_scales(sz, k, group, N, n0, scale, zero);
+        int4_dequantize_row(tile, k, scale, zero, w[0]);
+        int4_dequantize_row(tile, k + 1, scale, zero, w[1]);
         for (int c = 0; c < 4; c++) {
-            __m512i both = _mm512_or_si512(w[0][c], _mm512_slli_epi32(w[1][c], 16));
+            __m512i both = _mm512_or_si512(int4_bf16_lanes(w[0][c]),
+                                           _mm512_slli_epi32(int4_bf16_lanes(w[1][c]), 16));
             _mm512_storeu_si512((void *)(vnni + ((c * pairs) + k / 2) * 16), both);
         }
     }
@@ -144,7 +111,7 @@ static void block_times_tile(const uint16_t *a, long lda, const uint32_t *vnni, 
 static void store_rows(const float *acc, long rows, uint16_t *c, long ldc) {
     for (long r = 0; r < rows; r++)
         for (int j = 0; j < 4; j++) {
-            __m512i lanes = bf16_lanes(_mm512_loadu_ps(acc + r * TILE_N + j * 16));
+            __m512i lanes = int4_bf16_lanes(_mm512_loadu_ps(acc + r * TILE_N + j * 16));
             _mm256_storeu_si256((__m256i *)(c + r * ldc + j * 16), _mm512_cvtepi32_epi16(lanes));
         }
 }
