@@ -7,8 +7,10 @@ wrapper around the call that does it (the calls are synchronous CPU work): the i
 matmuls, the other matmuls, the head, attention, the small native ops (rope and K/V store,
 residual + norm, silu), and the rest (Python and small torch ops) as the step's wall time
 minus those. Modes interleave for ``--rounds`` rounds; medians in ms. ``--modes`` takes
-``default``, ``deterministic``, and either with ``-op`` (the int4 matmuls through torch's op
-and the dequantized GEMM as before native_int4.c and native_int4_amx.c).
+``default``, ``deterministic``, and either with ``-torchpack`` (a second copy of the model
+whose int4 layers keep torch's pack: torch's op, native_int4.c in the deterministic mode and
+native_int4_amx.c in the default one, as before native_int4_fixed.c) or ``-op`` (torch's
+pack, its op and dequantized GEMM only).
 """
 from __future__ import annotations
 
@@ -77,14 +79,24 @@ def wrapped(clock: Clock, head_type: type):
 
 
 def _set_kernels(model, mode: str) -> None:
-    """The int4 layers' own kernels on or off as ``mode`` asks (``-op``: torch's op only)."""
+    """torch's pack: its own kernels on or off as ``mode`` asks (``-op``: torch's op only)."""
     ours = not mode.endswith("-op")
     for layer in model.layers:
         for part in vars(layer).values():
-            if isinstance(part, linear.Int4Linear):
+            if isinstance(part, linear.Int4Linear) and part.fixed is None:
                 tiled = part.shape[0] % 64 == 0
                 part.native_op = ours and tiled and native.int4_mm_matches_torch()
                 part.amx = ours and tiled and native.has_amx_int4()
+
+
+def load_torch_pack(weights_dtype: str):
+    """The model again with its int4 layers in torch's pack (the fixed layout refused)."""
+    fixed = native.has_int4_fixed
+    native.has_int4_fixed = lambda: False
+    try:
+        return load_model(weights_dtype=weights_dtype)
+    finally:
+        native.has_int4_fixed = fixed
 
 
 def steps(loaded, prefill: int, context: int, deterministic: bool):
@@ -149,10 +161,13 @@ def main(argv=None) -> None:
         torch.set_num_threads(args.threads)
     loaded = load_model(weights_dtype=args.weights_dtype)
     modes = args.modes.split(",")
+    packed = load_torch_pack(args.weights_dtype) if any(
+        m.endswith(("-torchpack", "-op")) for m in modes) else None
     runs: dict[str, list] = {m: [] for m in modes}
     for round_ in range(args.rounds):
         for mode in (modes if round_ % 2 == 0 else modes[::-1]):
-            runs[mode].append(profile_mode(loaded, mode, args))
+            model = loaded if mode in ("default", "deterministic") else packed
+            runs[mode].append(profile_mode(model, mode, args))
     columns = (*PARTS, "rest", "wall")
     print(f"weights {loaded.weights_dtype}, {torch.get_num_threads()} threads, "
           f"medians of {args.rounds} rounds, ms a step")

@@ -1,6 +1,7 @@
 """``kernels.native.int4_mm`` (native_int4.c): torch's CPU int4 matmul with its very bits at
 any row count, thread count and chunk cut, so the deterministic mode may run it above a few
-rows and the op below (docs/ARCHITECTURE.md section 5c)."""
+rows and the op below, where the layer keeps torch's pack (a CPU without AVX512-VNNI; the
+fixed layout's kernel is tests/test_native_int4_fixed.py's) (docs/ARCHITECTURE.md section 5c)."""
 from __future__ import annotations
 
 import pytest
@@ -26,7 +27,8 @@ def test_the_self_check_lets_the_model_use_it():
 
 def _layer(n: int, k: int, seed: int) -> Int4Linear:
     gen = torch.Generator().manual_seed(seed)
-    return Int4Linear(*quantize_int4_groups(torch.randn(n, k, generator=gen) * 0.05))
+    return Int4Linear(*quantize_int4_groups(torch.randn(n, k, generator=gen) * 0.05),
+                      fixed=False)                                # torch's pack
 
 
 def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:

@@ -4,6 +4,7 @@ logits against transformers and its greedy decode against one-shot forwards (nea
 import pytest
 import torch
 
+from radixgate.kernels import native
 from radixgate.runtime.model.batch import build_forward_batch
 from radixgate.runtime.model.kv_cache import KVCache
 from radixgate.runtime.model.linear import (INT4_OP_MAX_ROWS, DenseLinear, Int4Linear, Int8Linear,
@@ -23,12 +24,16 @@ def _relative_error(out, ref):
 
 
 @needs_int4
-def test_int4_codes_reproduce_their_dequantized_weight_in_both_paths():
+@pytest.mark.parametrize("fixed", [False, True])
+def test_int4_codes_reproduce_their_dequantized_weight_in_both_paths(fixed):
     codes, scale, zero = quantize_int4_groups(_weight())
     w = ((codes.float().view(128, 3, 32) - 8) * scale[..., None] + zero[..., None]).view(128, 96)
-    linear = Int4Linear(codes, scale, zero)
-    assert linear.packed.numel() == 128 * 96 // 2 and not hasattr(linear, "weight")
-    assert _relative_error(linear.dequantized_t().float(), w.t()) < 1e-2     # bf16 scales
+    if fixed and not native.has_int4_fixed():
+        pytest.skip("no AVX512-VNNI kernels here")
+    linear = Int4Linear(codes, scale, zero, fixed=fixed)
+    kept = linear.fixed[0] if fixed else linear.packed
+    assert kept.numel() == 128 * 96 // 2 and not hasattr(linear, "weight")
+    assert _relative_error(linear.dequantized_t().float(), w.t()) < 1e-2     # bf16 / fp16 scales
     for rows in (1, INT4_OP_MAX_ROWS + 1):                    # the int4 op, then dequant + GEMM
         x = torch.randn(rows, 96)
         assert _relative_error(linear(x), x @ w.t()) < 2e-2
@@ -46,7 +51,7 @@ def test_rows_above_the_int4_op_multiply_in_float32_on_a_cpu_without_bf16_hardwa
     monkeypatch.setattr(linear_module, "cpu_flags", lambda: frozenset(flags))
     assert linear_module.wide_gemm_dtype() == wide
     codes, scale, zero = quantize_int4_groups(_weight())
-    linear = Int4Linear(codes, scale, zero)
+    linear = Int4Linear(codes, scale, zero, fixed=False)
     x = torch.randn(INT4_OP_MAX_ROWS + 1, 96)
     assert linear.native(x).dtype == wide
     sz = linear.scales_and_zeros.float()                         # [K/32, N, 2], bf16 values

@@ -8,6 +8,8 @@ One C call does each: ``add_rms_norm``, ``rope_store``, ``decode_attention``, ``
 (``native_extend.c``: a cache hit's few new tokens over its prefix), ``silu_mul``,
 ``int4_mm`` (``native_int4.c``: torch's int4 matmul, its very bits, fast at many rows),
 ``int4_mm_amx`` (``native_int4_amx.c``: the int4 matmul on AMX tiles, from a few rows on),
+``int4_mm_fixed`` (``native_int4_fixed.c``: the int4 matmul with exact integer group sums, the
+same bits at every row count, fast at every row count),
 ``topk_indices`` (the rescored head's candidates) and ``argmax_rows`` (greedy picks).
 
 - **Build**: ``cc -O3 -march=native -fno-math-errno -fopenmp -shared -fPIC`` (about 0.5 s), once per source, compiler
@@ -43,7 +45,7 @@ import torch
 
 log = logging.getLogger(__name__)
 SOURCES = tuple(Path(__file__).with_name(n) for n in ("native.c", "native_extend.c", "native_int4.c",
-                                                   "native_int4_amx.c"))
+                                                   "native_int4_amx.c", "native_int4_fixed.c"))
 HEADERS = tuple(Path(__file__).with_name(n) for n in ("native_math.h", "native_int4.h"))     # part of the build's key
 ENABLE_ENV = "RADIXGATE_NATIVE"
 CACHE_ENV = "RADIXGATE_CACHE_DIR"
@@ -99,6 +101,10 @@ def library() -> ctypes.CDLL | None:
     lib.rg_int4_mm_amx.argtypes = [_P, _P, _P, _P, _L, _L, _L, _L, _I]
     lib.rg_amx_init.restype = _I
     lib.rg_amx_init.argtypes = []
+    lib.rg_int4_mm_fixed.restype = _I
+    lib.rg_int4_mm_fixed.argtypes = [_P, _I, _P, _P, _P, _L, _L, _L, _I, _I]
+    lib.rg_int4_fixed_has_amx.restype = _I
+    lib.rg_int4_fixed_has_amx.argtypes = []
     return lib
 
 
@@ -455,3 +461,89 @@ def int4_mm_matches_torch() -> bool:
         log.warning("native int4 matmul differs from torch's int4 op here: torch's op instead")
         return False
     return True
+
+
+FIXED_GROUP = 32
+
+
+def int4_fixed_pack(codes: torch.Tensor, scale: torch.Tensor,
+                    zero: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """int4 weights ``W = (codes - 8) * scale + zero`` (codes [N, K] 0..15, scale and zero
+    [N, K/32]) in ``native_int4_fixed.c``'s layout: codes uint8 [N/16, K/32, 4, 16, 4] (two
+    a byte) and ``d = scale``, ``m = zero - 8 scale`` float16 [N/16, K/32, 2, 16]. None where
+    the shape is not taken (N a multiple of 64, K of 32) or d and m do not fit float16
+    (beyond its range, or a nonzero value lost to underflow)."""
+    n, k = codes.shape
+    if n % 64 or k % FIXED_GROUP:
+        return None
+    groups = k // FIXED_GROUP
+    d = scale.float()
+    m = zero.float() - 8 * d
+    dm = torch.stack([d, m]).view(2, n // 16, 16, groups).permute(1, 3, 0, 2)   # [N/16, G, 2, 16]
+    half = dm.to(torch.float16)
+    if not torch.isfinite(half).all() or ((half == 0) & (dm != 0)).any():
+        return None
+    c = codes.to(torch.uint8).view(n // 16, 16, groups, 4, 2, 4).permute(0, 2, 3, 4, 1, 5)
+    packed = (c[:, :, :, 0] | (c[:, :, :, 1] << 4)).contiguous()              # [N/16, G, 4, 16, 4]
+    return packed, half.contiguous()
+
+
+def int4_mm_fixed(x: torch.Tensor, packed: torch.Tensor, dm: torch.Tensor, amx: int = 1,
+                  threads: int | None = None) -> torch.Tensor | None:
+    """x [M, K] contiguous float32 or bf16 times ``int4_fixed_pack``'s weights -> bf16 [M, N]
+    (``native_int4_fixed.c``: activations in fixed point per group of 32, exact integer
+    sums, one fixed float combination; a row's bits do not depend on the call's rows nor
+    on ``amx``: 1 the tiles above a few rows where the CPU has them, 0 never, -1 always).
+    None where the library was built without AVX512-VNNI."""
+    rows, k = x.shape
+    n = packed.shape[0] * 16
+    if x.dtype not in (torch.float32, torch.bfloat16) or not x.is_contiguous():
+        raise ValueError("x must be a contiguous float32 or bf16 [M, K] tensor")
+    if packed.shape != (n // 16, k // FIXED_GROUP, 4, 16, 4) or dm.dtype != torch.float16:
+        raise ValueError(f"weights do not match x's {k} columns")
+    out = torch.empty((rows, n), dtype=torch.bfloat16)
+    status = library().rg_int4_mm_fixed(x.data_ptr(), int(x.dtype == torch.bfloat16),
+                                        packed.data_ptr(), dm.data_ptr(), out.data_ptr(), rows,
+                                        n, k, amx, default_threads() if threads is None else threads)
+    if status == -4:
+        return None
+    _check_status(status, "", f"shape not taken: N {n} (a multiple of 64), K {k} (of 32)")
+    return out
+
+
+class FixedInt4:
+    """One layer's weights in ``int4_fixed_pack``'s layout with the call's constant arguments
+    bound once (a decode step makes ~120 of these calls: the checks of ``int4_mm_fixed``
+    cost a third of a one-row call)."""
+
+    def __init__(self, packed: torch.Tensor, dm: torch.Tensor):
+        self.packed, self.dm = packed, dm
+        self.n, self.k = packed.shape[0] * 16, packed.shape[1] * FIXED_GROUP
+        self._call = library().rg_int4_mm_fixed
+        self._weights = (packed.data_ptr(), dm.data_ptr())
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """x [M, K] contiguous float32 or bf16 (the caller's contract) -> bf16 [M, N]."""
+        rows = x.shape[0]
+        out = torch.empty((rows, self.n), dtype=torch.bfloat16)
+        status = self._call(x.data_ptr(), x.dtype is torch.bfloat16, *self._weights,
+                            out.data_ptr(), rows, self.n, self.k, 1, default_threads())
+        if status:
+            _check_status(status, "", f"shape not taken: K {self.k}")
+        return out
+
+
+@functools.cache
+def has_int4_fixed() -> bool:
+    """``int4_mm_fixed`` is built here (the CPU has AVX512-VNNI)."""
+    if library() is None:
+        return False
+    packed = int4_fixed_pack(torch.zeros(64, 32, dtype=torch.int32), torch.ones(64, 1),
+                             torch.zeros(64, 1))
+    return int4_mm_fixed(torch.zeros(1, 32), *packed, threads=1) is not None
+
+
+@functools.cache
+def int4_fixed_has_amx() -> bool:
+    lib = library()
+    return lib is not None and bool(lib.rg_int4_fixed_has_amx())

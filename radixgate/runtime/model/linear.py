@@ -263,10 +263,24 @@ class Int4Linear:
     packed form of the codes is kept."""
 
     def __init__(self, codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor,
-                 bias: torch.Tensor | None = None):
+                 bias: torch.Tensor | None = None, fixed: bool | None = None):
+        """``fixed``: keep the codes in ``native_int4_fixed.c``'s layout (None: where that
+        kernel is built, the CPU has AVX512-VNNI, and the shape and scales fit it)."""
         n, k = codes.shape
         assert k % GROUP == 0 and scale.shape == zero.shape == (n, k // GROUP)
         self.shape, self.dtype, self.bias = (n, k), torch.quint4x2, bias
+        if fixed is None:
+            fixed = codes.device.type == "cpu" and native.has_int4_fixed()
+        self.fixed = native.int4_fixed_pack(codes, scale, zero) if fixed else None
+        self._fixed_mm = native.FixedInt4(*self.fixed) if self.fixed is not None else None
+        self.packed = self.scales_and_zeros = None
+        self.native_op = self.amx = False
+        if self.fixed is None:
+            self._torch_pack(codes, scale, zero)
+
+    def _torch_pack(self, codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> None:
+        """torch's CPU int4 pack, for its op, ``native.int4_mm`` and ``native.int4_mm_amx``."""
+        n, k = codes.shape
         self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(
             codes.to(torch.int32).contiguous(), 8)                     # uint8 [N, K/2]
         self.scales_and_zeros = torch.stack([scale, zero], -1).transpose(0, 1) \
@@ -282,12 +296,19 @@ class Int4Linear:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return self.native(x).to(x.dtype)
 
-    input_dtype = torch.bfloat16          # what ``native`` casts x to
+    input_dtype = torch.bfloat16          # what ``native`` casts x to (the fixed layout: none)
 
     def native(self, x: torch.Tensor, invariant: bool = False) -> torch.Tensor:
         """The product in bfloat16, the op's own dtype (float32 above the op's row limit on
-        a CPU without bf16 GEMMs, or with a float32 bias). The activations are rounded to
-        bf16 on both paths (what the int4 op takes). ``invariant``: the op at every row count."""
+        a CPU without bf16 GEMMs, or with a float32 bias). The fixed layout: one kernel at
+        every row count in both modes, a row's bits independent of the call (float32 or
+        bf16 activations as they come). torch's pack: activations rounded to bf16 on every
+        path; ``invariant``: the op's arithmetic at every row count."""
+        if self.fixed is not None:
+            if x.dtype is not torch.bfloat16 and x.dtype is not torch.float32:
+                x = x.float()
+            out = self._fixed_mm(x.contiguous())
+            return out if self.bias is None else out + self.bias
         xb = x.to(torch.bfloat16).contiguous()                          # [M, K]
         if invariant and x.shape[0] > NATIVE_INT4_MIN_ROWS and self.native_op:
             out = native.int4_mm(xb, self.packed, self.scales_and_zeros, GROUP)
@@ -307,6 +328,8 @@ class Int4Linear:
         Three passes over the layer: each nibble half into one bf16 code buffer, then one
         ``addcmul`` written straight into W^T's layout (a cat and a transposing copy made it
         5x slower: 265 against 52 ms for the default model's 120 matmuls)."""
+        if self.fixed is not None:
+            return self._fixed_weight().t().to(dtype)
         n, k = self.shape
         tiles_n, half = n // _INT4_TILE, _INT4_TILE // 2
         tiles = self.packed.view(tiles_n, k, half)                      # [N/64, K, 32]
@@ -321,8 +344,19 @@ class Int4Linear:
         torch.addcmul(zero, codes.view(tiles_n, k // GROUP, GROUP, _INT4_TILE), scale, out=into)
         return w_t
 
+    def _fixed_weight(self) -> torch.Tensor:
+        """W [N, K] float32 from the fixed layout (``code * d + m``, the kernel's weights)."""
+        n, k = self.shape
+        packed, dm = self.fixed                                        # [N/16, G, 4, 16, 4]
+        codes = torch.stack([packed & 15, packed >> 4], 3)              # [N/16, G, 4, 2, 16, 4]
+        codes = codes.permute(0, 4, 1, 2, 3, 5).reshape(n, k).float()
+        d, m = (dm[:, :, i].permute(0, 2, 1).reshape(n, k // GROUP).float() for i in (0, 1))
+        return (codes.view(n, k // GROUP, GROUP) * d[..., None] + m[..., None]).view(n, k)
+
     @property
     def nbytes(self) -> int:
+        if self.fixed is not None:
+            return sum(t.numel() * t.element_size() for t in self.fixed)
         return self.packed.numel() + 2 * self.scales_and_zeros.numel()
 
 

@@ -22,7 +22,7 @@ from radixgate.runtime.model.model_config import ModelConfig
 from radixgate.runtime.model.kv_cache import KVCache
 from radixgate.runtime.model.linear import Linear
 from radixgate.runtime.model.rope import (apply_rope, local_rope_inv_freq, rope_attention_factor,
-                                          rope_cos_sin, rope_inv_freq)
+                                          RopeTable, rope_inv_freq)
 from radixgate.runtime.model.weights import build_embedding_and_head, build_linear, dense
 
 __all__ = ["LlamaModel", "ForwardBatch", "build_forward_batch", "rms_norm"]
@@ -86,6 +86,9 @@ class LlamaModel:
         local = local_rope_inv_freq(config)                  # the window layers' own, or None
         self.local_inv_freq = None if local is None else local.to(self.device)
         self.rope_factor = rope_attention_factor(config)
+        self.rope_table = RopeTable(self.inv_freq, self.rope_factor)            # [T] -> cos, sin
+        self.local_rope_table = None if self.local_inv_freq is None else RopeTable(
+            self.local_inv_freq)
         self.scale = config.attention_scale
         self.q_size = config.num_heads * config.head_dim
         self.kv_size = config.num_kv_heads * config.head_dim
@@ -168,10 +171,9 @@ class LlamaModel:
         x = self.embed(batch.input_ids)                                  # [T, H]
         if self.config.embed_scale != 1.0:                               # HF: in x's dtype
             x = x * torch.tensor(self.config.embed_scale, dtype=x.dtype)
-        cos, sin = rope_cos_sin(batch.positions, self.inv_freq, self.dtype,
-                                self.rope_factor)                        # [T, 1, D]
-        local = None if self.local_inv_freq is None else rope_cos_sin(
-            batch.positions, self.local_inv_freq, self.dtype)            # window layers' rope
+        cos, sin = self.rope_table(batch.positions, self.dtype)         # [T, 1, D]
+        local = None if self.local_rope_table is None else self.local_rope_table(
+            batch.positions, self.dtype)                                  # window layers' rope
         eps = self.config.rms_norm_eps
         plan = attention_plan(batch.block_tables, batch.cu_q_lens, batch.seq_lens, kv.block_size,
                               batch.num_tokens, quantized=kv.quantized,

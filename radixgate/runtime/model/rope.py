@@ -4,6 +4,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
+import numpy as np
 import torch
 
 from radixgate.runtime.model.model_config import ModelConfig
@@ -76,18 +77,58 @@ def _llama3_scale(inv_freq: torch.Tensor, s: dict) -> torch.Tensor:
     return torch.where(medium, smoothed, scaled)
 
 
+ROPE_TABLE_BLOCK = 1024      # positions a table computes at a time
+
+
+class RopeTable:
+    """cos and sin by position (``rope_cos_sin``'s layout: [T, 1, D], ``sin``'s first half
+    negated), each position's values computed once and gathered after: a position's values
+    are the same bits whatever batch it is in, whatever the thread count, in every process.
+    torch's float32 ``sin`` / ``cos`` gave that no promise: they split the tensor among the
+    threads, and a process's first call gave other bits in 3 of 12 runs (2 threads), which
+    broke the deterministic mode's first step. The table grows a block of positions at a
+    time, always the same shape through numpy's float64 sin / cos of the float32 angles,
+    rounded to float32 once; ``factor`` multiplies both (``rope_attention_factor``)."""
+
+    def __init__(self, inv_freq: torch.Tensor, factor: float = 1.0):
+        self.inv_freq = inv_freq.detach().to("cpu", torch.float32).numpy()
+        self.factor, self.device = factor, inv_freq.device
+        dim = 2 * self.inv_freq.shape[0]
+        self.cos = torch.empty(0, 1, dim, device=self.device)
+        self.sin = torch.empty(0, 1, dim, device=self.device)
+
+    def __call__(self, positions: torch.Tensor, dtype: torch.dtype):
+        if positions.numel():
+            self._cover(int(positions.max()) + 1)
+        cos, sin = self.cos[positions], self.sin[positions]
+        return (cos, sin) if dtype == torch.float32 else (cos.to(dtype), sin.to(dtype))
+
+    def _cover(self, count: int) -> None:
+        have = self.cos.shape[0]
+        if count <= have:
+            return
+        blocks = [self._block(start) for start in range(have, count, ROPE_TABLE_BLOCK)]
+        self.cos = torch.cat([self.cos, *(c for c, _ in blocks)])
+        self.sin = torch.cat([self.sin, *(s for _, s in blocks)])
+
+    def _block(self, start: int) -> tuple[torch.Tensor, torch.Tensor]:
+        positions = np.arange(start, start + ROPE_TABLE_BLOCK, dtype=np.float32)
+        freqs = positions[:, None] * self.inv_freq[None, :]                 # float32 angles
+        emb = np.concatenate([freqs, freqs], axis=-1)[:, None, :].astype(np.float64)
+        cos, sin = np.cos(emb).astype(np.float32), np.sin(emb).astype(np.float32)
+        if self.factor != 1.0:
+            cos, sin = cos * np.float32(self.factor), sin * np.float32(self.factor)
+        sin[..., :freqs.shape[-1]] *= -1
+        return torch.from_numpy(cos).to(self.device), torch.from_numpy(sin).to(self.device)
+
+
 def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype,
                  factor: float = 1.0):
     """positions int64 [T] -> cos, sin of shape [T, 1, D] (broadcast over heads); ``sin``'s
     first half is negated, so that ``apply_rope`` rotates with a swap of the two halves.
-    ``factor`` multiplies both (``rope_attention_factor``)."""
-    freqs = positions.to(torch.float32)[:, None] * inv_freq[None, :]      # [T, D/2]
-    emb = torch.cat((freqs, freqs), dim=-1)[:, None, :]                   # [T, 1, D]
-    sin, cos = emb.sin(), emb.cos()
-    if factor != 1.0:
-        sin, cos = sin * factor, cos * factor
-    sin[..., :freqs.shape[-1]].neg_()
-    return cos.to(dtype), sin.to(dtype)
+    ``factor`` multiplies both (``rope_attention_factor``). A one-off table: the model keeps
+    a ``RopeTable`` instead."""
+    return RopeTable(inv_freq, factor)(positions, dtype)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,357 @@
+/* The int4 matmul with exact integer group sums (built by kernels/native.py; called by
+ * runtime/model/linear.py's Int4Linear in both modes where the CPU has AVX512-VNNI).
+ *
+ * Why: a row's product must not depend on how many rows the call has (the deterministic
+ * mode), and the fast kernels for few rows (vector FMAs) and for many (AMX tiles) sum in
+ * orders of their own, so float sums could never agree. Integer sums can: they are exact.
+ *
+ * The arithmetic, per row and per group g of 32 along K (one scale d and one offset m a
+ * column: w = code * d + m, code 0..15):
+ *   - the row's 32 activations in fixed point: e = the exponent of their largest magnitude,
+ *     X = round(x * 2^(13 - e)) (|X| <= 2^14, 15 bits: finer than bf16's 8 for all but the
+ *     values far below the group's largest), split X = 256 hi + lo with lo, hi signed bytes;
+ *   - I = 256 * sum(hi * code) + sum(lo * code) and S = sum(X): exact integers (|I| < 2^23);
+ *   - t = fma(float(I), d, float(S) * m); acc = fma(t, 2^(e - 13), acc), groups in order.
+ * C[m, n] = acc rounded to bfloat16 (to nearest even). Every step after the integer sums is
+ * one shared function, so the two kernels give the same bits for a row at any row count:
+ *   - few rows (``FIXED_AMX_MIN_ROWS`` and below, or no AMX): VPDPBUSD, codes x activation bytes;
+ *   - more rows on AMX: TDPBSSD tiles (16 rows x 16 columns x one group), sums stored and
+ *     combined 16 columns a vector by the same function.
+ *
+ * Weights (made by ``native.int4_fixed_pack``): codes [N/16, K/32, 4, 16, 4] bytes, byte
+ * (v, n, j) holding code k = 8v + j (low nibble) and k = 8v + 4 + j (high nibble) of column
+ * n of the 16-column block; d and m float16 [N/16, K/32, 2, 16]. N a multiple of 64, K of 32.
+ * Returns 0, -3 a shape it does not take, -2 out of memory, -4 built without AVX512-VNNI.
+ */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#define GROUP 32
+#define BLOCK_N 16               /* columns a vector */
+#define TILE_N 64                /* columns a few-row work item */
+#define CODE_BYTES 256           /* one block's codes for one group */
+#define FIXED_AMX_MIN_ROWS 8     /* above: AMX tiles where present */
+#define CHUNK_M 256              /* rows an AMX work item takes */
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+#include <immintrin.h>
+
+/* float32 lanes -> bfloat16 to nearest even, in the low 16 bits of each lane. */
+static inline __m512i int4_fixed_bf16_lanes(__m512 v) {
+    __m512i bits = _mm512_castps_si512(v);
+    __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+    return _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(bits, _mm512_set1_epi32(0x7fff)),
+                                              lsb), 16);
+}
+
+/* Row ``x`` (K values, float32 or bf16) in fixed point: per group S = sum(X) and
+ * p = 2^(e - 13) as float32, and X as hi / lo bytes (``x16`` NULL) or as bf16 (exact). */
+static void quantize_row(const void *x, int bf16, long K, int8_t *hi, int8_t *lo,
+                         uint16_t *x16, float *S, float *p) {
+    for (long g = 0; g < K / GROUP; g++) {
+        __m512 v[2];
+        for (int h = 0; h < 2; h++) {
+            long k = g * GROUP + h * 16;
+            if (bf16) {
+                __m256i b = _mm256_loadu_si256((const __m256i *)((const uint16_t *)x + k));
+                v[h] = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(b), 16));
+            } else {
+                v[h] = _mm512_loadu_ps((const float *)x + k);
+            }
+        }
+        float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v[0]), _mm512_abs_ps(v[1])));
+        int e = 0;
+        if (amax > 0 && amax <= 3.4e38f) {
+            __m128 ex = _mm_getexp_ss(_mm_set_ss(amax), _mm_set_ss(amax));   /* floor(log2) */
+            e = (int)_mm_cvtss_f32(ex);
+        }
+        __m512 up = _mm512_set1_ps((float)(13 - e)), sum = _mm512_setzero_ps();
+        for (int h = 0; h < 2; h++) {
+            long k = g * GROUP + h * 16;
+            /* to bf16 (nearest even), then to an integer: at most 8 significant bits */
+            __m512 y = _mm512_castsi512_ps(_mm512_slli_epi32(
+                int4_fixed_bf16_lanes(_mm512_scalef_ps(v[h], up)), 16));
+            y = _mm512_roundscale_ps(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+            sum = _mm512_add_ps(sum, y);                     /* integers below 2^24: exact */
+            if (x16 != NULL) {
+                __m512i bits = _mm512_srli_epi32(_mm512_castps_si512(y), 16);
+                _mm256_storeu_si256((__m256i *)(x16 + k), _mm512_cvtepi32_epi16(bits));
+                continue;
+            }
+            __m512i X = _mm512_cvtps_epi32(y);
+            __m512i l = _mm512_sub_epi32(_mm512_and_si512(_mm512_add_epi32(X, _mm512_set1_epi32(128)),
+                                                          _mm512_set1_epi32(255)),
+                                         _mm512_set1_epi32(128));
+            __m512i u = _mm512_srai_epi32(_mm512_sub_epi32(X, l), 8);
+            _mm_storeu_si128((__m128i *)(lo + k), _mm512_cvtepi32_epi8(l));
+            _mm_storeu_si128((__m128i *)(hi + k), _mm512_cvtepi32_epi8(u));
+        }
+        S[g] = _mm512_reduce_add_ps(sum);
+        p[g] = _mm_cvtss_f32(_mm_scalef_ss(_mm_set_ss(1.0f), _mm_set_ss((float)(e - 13))));
+    }
+}
+
+/* The one float step both kernels share: a group's exact sum I (an integer, |I| < 2^23, so
+ * exact in float32) into the accumulator. */
+static inline __m512 add_group(__m512 acc, __m512 I, __m512 d, __m512 m, float S, float p) {
+    __m512 t = _mm512_fmadd_ps(I, d, _mm512_mul_ps(_mm512_set1_ps(S), m));
+    return _mm512_fmadd_ps(t, _mm512_set1_ps(p), acc);
+}
+
+static inline __m512 exact_sum(__m512i hi_sum, __m512i lo_sum) {
+    return _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_slli_epi32(hi_sum, 8), lo_sum));
+}
+
+static inline void load_dm(const uint16_t *dm, __m512 *d, __m512 *m) {
+    *d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)dm));
+    *m = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(dm + 16)));
+}
+
+static inline void store_bf16(uint16_t *c, __m512 v) {
+    __m512i r = int4_fixed_bf16_lanes(v);
+    __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    r = _mm512_mask_blend_epi32(nan, r, _mm512_set1_epi32(0xffff));
+    _mm256_storeu_si256((__m256i *)c, _mm512_cvtepi32_epi16(r));
+}
+
+/* One row times one 16-column block over all groups (VPDPBUSD: code bytes x activation
+ * bytes, 4 k a lane per instruction). */
+static inline __m512 row_times_block(const int8_t *hi, const int8_t *lo, const float *S,
+                                     const float *p, const uint8_t *codes, const uint16_t *dm,
+                                     long groups) {
+    const __m512i nibble = _mm512_set1_epi8(15);
+    __m512 acc = _mm512_setzero_ps();
+    for (long g = 0; g < groups; g++) {
+        const uint8_t *cg = codes + g * CODE_BYTES;
+        const int32_t *h4 = (const int32_t *)(hi + g * GROUP), *l4 = (const int32_t *)(lo + g * GROUP);
+        __m512i hs = _mm512_setzero_si512(), ls = _mm512_setzero_si512();
+        for (int v = 0; v < 4; v++) {
+            __m512i both = _mm512_loadu_si512((const void *)(cg + v * 64));
+            __m512i c0 = _mm512_and_si512(both, nibble);
+            __m512i c1 = _mm512_and_si512(_mm512_srli_epi16(both, 4), nibble);
+            hs = _mm512_dpbusd_epi32(hs, c0, _mm512_set1_epi32(h4[2 * v]));
+            ls = _mm512_dpbusd_epi32(ls, c0, _mm512_set1_epi32(l4[2 * v]));
+            hs = _mm512_dpbusd_epi32(hs, c1, _mm512_set1_epi32(h4[2 * v + 1]));
+            ls = _mm512_dpbusd_epi32(ls, c1, _mm512_set1_epi32(l4[2 * v + 1]));
+        }
+        __m512 d, m;
+        load_dm(dm + g * 2 * BLOCK_N, &d, &m);
+        acc = add_group(acc, exact_sum(hs, ls), d, m, S[g], p[g]);
+    }
+    return acc;
+}
+
+struct quantized {
+    int8_t *hi, *lo;      /* [M, K]: the few-row kernel's */
+    uint16_t *x16;        /* [M_pad, K] bf16, zero rows below M: the tiles' */
+    float *S, *p;         /* [M, K / 32] */
+};
+
+static int quantize_rows(const void *A, int bf16, long M, long K, int tiles, int threads,
+                         struct quantized *q) {
+    long padded = (M + 15) / 16 * 16, groups = K / GROUP;
+    memset(q, 0, sizeof *q);
+    q->S = malloc(sizeof(float) * (size_t)(M * groups));
+    q->p = malloc(sizeof(float) * (size_t)(M * groups));
+    if (tiles) {
+        q->x16 = aligned_alloc(64, sizeof(uint16_t) * (size_t)(padded * K));
+        if (q->x16) memset(q->x16 + M * K, 0, sizeof(uint16_t) * (size_t)((padded - M) * K));
+    } else {
+        q->hi = malloc((size_t)(M * K));
+        q->lo = malloc((size_t)(M * K));
+    }
+    if (!q->S || !q->p || (tiles ? !q->x16 : !q->hi || !q->lo)) return -2;
+    size_t width = bf16 ? 2 : 4;
+    #pragma omp parallel for num_threads(threads) if(threads > 1 && M > 8) schedule(static)
+    for (long r = 0; r < M; r++)
+        quantize_row((const char *)A + (size_t)(r * K) * width, bf16, K,
+                     tiles ? NULL : q->hi + r * K, tiles ? NULL : q->lo + r * K,
+                     tiles ? q->x16 + r * K : NULL, q->S + r * groups, q->p + r * groups);
+    return 0;
+}
+
+static void free_quantized(struct quantized *q) {
+    free(q->hi); free(q->lo); free(q->x16); free(q->S); free(q->p);
+}
+
+static void few_rows(const struct quantized *q, const uint8_t *codes, const uint16_t *dm,
+                     uint16_t *C, long M, long N, long K, int threads) {
+    long groups = K / GROUP, tiles = N / TILE_N;
+    if (threads > tiles) threads = (int)tiles;
+    #pragma omp parallel for num_threads(threads) if(threads > 1) schedule(static)
+    for (long t = 0; t < tiles; t++)
+        for (long r = 0; r < M; r++)
+            for (int b = 0; b < TILE_N / BLOCK_N; b++) {
+                long block = t * (TILE_N / BLOCK_N) + b;
+                __m512 acc = row_times_block(q->hi + r * K, q->lo + r * K, q->S + r * groups,
+                                             q->p + r * groups, codes + block * groups * CODE_BYTES,
+                                             dm + block * groups * 2 * BLOCK_N, groups);
+                store_bf16(C + r * N + block * BLOCK_N, acc);
+            }
+}
+
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__linux__)
+#define HAVE_AMX_FIXED 1
+#define TILE_BLOCKS 4            /* 16-column blocks an AMX work item takes */
+int rg_amx_init(void);
+
+struct tile_config {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+};
+
+/* Every tile 16 rows x 64 bytes. 0-3: the sums of blocks 0-3 (float32), 4: the group's
+ * activations (bf16), 5-7: codes (bf16 pairs). */
+static void configure_tiles(void) {
+    struct tile_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    for (int t = 0; t < 8; t++) { cfg.rows[t] = 16; cfg.colsb[t] = 64; }
+    _tile_loadconfig(&cfg);
+}
+
+/* A block's codes for all groups as B tiles [groups][16 pairs][16 columns] of bf16 pairs
+ * (code k = 2i, code k = 2i + 1). */
+static void unpack_codes(const uint8_t *codes, long groups, uint32_t *tiles) {
+    const __m512i nibble = _mm512_set1_epi32(15), lut = _mm512_setr_epi32(
+        0x0000, 0x3f80, 0x4000, 0x4040, 0x4080, 0x40a0, 0x40c0, 0x40e0, 0x4100, 0x4110, 0x4120,
+        0x4130, 0x4140, 0x4150, 0x4160, 0x4170);
+    for (long g = 0; g < groups; g++)
+        for (int v = 0; v < 4; v++) {
+            __m512i both = _mm512_loadu_si512((const void *)(codes + g * CODE_BYTES + v * 64));
+            for (int h = 0; h < 2; h++)
+                for (int j = 0; j < 4; j += 2) {
+                    __m512i c0 = _mm512_and_si512(_mm512_srli_epi32(both, 8 * j + 4 * h), nibble);
+                    __m512i c1 = _mm512_and_si512(_mm512_srli_epi32(both, 8 * j + 8 + 4 * h), nibble);
+                    __m512i pair = _mm512_or_si512(_mm512_permutexvar_epi32(c0, lut),
+                                                   _mm512_slli_epi32(_mm512_permutexvar_epi32(c1, lut), 16));
+                    long i = (8 * v + 4 * h + j) / 2;
+                    _mm512_storeu_si512((void *)(tiles + (g * 16 + i) * 16), pair);
+                }
+        }
+}
+
+/* 16 rows (from m) times TILE_BLOCKS unpacked blocks (``tiles``: [block][groups * 256]) -> C
+ * (bf16), rows below ``rows`` only. */
+static void rows_times_tile(const struct quantized *q, const uint16_t *x, long m, long rows,
+                            long K, const uint32_t *tiles, const uint16_t *dm, uint16_t *C,
+                            long N, long n0) {
+    long groups = K / GROUP, per_block = groups * 256;
+    float sums[TILE_BLOCKS][16][16] __attribute__((aligned(64)));
+    __m512 acc[16][TILE_BLOCKS];
+    for (int r = 0; r < 16; r++)
+        for (int b = 0; b < TILE_BLOCKS; b++) acc[r][b] = _mm512_setzero_ps();
+    for (long g = 0; g < groups; g++) {
+        _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
+        _tile_loadd(4, x + m * K + g * GROUP, K * 2);
+        _tile_loadd(5, tiles + g * 256, 64);
+        _tile_dpbf16ps(0, 4, 5);
+        _tile_loadd(6, tiles + per_block + g * 256, 64);
+        _tile_dpbf16ps(1, 4, 6);
+        _tile_loadd(7, tiles + 2 * per_block + g * 256, 64);
+        _tile_dpbf16ps(2, 4, 7);
+        _tile_loadd(5, tiles + 3 * per_block + g * 256, 64);
+        _tile_dpbf16ps(3, 4, 5);
+        _tile_stored(0, sums[0], 64);
+        _tile_stored(1, sums[1], 64);
+        _tile_stored(2, sums[2], 64);
+        _tile_stored(3, sums[3], 64);
+        __m512 d[TILE_BLOCKS], mm[TILE_BLOCKS];
+        for (int b = 0; b < TILE_BLOCKS; b++)
+            load_dm(dm + (b * groups + g) * 2 * BLOCK_N, &d[b], &mm[b]);
+        for (long r = 0; r < rows; r++) {
+            float S = q->S[(m + r) * groups + g], p = q->p[(m + r) * groups + g];
+            for (int b = 0; b < TILE_BLOCKS; b++)
+                acc[r][b] = add_group(acc[r][b], _mm512_load_ps(sums[b][r]), d[b], mm[b], S, p);
+        }
+    }
+    for (long r = 0; r < rows; r++)
+        for (int b = 0; b < TILE_BLOCKS; b++)
+            store_bf16(C + (m + r) * N + n0 + b * BLOCK_N, acc[r][b]);
+}
+
+static int many_rows(const struct quantized *q, const uint8_t *codes, const uint16_t *dm,
+                     uint16_t *C, long M, long N, long K, int threads) {
+    long groups = K / GROUP, tiles_n = N / (TILE_BLOCKS * BLOCK_N);
+    long chunks = (M + CHUNK_M - 1) / CHUNK_M, items = chunks * tiles_n;
+    int failed = 0;
+    if (threads > items) threads = (int)items;
+    #pragma omp parallel num_threads(threads) if(threads > 1)
+    {
+        uint32_t *tiles = aligned_alloc(64, sizeof(uint32_t) * (size_t)(TILE_BLOCKS * groups * 256));
+        if (tiles == NULL) {
+            #pragma omp atomic write
+            failed = 1;
+        } else {
+            configure_tiles();
+        }
+        #pragma omp for schedule(static)
+        for (long item = 0; item < items; item++) {
+            if (tiles == NULL) continue;
+            long chunk = item / tiles_n, b0 = TILE_BLOCKS * (item % tiles_n);
+            long m0 = chunk * CHUNK_M, end = M - m0 < CHUNK_M ? M : m0 + CHUNK_M;
+            for (int b = 0; b < TILE_BLOCKS; b++)
+                unpack_codes(codes + (b0 + b) * groups * CODE_BYTES, groups,
+                             tiles + b * groups * 256);
+            for (long m = m0; m < end; m += 16)
+                rows_times_tile(q, q->x16, m, end - m < 16 ? end - m : 16, K, tiles,
+                                dm + b0 * groups * 2 * BLOCK_N, C, N, b0 * BLOCK_N);
+        }
+        if (tiles != NULL) _tile_release();
+        free(tiles);
+    }
+    return failed ? -2 : 0;
+}
+#endif
+
+/* C [M, N] bf16 = A [M, K] (float32, or bf16 where ``a_bf16``) x the fixed-point int4
+ * weights. ``amx``: 1 lets more than FIXED_AMX_MIN_ROWS rows take the tiles, 0 never
+ * (for tests: the same bits either way), -1 always where built. */
+int rg_int4_mm_fixed(const void *A, int a_bf16, const uint8_t *codes, const uint16_t *dm,
+                     uint16_t *C, long M, long N, long K, int amx, int threads) {
+    if (M <= 0 || N <= 0 || K <= 0 || N % TILE_N || K % GROUP) return -3;
+    if (threads < 1) threads = 1;
+    int tiles = 0;
+#ifdef HAVE_AMX_FIXED
+    tiles = (amx < 0 || (amx > 0 && M > FIXED_AMX_MIN_ROWS)) && rg_amx_init();
+#endif
+    struct quantized q;
+    int status = quantize_rows(A, a_bf16, M, K, tiles, threads, &q);
+    if (status == 0) {
+#ifdef HAVE_AMX_FIXED
+        if (tiles)
+            status = many_rows(&q, codes, dm, C, M, N, K, threads);
+        else
+#endif
+            few_rows(&q, codes, dm, C, M, N, K, threads);
+    }
+    free_quantized(&q);
+    return status;
+}
+
+int rg_int4_fixed_has_amx(void) {
+#ifdef HAVE_AMX_FIXED
+    return rg_amx_init();
+#else
+    return 0;
+#endif
+}
+
+#else
+
+int rg_int4_mm_fixed(const void *A, int a_bf16, const uint8_t *codes, const uint16_t *dm,
+                     uint16_t *C, long M, long N, long K, int amx, int threads) {
+    (void)A; (void)a_bf16; (void)codes; (void)dm; (void)C; (void)M; (void)N; (void)K;
+    (void)amx; (void)threads;
+    return -4;
+}
+
+int rg_int4_fixed_has_amx(void) { return 0; }
+
+#endif
