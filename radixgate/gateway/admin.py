@@ -101,7 +101,8 @@ async def health(request: web.Request) -> web.Response:
         return web.json_response({"status": "error", "error": state.load_error}, status=503)
     if not state.ready:
         return web.json_response({"status": "loading"}, status=503)
-    return web.json_response({"status": "ok", "model": state.model_name})
+    return web.json_response({"status": "ok", "model": state.model_name,
+                              "deterministic": state.engine.core.deterministic})
 
 
 async def metrics(request: web.Request) -> web.Response:

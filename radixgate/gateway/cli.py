@@ -160,10 +160,11 @@ def _model_flags(p: argparse.ArgumentParser) -> None:
                         "distribution and greedy answers may differ only where two tokens "
                         "nearly tie")
     p.add_argument("--deterministic", action=argparse.BooleanOptionalAction, default=None,
-                   help="deterministic mode ([model] deterministic; default: off): a "
-                        "position's logits are the same bits however it was scheduled "
-                        "(batched, chunked, cached, from the disk tier, 1 or 2 threads); "
-                        "costs prefill speed")
+                   help="deterministic mode ([model] deterministic; default: on where the "
+                        "model and CPU allow, said at start and in /health): a position's "
+                        "logits are the same bits however it was scheduled (batched, "
+                        "chunked, cached, from the disk tier, 1 or 2 threads); "
+                        "--deterministic requires it, --no-deterministic turns it off")
     p.add_argument("--weights-dtype", choices=["auto", "float32", "bfloat16", "int8", "int4"],
                    help="form the matmul weights are kept and computed in ([model] weights_dtype; "
                         "default auto: int4 for Q4 GGUFs where torch's int4 op exists, else "

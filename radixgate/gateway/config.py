@@ -63,7 +63,8 @@ class ModelSettings:
     max_model_len: int = 8192
     tiny: bool = False
     threads: int = 0                     # torch CPU threads; 0 = torch's default
-    deterministic: bool = False          # logits independent of scheduling (ARCHITECTURE 5c)
+    deterministic: bool | None = None    # logits independent of scheduling (ARCHITECTURE 5c);
+                                         # None: on where the model and CPU allow, said at start
     weights_dtype: str = "auto"          # auto | float32 | bfloat16 | int8 | int4 (radixgate/runtime/model/linear.py)
 
 
@@ -304,6 +305,7 @@ def _build(cls: type, values: dict[str, Any], **ready: Any):
 
 
 def _coerce(value: Any, type_name: str, where: str) -> Any:
+    type_name = type_name.removesuffix(" | None")       # TOML has no null: a value is given
     if type_name == "int" and isinstance(value, int) and not isinstance(value, bool):
         return value
     if type_name == "float" and isinstance(value, (int, float)) and not isinstance(value, bool):

@@ -57,14 +57,33 @@ class InjectedFault(RuntimeError):
     """Raised inside a step by ``Engine.inject_fault`` (reliability tests)."""
 
 
+def resolve_deterministic(model, asked: bool | None) -> bool:
+    """The deterministic mode's setting: ``asked`` True needs it (ValueError where the model
+    or CPU cannot give it), False turns it off, None (the default) takes it where it holds.
+    One log line says which guarantee the server gives."""
+    if asked is False:
+        log.info("deterministic mode off: a position's logits may depend on its batch")
+        return False
+    try:
+        model.check_deterministic()
+    except ValueError as e:
+        if asked:
+            raise
+        log.warning("deterministic mode unavailable (%s): a position's logits may depend on "
+                    "its batch", e)
+        return False
+    log.info("deterministic mode on: a position's logits are the same bits however it is "
+             "scheduled (on this CPU kind and torch build)")
+    return True
+
+
 class EngineCore:
     def __init__(self, loaded, config: EngineConfig, wake: Callable[[], None] | None = None):
         """``wake``: called on the lower tier's reader thread when a load finished (the
         engine thread looks again); it must not block."""
         self.config = config
         self.model = loaded.model
-        if config.deterministic:
-            self.model.check_deterministic()
+        self.deterministic = resolve_deterministic(self.model, config.deterministic)
         self.tokenizer = loaded.tokenizer
         self.kv = _make_kv_cache(loaded, config)
         cache = config.cache
@@ -302,7 +321,7 @@ class EngineCore:
              for c in chunks],
             [c.seq.num_computed for c in chunks], [c.seq.kv.block_table for c in chunks],
             self.pool.block_size, self.kv.device, logits_rows=rows,
-            deterministic=self.config.deterministic)
+            deterministic=self.deterministic)
         plain = [i for i, (c, s) in enumerate(zip(chunks, sampling)) if s and not c.drafts]
         sampled = [chunks[i].seq for i in plain]      # one row each; drafted chunks verify
         pending = self.grammar_masks.start(sampled)  # computed while the forward runs

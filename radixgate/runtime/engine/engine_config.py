@@ -94,7 +94,7 @@ class EngineConfig:
     max_unsent_events: int | None = None
     top_prefixes: int = 10
     adapt_threads: bool = True
-    deterministic: bool = False
+    deterministic: bool | None = None    # None: on where the model allows (EngineCore says)
     spec: SpecConfig = field(default_factory=SpecConfig)
     jump_forward: bool = True
     kv_events_endpoint: str | None = None
