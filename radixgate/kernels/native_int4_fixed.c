@@ -35,7 +35,7 @@
 #define BLOCK_N 16               /* columns a vector */
 #define TILE_N 64                /* columns a few-row work item */
 #define CODE_BYTES 256           /* one block's codes for one group */
-#define FIXED_AMX_MIN_ROWS 8     /* above: AMX tiles where present */
+#define FIXED_AMX_MIN_ROWS 10    /* above: AMX tiles where present */
 #define CHUNK_M 256              /* rows an AMX work item takes */
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
@@ -119,31 +119,36 @@ static inline void store_bf16(uint16_t *c, __m512 v) {
     _mm256_storeu_si256((__m256i *)c, _mm512_cvtepi32_epi16(r));
 }
 
-/* One row times one 16-column block over all groups (VPDPBUSD: code bytes x activation
- * bytes, 4 k a lane per instruction). */
-static inline __m512 row_times_block(const int8_t *hi, const int8_t *lo, const float *S,
-                                     const float *p, const uint8_t *codes, const uint16_t *dm,
-                                     long groups) {
+/* ``R`` rows (row r's bytes at hi / lo + r K, its S and p at + r G) times one 16-column
+ * block over all groups (VPDPBUSD: code bytes x activation bytes, 4 k a lane per
+ * instruction; each group's codes unpacked once for the R rows) -> acc[R]. */
+static inline __attribute__((always_inline)) void rows_times_block(
+        const int8_t *hi, const int8_t *lo, const float *S, const float *p, long K,
+        const uint8_t *codes, const uint16_t *dm, long groups, const int R, __m512 *acc) {
     const __m512i nibble = _mm512_set1_epi8(15);
-    __m512 acc = _mm512_setzero_ps();
+    for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
     for (long g = 0; g < groups; g++) {
         const uint8_t *cg = codes + g * CODE_BYTES;
-        const int32_t *h4 = (const int32_t *)(hi + g * GROUP), *l4 = (const int32_t *)(lo + g * GROUP);
-        __m512i hs = _mm512_setzero_si512(), ls = _mm512_setzero_si512();
+        __m512i c[8];
         for (int v = 0; v < 4; v++) {
             __m512i both = _mm512_loadu_si512((const void *)(cg + v * 64));
-            __m512i c0 = _mm512_and_si512(both, nibble);
-            __m512i c1 = _mm512_and_si512(_mm512_srli_epi16(both, 4), nibble);
-            hs = _mm512_dpbusd_epi32(hs, c0, _mm512_set1_epi32(h4[2 * v]));
-            ls = _mm512_dpbusd_epi32(ls, c0, _mm512_set1_epi32(l4[2 * v]));
-            hs = _mm512_dpbusd_epi32(hs, c1, _mm512_set1_epi32(h4[2 * v + 1]));
-            ls = _mm512_dpbusd_epi32(ls, c1, _mm512_set1_epi32(l4[2 * v + 1]));
+            c[2 * v] = _mm512_and_si512(both, nibble);
+            c[2 * v + 1] = _mm512_and_si512(_mm512_srli_epi16(both, 4), nibble);
         }
         __m512 d, m;
         load_dm(dm + g * 2 * BLOCK_N, &d, &m);
-        acc = add_group(acc, exact_sum(hs, ls), d, m, S[g], p[g]);
+        for (int r = 0; r < R; r++) {
+            const int32_t *h4 = (const int32_t *)(hi + r * K + g * GROUP);
+            const int32_t *l4 = (const int32_t *)(lo + r * K + g * GROUP);
+            __m512i hs = _mm512_setzero_si512(), ls = _mm512_setzero_si512();
+            for (int i = 0; i < 8; i++) {
+                hs = _mm512_dpbusd_epi32(hs, c[i], _mm512_set1_epi32(h4[i]));
+                ls = _mm512_dpbusd_epi32(ls, c[i], _mm512_set1_epi32(l4[i]));
+            }
+            acc[r] = add_group(acc[r], exact_sum(hs, ls), d, m, S[r * groups + g],
+                               p[r * groups + g]);
+        }
     }
-    return acc;
 }
 
 struct quantized {
@@ -179,19 +184,35 @@ static void free_quantized(struct quantized *q) {
     free(q->hi); free(q->lo); free(q->x16); free(q->S); free(q->p);
 }
 
+#define FEW_ROWS 4                /* rows sharing one unpacking of the codes */
+
+static void block_rows(const struct quantized *q, long r, long rows, long K, long groups,
+                       const uint8_t *codes, const uint16_t *dm, uint16_t *C, long N, long n0) {
+    __m512 acc[FEW_ROWS];
+    const int8_t *hi = q->hi + r * K, *lo = q->lo + r * K;
+    const float *S = q->S + r * groups, *p = q->p + r * groups;
+    switch (rows) {
+        case 4: rows_times_block(hi, lo, S, p, K, codes, dm, groups, 4, acc); break;
+        case 3: rows_times_block(hi, lo, S, p, K, codes, dm, groups, 3, acc); break;
+        case 2: rows_times_block(hi, lo, S, p, K, codes, dm, groups, 2, acc); break;
+        default: rows_times_block(hi, lo, S, p, K, codes, dm, groups, 1, acc); break;
+    }
+    for (long i = 0; i < rows; i++)
+        store_bf16(C + (r + i) * N + n0, acc[i]);
+}
+
 static void few_rows(const struct quantized *q, const uint8_t *codes, const uint16_t *dm,
                      uint16_t *C, long M, long N, long K, int threads) {
     long groups = K / GROUP, tiles = N / TILE_N;
     if (threads > tiles) threads = (int)tiles;
     #pragma omp parallel for num_threads(threads) if(threads > 1) schedule(static)
     for (long t = 0; t < tiles; t++)
-        for (long r = 0; r < M; r++)
+        for (long r = 0; r < M; r += FEW_ROWS)
             for (int b = 0; b < TILE_N / BLOCK_N; b++) {
                 long block = t * (TILE_N / BLOCK_N) + b;
-                __m512 acc = row_times_block(q->hi + r * K, q->lo + r * K, q->S + r * groups,
-                                             q->p + r * groups, codes + block * groups * CODE_BYTES,
-                                             dm + block * groups * 2 * BLOCK_N, groups);
-                store_bf16(C + r * N + block * BLOCK_N, acc);
+                block_rows(q, r, M - r < FEW_ROWS ? M - r : FEW_ROWS, K, groups,
+                           codes + block * groups * CODE_BYTES, dm + block * groups * 2 * BLOCK_N,
+                           C, N, block * BLOCK_N);
             }
 }
 
