@@ -7,10 +7,11 @@ Both servers get the same GGUF (the default SmolLM2-135M Q4_1), the same 2 threa
 same KV capacity in tokens: llama-server ``-np 16 -cb -c C`` (its defaults otherwise: prompt
 cache on, ``--cache-reuse 0``, ``--cache-ram 8192`` MiB, f16 KV; with ``-np 16`` it reports
 ``kv_unified = false``, so each slot holds C / 16 = 2,304 tokens),
-radixgate ``serve`` with its defaults and ``--kv-cache-gb`` sized to hold the same C tokens.
-A third server is radixgate in its deterministic mode (``--deterministic``, a row of its
-own and its cost as deterministic / default; ``--no-deterministic`` skips it). Two
-repetitions, interleaved (llama-server, radixgate, deterministic, then the reverse), each a
+radixgate ``serve`` with ``--no-deterministic`` and ``--kv-cache-gb`` sized to hold the same C
+tokens. A third server is radixgate as it starts by default, in its deterministic mode (a
+row of its own, ``radixgate_deterministic``, and its cost as deterministic / no-deterministic;
+``--no-deterministic`` skips it). Two repetitions, interleaved (llama-server, radixgate,
+deterministic, then the reverse), each a
 fresh server process measuring, over ``/v1/completions`` (greedy, ``ignore_eos``, fixed
 ``max_tokens``, the same token ids for both):
 
@@ -63,8 +64,8 @@ OUT_DIR = Path(__file__).parent / "out"
 THREADS = 2
 PARALLEL = 16
 RADIXGATE, LLAMA = "radixgate", "llama_server"
-RADIXGATE_DET = "radixgate_deterministic"     # the same server with --deterministic
-SERVER_FLAGS = {RADIXGATE: (), RADIXGATE_DET: ("--deterministic",)}
+RADIXGATE_DET = "radixgate_deterministic"     # the default server: deterministic
+SERVER_FLAGS = {RADIXGATE: ("--no-deterministic",), RADIXGATE_DET: ()}
 
 
 @dataclass(frozen=True, slots=True)
@@ -504,9 +505,9 @@ def markdown(report: dict) -> str:
     names = list(report["runs"])
     ratio_names = [key for key in ("ratio", "ratio_deterministic", "deterministic_cost")
                    if key in next(iter(report["summary"].values()), {})]
-    titles = {"ratio": "radixgate / llama-server",
-              "ratio_deterministic": "deterministic / llama-server",
-              "deterministic_cost": "deterministic / default"}
+    titles = {"ratio": "no-deterministic / llama-server",
+              "ratio_deterministic": "default (deterministic) / llama-server",
+              "deterministic_cost": "deterministic / no-deterministic"}
     head = "| metric | " + " | ".join(names + [titles[k] for k in ratio_names]) + " |"
     lines = [head, "|---" * (len(head.split("|")) - 2) + "|"]
     for metric, entry in report["summary"].items():
@@ -531,7 +532,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--no-default-budget", action="store_true",
                         help="skip the run at radixgate's default KV budget")
     parser.add_argument("--no-deterministic", action="store_true",
-                        help="skip the deterministic mode's row (radixgate --deterministic)")
+                        help="skip the default (deterministic) server's row")
     parser.add_argument("--out", type=Path, default=OUT_DIR)
     args = parser.parse_args(argv)
     mode = "tiny" if args.tiny else "quick" if args.quick else "default"

@@ -101,8 +101,11 @@ async def health(request: web.Request) -> web.Response:
         return web.json_response({"status": "error", "error": state.load_error}, status=503)
     if not state.ready:
         return web.json_response({"status": "loading"}, status=503)
-    return web.json_response({"status": "ok", "model": state.model_name,
-                              "deterministic": state.engine.core.deterministic})
+    body = {"status": "ok", "model": state.model_name}
+    core = getattr(state.engine, "core", None)           # replicas: each says it in its log
+    if core is not None:
+        body["deterministic"] = core.deterministic
+    return web.json_response(body)
 
 
 async def metrics(request: web.Request) -> web.Response:
