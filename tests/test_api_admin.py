@@ -187,7 +187,8 @@ def test_metrics_are_prometheus_text_scoped_per_tenant(http):
 
 
 def test_health_and_openapi_document_every_endpoint(http):
-    assert http.get("/health").json() == {"status": "ok", "model": "smollm2-135m-instruct"}
+    assert http.get("/health").json() == {"status": "ok", "model": "smollm2-135m-instruct",
+                                          "deterministic": True}
     doc = http.get("/openapi.json").json()
     assert doc["openapi"].startswith("3.")
     for path in ("/v1/messages", "/v1/messages/count_tokens", "/v1/chat/completions",

@@ -73,7 +73,7 @@ def test_deterministic_row_has_its_ratios_to_the_peer_and_to_the_default_mode():
     report = {"runs": runs, "summary": summarize(runs), "machine": "m",
               "copy_bandwidth_gbs": [1.0], "bytes_per_token": {}, "peer": {},
               "radixgate_default_budget": None}
-    assert "| deterministic / default |" in markdown(report).splitlines()[0]
+    assert "| deterministic / no-deterministic |" in markdown(report).splitlines()[0]
 
 
 def test_gguf_bytes_per_token_counts_the_tied_embedding_as_read():

@@ -106,6 +106,10 @@ class LlamaModel:
         if not self.config.plain_llama:
             raise ValueError(f"deterministic mode covers the Llama/Qwen2 layer only, not "
                              f"{self.config.arch}'s (windows, soft-caps, extra norms)")
+        head_dim = self.config.head_dim
+        if head_dim % 16 or head_dim > 256:
+            raise ValueError(f"deterministic mode's attention kernel takes head dims that are "
+                             f"multiples of 16 up to 256, not {head_dim}")
         if not (native.usable() and self.device.type == "cpu" and self.dtype == torch.float32
                 and self.fused_norms):
             raise ValueError("deterministic mode needs the native CPU kernels (a C compiler, "
