@@ -120,10 +120,13 @@ async def generate_text(session, base_url: str, prompt: list[int], max_tokens: i
 
 
 async def measure(base_url: str, prompts: dict, sizes: Sizes, headers=None,
-                  modes: tuple = ({},), repeat: int = 1) -> list[dict]:
+                  modes: tuple = ({},), repeat: int = 1, salted: bool = False) -> list[dict]:
     """Each workload in each of ``modes`` (extra body fields), interleaved (the order
     reversed every other pass), ``repeat`` passes; one dict of figures per mode, each
-    figure the median of its passes."""
+    figure the median of its passes. ``salted``: each pass and mode in a ``cache_salt`` of
+    its own, so no pass drafts from what an earlier one said (the namespace's cached paths:
+    with the deterministic default a seeded request says the same again, and the control
+    ran 3.6x with drafts from its own earlier pass)."""
     lengths = {"code_edit": sizes.code_tokens, "tool_call": sizes.tool_tokens,
                "control": sizes.control_tokens}
     sampled = {"control": {"temperature": 0.8, "seed": 1}}
@@ -133,14 +136,16 @@ async def measure(base_url: str, prompts: dict, sizes: Sizes, headers=None,
         await complete(session, base_url, prompts["control"][:8], 4)           # warm-up
         for rep in range(repeat):
             order = list(enumerate(modes)) if rep % 2 == 0 else list(enumerate(modes))[::-1]
+            salt = (lambda index: {"cache_salt": f"pass-{rep}-mode-{index}"}) if salted \
+                else (lambda index: {})
             for name in WORKLOADS:
                 for index, extra in order:
                     reply = await complete(session, base_url, prompts[name], lengths[name],
-                                           {**sampled.get(name, {}), **extra})
+                                           {**sampled.get(name, {}), **extra, **salt(index)})
                     seen[index][name].append(reply.decode_tok_s)
             for index, extra in order:
                 replies, wall = await together(session, base_url, prompts["streams"],
-                                                sizes.stream_tokens, extra)
+                                                sizes.stream_tokens, {**extra, **salt(index)})
                 seen[index]["streams"].append(sum(r.completion_tokens for r in replies) / wall)
     return [{name: {"tok_s": round(statistics.median(values), 2),
                     "passes": [round(v, 2) for v in values]}
@@ -161,7 +166,8 @@ def run_radixgate(prompts: dict, sizes: Sizes, tiny: bool, repeat: int) -> dict[
     try:
         off, on = asyncio.run(measure(server.base_url, prompts, sizes,
                                       {"x-api-key": tenant_key("default")},
-                                      modes=({"speculative": False}, {}), repeat=repeat))
+                                      modes=({"speculative": False}, {}), repeat=repeat,
+                                      salted=True))
         on["spec_counts"] = asyncio.run(_stats(server.base_url))
     finally:
         server.stop()

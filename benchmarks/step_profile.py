@@ -1,8 +1,9 @@
 """Where a step's milliseconds go: ``python -m benchmarks.step_profile``.
 
-One loaded model (the default GGUF unless ``--weights-dtype`` says otherwise), three steps
+One loaded model (the default GGUF unless ``--weights-dtype`` says otherwise), four steps
 per mode: a cold prefill of ``--prefill`` tokens, one stream decoding at ``--context``
-positions, and 16 streams decoding at 128. Each part of the forward pass is timed by a
+positions, the same stream checking 4 drafts (5 rows: a speculative verify step), and 16
+streams decoding at 128. Each part of the forward pass is timed by a
 wrapper around the call that does it (the calls are synchronous CPU work): the int4
 matmuls, the other matmuls, the head, attention, the small native ops (rope and K/V store,
 residual + norm, silu), and the rest (Python and small torch ops) as the step's wall time
@@ -99,13 +100,14 @@ def load_torch_pack(weights_dtype: str):
         native.has_int4_fixed = fixed
 
 
-def steps(loaded, prefill: int, context: int, deterministic: bool):
+def steps(loaded, prefill: int, context: int, deterministic: bool, kv_dtype: str = "float32"):
     """(name, ForwardBatch factory, KVCache) for the three steps of one mode."""
     cfg = loaded.config
     ids = (loaded.tokenizer.encode("The quick brown fox jumps over the lazy dog. ") * 800)
-    longest = max(prefill, context + 1)
+    longest = max(prefill, context + 5)
     blocks = -(-longest // BLOCK)
-    kv = KVCache(cfg.num_layers, blocks + 16 * 10, BLOCK, cfg.num_kv_heads, cfg.head_dim)
+    kv = KVCache(cfg.num_layers, blocks + 16 * 10, BLOCK, cfg.num_kv_heads, cfg.head_dim,
+                 kv_dtype)
     table = list(range(blocks))
     tables16 = [list(range(blocks + i * 10, blocks + i * 10 + 10)) for i in range(16)]
     loaded.model.forward(build_forward_batch([ids[:context]], [0], [table], BLOCK,
@@ -117,6 +119,8 @@ def steps(loaded, prefill: int, context: int, deterministic: bool):
                                                 deterministic=deterministic)),
         ("decode 1", lambda: build_forward_batch([[ids[context]]], [context], [table], BLOCK,
                                                  deterministic=deterministic)),
+        ("verify 5", lambda: build_forward_batch([ids[context:context + 5]], [context], [table],
+                                                 BLOCK, deterministic=deterministic)),
         ("decode 16", lambda: build_forward_batch([[ids[128]]] * 16, [128] * 16, tables16,
                                                   BLOCK, deterministic=deterministic)),
     ], kv
@@ -125,7 +129,7 @@ def steps(loaded, prefill: int, context: int, deterministic: bool):
 def profile_mode(loaded, mode: str, args) -> dict[str, dict[str, float]]:
     deterministic = mode.startswith("deterministic")
     _set_kernels(loaded.model, mode)
-    found, kv = steps(loaded, args.prefill, args.context, deterministic)
+    found, kv = steps(loaded, args.prefill, args.context, deterministic, args.kv_dtype)
     head_type = type(loaded.model.logits_proj)
     out = {}
     for name, make in found:
@@ -155,6 +159,7 @@ def main(argv=None) -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--modes", default="default,deterministic")
     parser.add_argument("--weights-dtype", default="auto")
+    parser.add_argument("--kv-dtype", default="float32", help="the KV cache's element type")
     parser.add_argument("--threads", type=int, default=0)
     args = parser.parse_args(argv)
     if args.threads:
@@ -169,7 +174,7 @@ def main(argv=None) -> None:
             model = loaded if mode in ("default", "deterministic") else packed
             runs[mode].append(profile_mode(model, mode, args))
     columns = (*PARTS, "rest", "wall")
-    print(f"weights {loaded.weights_dtype}, {torch.get_num_threads()} threads, "
+    print(f"weights {loaded.weights_dtype}, KV {args.kv_dtype}, {torch.get_num_threads()} threads, "
           f"medians of {args.rounds} rounds, ms a step")
     print("| step | mode | " + " | ".join(columns) + " |\n" + "|---" * (len(columns) + 2) + "|")
     for step in runs[modes[0]][0]:

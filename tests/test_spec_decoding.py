@@ -33,13 +33,13 @@ def test_drafts_are_what_followed_the_longest_recent_match():
 
 def test_draft_length_follows_acceptance_and_batch_size():
     drafter = Drafter(SpecConfig(mode="ngram", probe_every=3))
-    assert drafter.draft_length(8) == 2                       # prior 1/2, one stream: theta .17
+    assert drafter.draft_length(8) == 3                       # prior 1/2, one stream: theta .10
     for _ in range(3):
         drafter.record(8, 8)
     assert drafter.draft_length(8) == 8 and drafter.draft_length(5) == 5
     assert drafter.draft_length(8, batch=16) >= 1             # kept drafts pay in a full batch
     fresh = Drafter(SpecConfig(mode="ngram", probe_every=3))
-    assert [fresh.draft_length(8, batch=16) for _ in range(3)] == [0, 0, 1]   # then a probe
+    assert [fresh.draft_length(8, batch=16) for _ in range(12)] == [0] * 11 + [1]  # a probe, every 3 x 16 // 4 steps
     for _ in range(6):
         fresh.record(3, 0)
     assert fresh.alpha < 0.2 and fresh.draft_length(8, batch=4) == 0

@@ -27,14 +27,16 @@ share one budget of indexed tokens (``[spec] namespace_tokens``, oldest blocks f
 ``Drafter`` picks ``k`` per request and step from what drafting costs and what it has
 kept. Checking a draft token is not free on a CPU: torch's int4 op dequantizes the weights
 for every block of rows and the head scores every row, so each extra row costs about
-``row_cost`` (0.17) of a one-row step (Ice Lake, default model at 600 positions: 1 row
-24.4 ms, 9 rows 58.4, 17 rows 99.4: 0.16-0.17 a row). Under a geometric model the i-th draft token is
+``row_cost`` of a one-row step: 0.16-0.17 a row on Ice Lake through torch's int4 op (default
+model at 600 positions: 1 row 24.4 ms, 9 rows 58.4, 17 rows 99.4); 0.085 on Sapphire Rapids
+through ``native_int4_fixed.c`` (1 row 13.5 ms, 5 rows 18.0: ``benchmarks.step_profile``),
+so the default is 0.10. Under a geometric model the i-th draft token is
 kept with probability alpha^i, alpha the request's recent acceptance (decayed counts, a
 prior of 1/2). With B rows decoding, a draft token adds one row to a step of ~B, so it pays
 when alpha^i >= theta(B) = B x / (1 + B x), x = row_cost / (1 - row_cost): theta is 0.17
 for one stream, 0.45 for 4, 0.77 for 16. ``k`` is the largest such i (at most ``max_draft``);
-when that is 0 for ``probe_every`` decode steps in a row, one token is drafted to learn
-whether alpha has risen.
+when that is 0 for ``probe_every`` decode steps in a row (times B // 4 from 8 rows on), one
+token is drafted to learn whether alpha has risen.
 """
 from __future__ import annotations
 
@@ -54,7 +56,7 @@ class SpecConfig:
     max_draft: int = 8
     min_ngram: int = 2
     max_ngram: int = 4
-    row_cost: float = 0.17             # an extra row's cost, as a share of a one-row step
+    row_cost: float = 0.10             # an extra row's cost, as a share of a one-row step
     probe_every: int = 16              # decode steps without drafts before a 1-token probe
     namespace_tokens: int = 65536      # finished requests' tokens kept for drafting (0: off)
 
@@ -105,7 +107,9 @@ class Drafter:
             self.idle = 0
             return k
         self.idle += 1
-        if self.idle >= self.config.probe_every and limit > 0:
+        # a probe adds a row to a step of ``batch``: rarer as the batch grows (16 streams
+        # ran at 0.98x with drafts on, probing every 16 steps)
+        if self.idle >= self.config.probe_every * max(1, batch // 4) and limit > 0:
             self.idle = 0
             return 1
         return 0
