@@ -153,9 +153,9 @@ def _model_flags(p: argparse.ArgumentParser) -> None:
                         f"context ([model] max_model_len; default {MODEL.max_model_len})")
     p.add_argument("--threads", type=int, metavar="N", help=THREADS_HELP)
     p.add_argument("--spec", choices=["ngram", "none"],
-                   help="speculative decoding ([spec] mode; default none, off): ngram drafts "
+                   help="speculative decoding ([spec] mode; default ngram, on): ngram drafts "
                         "each request's next tokens from its own prompt and output and checks "
-                        "them in one step. With --deterministic the tokens and logprobs are "
+                        "them in one step. In the deterministic mode (the default) the tokens and logprobs are "
                         "those it gives without drafts; otherwise sampling keeps the model's "
                         "distribution and greedy answers may differ only where two tokens "
                         "nearly tie")

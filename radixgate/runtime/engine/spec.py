@@ -1,4 +1,5 @@
-"""Speculative decoding with drafts from the request's own text (``[spec] mode = "ngram"``).
+"""Speculative decoding with drafts from the request's own text (``[spec] mode = "ngram"``,
+the default; ``"none"`` or ``--spec none`` turns it off, a request with ``speculative: false``).
 
 Decode is memory-bound: a step that checks ``k`` drafted tokens reads the weights once, as a
 one-token step does, so every accepted draft token is nearly free. Agent and coding traffic
@@ -52,7 +53,7 @@ class SpecConfig:
     of ``min_ngram`` .. ``max_ngram`` tokens, as long as ``Drafter.draft_length`` says they
     pay (``row_cost``, ``probe_every``); ``namespace_tokens`` bounds ``NamespaceDrafts``."""
 
-    mode: str = "none"
+    mode: str = "ngram"                # on by default: it never loses (benchmarks/RESULTS.md)
     max_draft: int = 8
     min_ngram: int = 2
     max_ngram: int = 4
