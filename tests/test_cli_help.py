@@ -77,4 +77,5 @@ def test_replicas_split_the_disk_budget_but_not_the_memory_one(capsys):
 def test_spec_help_says_what_holds_outside_the_deterministic_mode(capsys):
     text = " ".join(_help_text("serve", capsys).split())
     assert "the answer is what it would be without" not in text
-    assert "With --deterministic the tokens and logprobs are those it gives without drafts" in text
+    assert "In the deterministic mode (the default) the tokens and logprobs are those it gives "\
+           "without drafts" in text
