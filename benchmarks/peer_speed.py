@@ -8,7 +8,7 @@ same KV capacity in tokens: llama-server ``-np 16 -cb -c C`` (its defaults other
 cache on, ``--cache-reuse 0``, ``--cache-ram 8192`` MiB, f16 KV; with ``-np 16`` it reports
 ``kv_unified = false``, so each slot holds C / 16 = 2,304 tokens),
 radixgate ``serve`` with ``--no-deterministic`` and ``--kv-cache-gb`` sized to hold the same C
-tokens. A third server is radixgate as it starts by default, in its deterministic mode (a
+tokens, drafts off (``--spec none``: ``benchmarks.spec_bench`` measures them). A third server is radixgate as it starts by default, in its deterministic mode (a
 row of its own, ``radixgate_deterministic``, and its cost as deterministic / no-deterministic;
 ``--no-deterministic`` skips it). Two repetitions, interleaved (llama-server, radixgate,
 deterministic, then the reverse), each a
@@ -65,7 +65,9 @@ THREADS = 2
 PARALLEL = 16
 RADIXGATE, LLAMA = "radixgate", "llama_server"
 RADIXGATE_DET = "radixgate_deterministic"     # the default server: deterministic
-SERVER_FLAGS = {RADIXGATE: ("--no-deterministic",), RADIXGATE_DET: ()}
+# drafts off: greedy ``ignore_eos`` text loops, so drafts would make these figures (and the
+# roofline) about the text, not the step; benchmarks.spec_bench measures drafts
+SERVER_FLAGS = {RADIXGATE: ("--no-deterministic", "--spec", "none"), RADIXGATE_DET: ("--spec", "none")}
 
 
 @dataclass(frozen=True, slots=True)
