@@ -14,6 +14,8 @@ the same token ids over ``/v1/completions`` (greedy, fixed ``max_tokens``). Work
   there occurs in the prompt) is reported with spec off;
 - **tool call**: earlier tool results (JSON records) in the prompt, the answer a tool call
   whose arguments copy one of them;
+- **agent turns**: a multi-turn agent conversation (a file the agent wrote, tool results,
+  a summary) whose last answer re-emits the file with an edit and quotes a tool record;
 - **control**: a short story sampled at temperature 0.8 (seed 1): nothing repeats (no
   4-gram of its answer occurs twice; greedy, this model loops on itself: 10% did);
 - **16 streams**: 16 different short prompts at once, aggregate tokens / wall time.
@@ -43,7 +45,7 @@ from benchmarks.traces import default_gguf_path, load_tokenizer
 
 OUT_DIR = Path(__file__).parent / "out"
 LLAMA_SPEC_TYPES = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache")
-WORKLOADS = ("code_edit", "tool_call", "control")
+WORKLOADS = ("code_edit", "tool_call", "agent_turns", "control")
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,13 +55,14 @@ class Sizes:
     tool_records: int = 12
     tool_tokens: int = 96
     control_tokens: int = 128
+    agent_tokens: int = 192        # the agent conversation's last answer
     streams: int = 16
     stream_tokens: int = 64
     context_tokens: int = 36864    # llama-server -c (-np 16: 2,304 a slot)
 
 
 SIZES = {"default": Sizes(), "tiny": Sizes(functions=6, code_tokens=24, tool_records=3,
-                                           tool_tokens=16, control_tokens=16, streams=4,
+                                           tool_tokens=16, control_tokens=16, agent_tokens=16, streams=4,
                                            stream_tokens=8)}
 
 
@@ -86,6 +89,23 @@ def tool_results(n: int) -> str:
     return json.dumps(rows, indent=1)
 
 
+def agent_conversation(tokenizer, sizes: Sizes) -> list[int]:
+    """Earlier turns: the agent wrote a file, a tool returned records, the agent summarized;
+    the last turn asks for the file again with an edit and one record quoted in a comment."""
+    code = python_file(max(2, sizes.functions // 3))
+    records = tool_results(max(2, sizes.tool_records // 2))
+    turns = [{"role": "system", "content": "You are a coding agent. Answer with code only."},
+             {"role": "user", "content": "Write helpers that set record fields."},
+             {"role": "assistant", "content": "```python\n" + code + "\n```"},
+             {"role": "user", "content": "Tool results from lookup_customers:\n" + records},
+             {"role": "assistant", "content": "I have the customer records."},
+             {"role": "user", "content": "Return the helpers file again, unchanged except "
+              "update_record_1 renamed to set_record_1, and put the full JSON record of "
+              "cus_4101 in a comment at the top."}]
+    text = tokenizer.apply_chat_template(turns)
+    return tokenizer.encode(text + "```python\n# ")
+
+
 def make_prompts(tokenizer, sizes: Sizes) -> dict[str, list]:
     code = python_file(sizes.functions)
     edit = chat(tokenizer, "Here is a file:\n```python\n" + code + "\n```\nReturn the whole "
@@ -100,7 +120,8 @@ def make_prompts(tokenizer, sizes: Sizes) -> dict[str, list]:
               "mosaics", "deserts"]
     streams = [chat(tokenizer, f"Tell me three surprising facts about {t}.")
                for t in (topics * 4)[:sizes.streams]]
-    return {"code_edit": edit, "tool_call": tools, "control": control, "streams": streams}
+    return {"code_edit": edit, "tool_call": tools, "agent_turns": agent_conversation(tokenizer, sizes),
+            "control": control, "streams": streams}
 
 
 def copied_share(prompt: list[int], answer: list[int], n: int = 4) -> float:
@@ -128,7 +149,7 @@ async def measure(base_url: str, prompts: dict, sizes: Sizes, headers=None,
     with the deterministic default a seeded request says the same again, and the control
     ran 3.6x with drafts from its own earlier pass)."""
     lengths = {"code_edit": sizes.code_tokens, "tool_call": sizes.tool_tokens,
-               "control": sizes.control_tokens}
+               "agent_turns": sizes.agent_tokens, "control": sizes.control_tokens}
     sampled = {"control": {"temperature": 0.8, "seed": 1}}
     seen: list[dict] = [{name: [] for name in (*WORKLOADS, "streams")} for _ in modes]
     async with aiohttp.ClientSession(headers=headers, timeout=aiohttp.ClientTimeout(total=1800),

@@ -16,7 +16,8 @@ def test_copied_share_counts_answer_tokens_whose_4gram_is_in_the_prompt():
 
 def _runs(on, off, peers):
     def figures(value):
-        return {w: {"tok_s": value} for w in ("code_edit", "tool_call", "control", "streams")}
+        return {w: {"tok_s": value} for w in ("code_edit", "tool_call", "agent_turns", "control",
+                                              "streams")}
     runs = {"radixgate_none": figures(off), "radixgate_ngram": figures(on)}
     runs.update({name: figures(v) for name, v in peers.items()})
     return runs
@@ -39,3 +40,13 @@ def test_tiny_run_reports_every_workload_for_both_modes():
     assert set(report["runs"]) == {"radixgate_none", "radixgate_ngram"}
     assert report["runs"]["radixgate_ngram"]["spec_counts"]["verify_steps"] > 0
     assert 0.0 <= report["code_edit_copied_share"] <= 1.0
+
+
+def test_the_agent_conversation_asks_for_what_its_earlier_turns_hold():
+    from benchmarks.spec_bench import SIZES, agent_conversation
+    from benchmarks.traces import load_tokenizer
+    tokenizer = load_tokenizer()
+    text = tokenizer.decode(agent_conversation(tokenizer, SIZES["default"]))
+    assert text.count("def update_record_1(") == 1 and '"id": "cus_4101"' in text
+    assert text.rstrip().endswith("# ") or text.endswith("# ")
+    assert text.count("<|im_start|>user") == 3 and text.count("<|im_start|>assistant") >= 2
