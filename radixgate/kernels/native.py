@@ -494,27 +494,21 @@ def int4_mm_fixed(x: torch.Tensor, packed: torch.Tensor, dm: torch.Tensor, amx: 
     (``native_int4_fixed.c``: activations in fixed point per group of 32, exact integer
     sums, one fixed float combination; a row's bits do not depend on the call's rows nor
     on ``amx``: 1 the tiles above a few rows where the CPU has them, 0 never, -1 always).
-    None where the library was built without AVX512-VNNI."""
-    rows, k = x.shape
-    n = packed.shape[0] * 16
+    None where the library was built without AVX512-VNNI. Checks its arguments; a layer
+    calls its ``FixedInt4`` instead."""
+    k = x.shape[1]
     if x.dtype not in (torch.float32, torch.bfloat16) or not x.is_contiguous():
         raise ValueError("x must be a contiguous float32 or bf16 [M, K] tensor")
-    if packed.shape != (n // 16, k // FIXED_GROUP, 4, 16, 4) or dm.dtype != torch.float16:
+    if packed.shape != (packed.shape[0], k // FIXED_GROUP, 4, 16, 4) or k % FIXED_GROUP \
+            or dm.dtype != torch.float16:
         raise ValueError(f"weights do not match x's {k} columns")
-    out = torch.empty((rows, n), dtype=torch.bfloat16)
-    status = library().rg_int4_mm_fixed(x.data_ptr(), int(x.dtype == torch.bfloat16),
-                                        packed.data_ptr(), dm.data_ptr(), out.data_ptr(), rows,
-                                        n, k, amx, default_threads() if threads is None else threads)
-    if status == -4:
-        return None
-    _check_status(status, "", f"shape not taken: N {n} (a multiple of 64), K {k} (of 32)")
-    return out
+    return FixedInt4(packed, dm)(x, amx, threads)
 
 
 class FixedInt4:
     """One layer's weights in ``int4_fixed_pack``'s layout with the call's constant arguments
-    bound once (a decode step makes ~120 of these calls: the checks of ``int4_mm_fixed``
-    cost a third of a one-row call)."""
+    bound once (a decode step makes ~120 of these calls: ``int4_mm_fixed``'s checks cost a
+    third of a one-row call)."""
 
     def __init__(self, packed: torch.Tensor, dm: torch.Tensor):
         self.packed, self.dm = packed, dm
@@ -522,14 +516,20 @@ class FixedInt4:
         self._call = library().rg_int4_mm_fixed
         self._weights = (packed.data_ptr(), dm.data_ptr())
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        """x [M, K] contiguous float32 or bf16 (the caller's contract) -> bf16 [M, N]."""
+    def __call__(self, x: torch.Tensor, amx: int = 1, threads: int | None = None
+                 ) -> torch.Tensor | None:
+        """x [M, K] contiguous float32 or bf16 (the caller's contract) -> bf16 [M, N]; None
+        where the library was built without AVX512-VNNI."""
         rows = x.shape[0]
         out = torch.empty((rows, self.n), dtype=torch.bfloat16)
         status = self._call(x.data_ptr(), x.dtype is torch.bfloat16, *self._weights,
-                            out.data_ptr(), rows, self.n, self.k, 1, default_threads())
+                            out.data_ptr(), rows, self.n, self.k, amx,
+                            default_threads() if threads is None else threads)
+        if status == -4:
+            return None
         if status:
-            _check_status(status, "", f"shape not taken: K {self.k}")
+            _check_status(status, "", f"shape not taken: N {self.n} (a multiple of 64), "
+                                      f"K {self.k} (of 32)")
         return out
 
 

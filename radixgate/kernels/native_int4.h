@@ -1,6 +1,6 @@
-/* What the two int4 kernels share (native_int4.c, native_int4_amx.c): torch's CPU int4 pack
- * read one row of k at a time, the weights dequantized as torch's op does, and the rounding
- * to bfloat16. AVX-512 only. */
+/* What the int4 kernels share (native_int4.c, native_int4_amx.c, native_int4_fixed.c): torch's
+ * CPU int4 pack read one row of k at a time, the weights dequantized as torch's op does, the
+ * rounding to bfloat16 and the AMX tile configuration. AVX-512 only. */
 #ifndef RADIXGATE_NATIVE_INT4_H
 #define RADIXGATE_NATIVE_INT4_H
 
@@ -28,6 +28,25 @@ static inline __m512i int4_bf16_lanes(__m512 v) {
     __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
     return _mm512_mask_blend_epi32(nan, rounded, _mm512_set1_epi32(0xffff));
 }
+
+#if defined(__AMX_TILE__) && defined(__linux__)
+int rg_amx_init(void);                /* native_int4_amx.c: the tile state, once a process */
+
+struct int4_tile_config {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+};
+
+/* All 8 AMX tiles as 16 rows x 64 bytes (what both tile kernels use), on this thread. */
+static inline void int4_configure_tiles(void) {
+    struct int4_tile_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    for (int t = 0; t < 8; t++) { cfg.rows[t] = 16; cfg.colsb[t] = 64; }
+    _tile_loadconfig(&cfg);
+}
+#endif
 
 /* The scale and zero of group ``k / group`` for the tile's 64 columns (scales-and-zeros
  * bf16 [K/group, N, 2]), as float32, 16 columns a vector. */

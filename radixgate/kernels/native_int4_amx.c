@@ -41,12 +41,6 @@
 #define STEP_K 32          /* k per tile instruction: 16 pairs */
 #define CHUNK_M 512        /* rows a work item takes */
 
-struct tile_config {
-    uint8_t palette, start_row, reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-};
-
 static int amx_permitted = -1;
 
 /* Ask the kernel for the AMX tile state (once per process). */
@@ -54,17 +48,6 @@ int rg_amx_init(void) {
     if (amx_permitted < 0)
         amx_permitted = syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
     return amx_permitted;
-}
-
-static void configure_tiles(void) {
-    struct tile_config cfg;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.palette = 1;
-    for (int t = 0; t < 4; t++) { cfg.rows[t] = 16; cfg.colsb[t] = 64; }   /* C: 16 x 16 fp32 */
-    cfg.rows[4] = 16; cfg.colsb[4] = 64;                                    /* A: 16 x 32 bf16 */
-    cfg.rows[5] = 16; cfg.colsb[5] = 64;                                    /* B: 16 pairs x 16 */
-    cfg.rows[6] = 16; cfg.colsb[6] = 64;
-    _tile_loadconfig(&cfg);
 }
 
 /* One pack tile's weights as AMX B tiles: vnni[c][k / 2][n][k % 2] (c: the 16-column
@@ -135,7 +118,7 @@ int rg_int4_mm_amx(const uint16_t *A, const uint8_t *packed, const uint16_t *sz,
             #pragma omp atomic write
             failed = 1;
         } else {
-            configure_tiles();
+            int4_configure_tiles();
         }
         #pragma omp for schedule(static)
         for (long item = 0; item < items; item++) {

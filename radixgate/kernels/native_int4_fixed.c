@@ -41,13 +41,7 @@
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
 #include <immintrin.h>
 
-/* float32 lanes -> bfloat16 to nearest even, in the low 16 bits of each lane. */
-static inline __m512i int4_fixed_bf16_lanes(__m512 v) {
-    __m512i bits = _mm512_castps_si512(v);
-    __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
-    return _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(bits, _mm512_set1_epi32(0x7fff)),
-                                              lsb), 16);
-}
+#include "native_int4.h"
 
 /* Row ``x`` (K values, float32 or bf16) in fixed point: per group S = sum(X) and
  * p = 2^(e - 13) as float32, and X as hi / lo bytes (``x16`` NULL) or as bf16 (exact). */
@@ -75,7 +69,7 @@ static void quantize_row(const void *x, int bf16, long K, int8_t *hi, int8_t *lo
             long k = g * GROUP + h * 16;
             /* to bf16 (nearest even), then to an integer: at most 8 significant bits */
             __m512 y = _mm512_castsi512_ps(_mm512_slli_epi32(
-                int4_fixed_bf16_lanes(_mm512_scalef_ps(v[h], up)), 16));
+                int4_bf16_lanes(_mm512_scalef_ps(v[h], up)), 16));
             y = _mm512_roundscale_ps(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
             sum = _mm512_add_ps(sum, y);                     /* integers below 2^24: exact */
             if (x16 != NULL) {
@@ -113,10 +107,7 @@ static inline void load_dm(const uint16_t *dm, __m512 *d, __m512 *m) {
 }
 
 static inline void store_bf16(uint16_t *c, __m512 v) {
-    __m512i r = int4_fixed_bf16_lanes(v);
-    __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
-    r = _mm512_mask_blend_epi32(nan, r, _mm512_set1_epi32(0xffff));
-    _mm256_storeu_si256((__m256i *)c, _mm512_cvtepi32_epi16(r));
+    _mm256_storeu_si256((__m256i *)c, _mm512_cvtepi32_epi16(int4_bf16_lanes(v)));
 }
 
 /* ``R`` rows (row r's bytes at hi / lo + r K, its S and p at + r G) times one 16-column
@@ -219,23 +210,8 @@ static void few_rows(const struct quantized *q, const uint8_t *codes, const uint
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__linux__)
 #define HAVE_AMX_FIXED 1
 #define TILE_BLOCKS 4            /* 16-column blocks an AMX work item takes */
-int rg_amx_init(void);
-
-struct tile_config {
-    uint8_t palette, start_row, reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-};
-
-/* Every tile 16 rows x 64 bytes. 0-3: the sums of blocks 0-3 (float32), 4: the group's
- * activations (bf16), 5-7: codes (bf16 pairs). */
-static void configure_tiles(void) {
-    struct tile_config cfg;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.palette = 1;
-    for (int t = 0; t < 8; t++) { cfg.rows[t] = 16; cfg.colsb[t] = 64; }
-    _tile_loadconfig(&cfg);
-}
+/* Every tile 16 rows x 64 bytes (``int4_configure_tiles``). 0-3: the sums of blocks 0-3
+ * (float32), 4: the group's activations (bf16), 5-7: codes (bf16 pairs). */
 
 /* A block's codes for all groups as B tiles [groups][16 pairs][16 columns] of bf16 pairs
  * (code k = 2i, code k = 2i + 1). */
@@ -260,7 +236,7 @@ static void unpack_codes(const uint8_t *codes, long groups, uint32_t *tiles) {
 
 /* 16 rows (from m) times TILE_BLOCKS unpacked blocks (``tiles``: [block][groups * 256]) -> C
  * (bf16), rows below ``rows`` only. */
-static void rows_times_tile(const struct quantized *q, const uint16_t *x, long m, long rows,
+static void rows_times_tile(const struct quantized *q, long m, long rows,
                             long K, const uint32_t *tiles, const uint16_t *dm, uint16_t *C,
                             long N, long n0) {
     long groups = K / GROUP, per_block = groups * 256;
@@ -270,7 +246,7 @@ static void rows_times_tile(const struct quantized *q, const uint16_t *x, long m
         for (int b = 0; b < TILE_BLOCKS; b++) acc[r][b] = _mm512_setzero_ps();
     for (long g = 0; g < groups; g++) {
         _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
-        _tile_loadd(4, x + m * K + g * GROUP, K * 2);
+        _tile_loadd(4, q->x16 + m * K + g * GROUP, K * 2);
         _tile_loadd(5, tiles + g * 256, 64);
         _tile_dpbf16ps(0, 4, 5);
         _tile_loadd(6, tiles + per_block + g * 256, 64);
@@ -310,7 +286,7 @@ static int many_rows(const struct quantized *q, const uint8_t *codes, const uint
             #pragma omp atomic write
             failed = 1;
         } else {
-            configure_tiles();
+            int4_configure_tiles();
         }
         #pragma omp for schedule(static)
         for (long item = 0; item < items; item++) {
@@ -321,7 +297,7 @@ static int many_rows(const struct quantized *q, const uint8_t *codes, const uint
                 unpack_codes(codes + (b0 + b) * groups * CODE_BYTES, groups,
                              tiles + b * groups * 256);
             for (long m = m0; m < end; m += 16)
-                rows_times_tile(q, q->x16, m, end - m < 16 ? end - m : 16, K, tiles,
+                rows_times_tile(q, m, end - m < 16 ? end - m : 16, K, tiles,
                                 dm + b0 * groups * 2 * BLOCK_N, C, N, b0 * BLOCK_N);
         }
         if (tiles != NULL) _tile_release();

@@ -279,12 +279,18 @@ class Int4Linear:
         self.shape, self.dtype, self.bias = (n, k), torch.quint4x2, bias
         if fixed is None:
             fixed = codes.device.type == "cpu" and native.has_int4_fixed()
-        self.fixed = native.int4_fixed_pack(codes, scale, zero) if fixed else None
-        self._fixed_mm = native.FixedInt4(*self.fixed) if self.fixed is not None else None
+        pack = native.int4_fixed_pack(codes, scale, zero) if fixed else None
+        self._fixed_mm = native.FixedInt4(*pack) if pack is not None else None
         self.packed = self.scales_and_zeros = None
         self.native_op = self.amx = False
-        if self.fixed is None:
+        if pack is None:
             self._torch_pack(codes, scale, zero)
+
+    @property
+    def fixed(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The fixed layout's (codes, d and m), or None where the layer keeps torch's pack."""
+        mm = self._fixed_mm
+        return None if mm is None else (mm.packed, mm.dm)
 
     def _torch_pack(self, codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> None:
         """torch's CPU int4 pack, for its op, ``native.int4_mm`` and ``native.int4_mm_amx``."""
@@ -312,7 +318,7 @@ class Int4Linear:
         every row count in both modes, a row's bits independent of the call (float32 or
         bf16 activations as they come). torch's pack: activations rounded to bf16 on every
         path; ``invariant``: the op's arithmetic at every row count."""
-        if self.fixed is not None:
+        if self._fixed_mm is not None:
             if x.dtype is not torch.bfloat16 and x.dtype is not torch.float32:
                 x = x.float()
             out = self._fixed_mm(x.contiguous())
