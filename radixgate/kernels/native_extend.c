@@ -49,6 +49,118 @@ static inline __m512 exp_lanes(__m512 x) {
 #define RG_AVX512 0
 #endif
 
+/* The cache's element kinds. Every kind converts to float32 exactly (an 8-bit code times its
+ * float16 scale is an exact float32 product), so a query's bits are the same as over a float32
+ * copy of the same values: the kernel reads the cache as it is stored, no scratch. */
+enum { KV_F32 = 0, KV_BF16 = 1, KV_F16 = 2, KV_I8 = 3, KV_FP8 = 4 };
+
+typedef struct {
+    const void *k, *v;                  /* [blocks, bs, hkv, d] of the kind */
+    const uint16_t *k_scale, *v_scale;  /* [blocks, bs, hkv] float16: 8-bit kinds only */
+    int kind;
+    long hkv, d;
+} kv_source;
+
+static float fp8_values[256];          /* e4m3fn code -> value (kv_prepare fills it) */
+
+static float half_value(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu, bits;
+    if (e == 0) {                                   /* zero or subnormal: m * 2^-24 */
+        float f = (float)m * 5.9604644775390625e-8f;
+        return sign ? -f : f;
+    }
+    bits = sign | (e == 0x1f ? 0x7f800000u | (m << 13) : ((e + 112u) << 23) | (m << 13));
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+static void kv_prepare(void) {
+    for (int c = 0; c < 256; c++) {
+        int e = (c >> 3) & 15, m = c & 7;
+        float v = e == 15 && m == 7 ? NAN : e == 0 ? (float)m * 0.001953125f
+                                                   : ldexpf(1.0f + (float)m / 8.0f, e - 7);
+        fp8_values[c] = c & 0x80 ? -v : v;
+    }
+}
+
+/* Row (slot, kv head g) of K (which 0) or V (which 1) as float32: the row itself for a float32
+ * cache, else converted into dst [d]. */
+static const float *row_floats(const kv_source *c, int which, long slot, long g, float *dst) {
+    const long at = slot * c->hkv + g, d = c->d;
+    const void *base = which ? c->v : c->k;
+    const uint16_t *scales = which ? c->v_scale : c->k_scale;
+    if (c->kind == KV_F32) return (const float *)base + at * d;
+    const float scale = c->kind >= KV_I8 ? half_value(scales[at]) : 1.0f;
+    const uint8_t *b8 = (const uint8_t *)base + at * d;
+    const uint16_t *b16 = (const uint16_t *)base + at * d;
+#if RG_AVX512
+    for (long i = 0; i < d && c->kind != KV_FP8; i += 16) {
+        __m512 x;
+        if (c->kind == KV_I8)
+            x = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+                    _mm_loadu_si128((const __m128i *)(b8 + i)))), _mm512_set1_ps(scale));
+        else if (c->kind == KV_F16)
+            x = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(b16 + i)));
+        else
+            x = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(
+                    _mm256_loadu_si256((const __m256i *)(b16 + i))), 16));
+        _mm512_storeu_ps(dst + i, x);
+    }
+    if (c->kind != KV_FP8) return dst;
+#endif
+    for (long i = 0; i < d; i++) {
+        uint32_t bits;
+        switch (c->kind) {
+        case KV_I8: dst[i] = (float)(int8_t)b8[i] * scale; break;
+        case KV_FP8: dst[i] = fp8_values[b8[i]] * scale; break;
+        case KV_F16: dst[i] = half_value(b16[i]); break;
+        default: bits = (uint32_t)b16[i] << 16; memcpy(dst + i, &bits, sizeof bits);
+        }
+    }
+    return dst;
+}
+
+#if RG_AVX512
+/* kt [16 dims][16 keys] = dims [i0, i0 + 16) of the 16 rows: a register transpose (pure data
+ * movement, the same values as element by element). */
+static inline void transpose16(const float *const *rows, long i0, float *kt) {
+    __m512 r[16], t[16];
+    for (int p = 0; p < 16; p++) r[p] = _mm512_loadu_ps(rows[p] + i0);
+    for (int j = 0; j < 16; j += 2) {
+        t[j] = _mm512_unpacklo_ps(r[j], r[j + 1]);
+        t[j + 1] = _mm512_unpackhi_ps(r[j], r[j + 1]);
+    }
+    for (int k = 0; k < 16; k += 4) {           /* r[k + c]: column 4L + c of rows k..k+3 */
+        __m512d a = _mm512_castps_pd(t[k]), b = _mm512_castps_pd(t[k + 1]);
+        __m512d a2 = _mm512_castps_pd(t[k + 2]), b2 = _mm512_castps_pd(t[k + 3]);
+        r[k] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, a2));
+        r[k + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, a2));
+        r[k + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, b2));
+        r[k + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, b2));
+    }
+    for (int c = 0; c < 4; c++) {
+        __m512 v = _mm512_shuffle_f32x4(r[c], r[4 + c], 0x88), w = _mm512_shuffle_f32x4(r[c], r[4 + c], 0xDD);
+        __m512 v2 = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0x88);
+        __m512 w2 = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0xDD);
+        _mm512_storeu_ps(kt + (c) * KEYS, _mm512_shuffle_f32x4(v, v2, 0x88));
+        _mm512_storeu_ps(kt + (8 + c) * KEYS, _mm512_shuffle_f32x4(v, v2, 0xDD));
+        _mm512_storeu_ps(kt + (4 + c) * KEYS, _mm512_shuffle_f32x4(w, w2, 0x88));
+        _mm512_storeu_ps(kt + (12 + c) * KEYS, _mm512_shuffle_f32x4(w, w2, 0xDD));
+    }
+}
+#endif
+
+/* K^T [d][16] of a step's 16 key rows (absent keys point at a zero row). */
+static void transpose_keys(const float *const *rows, long d, float *kt) {
+#if RG_AVX512
+    for (long i0 = 0; i0 < d; i0 += 16) transpose16(rows, i0, kt + i0 * KEYS);
+#else
+    for (long p = 0; p < KEYS; p++)
+        for (long i = 0; i < d; i++) kt[i * KEYS + p] = rows[p][i];
+#endif
+}
+
 #if !RG_AVX512
 /* a [d] = a * alpha + sum over the block's visible keys of w[p] * V[p], keys in order. */
 static void weigh(float *restrict a, const float *const *vrow, const float *w, long visible,
@@ -134,10 +246,10 @@ static void block_all(long count, const float *kt, const float *const *vrow, con
 #endif
 
 /* One work item: kv head g, query rows [r0, r1): every query head of the group. */
-static void extend_item(const float *q, const float *k_cache, const float *v_cache,
-                        const int32_t *table, long total, long q_len, long hq, long hkv,
-                        long d, long bs, float scale, long g, long r0, long r1, float *out,
-                        float *kt, float *acc, float *scaled) {
+static void extend_item(const float *q, const kv_source *cache, const int32_t *table,
+                        long total, long q_len, long hq, long hkv, long d, long bs, float scale,
+                        long g, long r0, long r1, float *out, float *kt, float *rows_buf,
+                        const float *zeros, float *acc, float *scaled) {
     const long group = hq / hkv, rows = r1 - r0, nv = rows * group, first = total - q_len;
     float peak[MAX_VECTORS], sum[MAX_VECTORS];
     for (long j = 0; j < nv; j++) peak[j] = -INFINITY, sum[j] = 0.f;
@@ -149,19 +261,19 @@ static void extend_item(const float *q, const float *k_cache, const float *v_cac
     const long last_pos = first + r1 - 1;               /* the last key any row reads */
     for (long start = 0; start <= last_pos; start += KEYS) {
         long n = last_pos + 1 - start < KEYS ? last_pos + 1 - start : KEYS;
-        const float *vrow[KEYS];
+        const float *vrow[KEYS], *krow[KEYS];
         for (long p = 0; p < KEYS; p++) {                /* K^T [d][16], absent keys 0 */
             if (p < n) {
                 long pos = start + p;
                 long slot = (long)table[pos / bs] * bs + pos % bs;
-                const float *kp = k_cache + (slot * hkv + g) * d;
-                vrow[p] = v_cache + (slot * hkv + g) * d;
-                for (long i = 0; i < d; i++) kt[i * KEYS + p] = kp[i];
+                krow[p] = row_floats(cache, 0, slot, g, rows_buf + p * d);
+                vrow[p] = row_floats(cache, 1, slot, g, rows_buf + (KEYS + p) * d);
             } else {
+                krow[p] = zeros;
                 vrow[p] = NULL;
-                for (long i = 0; i < d; i++) kt[i * KEYS + p] = 0.f;
             }
         }
+        transpose_keys(krow, d, kt);
 #if RG_AVX512
         long visible[MAX_VECTORS], from = 0;
         for (long j = 0; j < nv; j++) {                  /* keys of this block each sees */
@@ -211,15 +323,22 @@ static void extend_item(const float *q, const float *k_cache, const float *v_cac
  * mode's one attention (decode rows, cache-hit extends and whole prompts alike). Sequence s
  * owns query rows [cu_q[s], cu_q[s + 1]) of q [rows, hq, d], its queries at positions
  * totals[s] - q_len .. totals[s] - 1, its keys through tables[s] (int32, table_width a row).
+ * The caches hold ``kind`` (KV_F32 .. KV_FP8; the 8-bit kinds with float16 scales per row),
+ * read in place and converted exactly (kv_source).
  * Items (sequence, kv head, tile of ``tile_rows`` rows) go to ``threads`` workers, dynamic:
  * each runs extend_item, so a query's output is the same bits however the step was made up
  * (rows beside it, its sequence's query count, the tile, the thread count). Returns 0; -1 a
  * block id outside the cache or a table too short; -2 out of memory; -3 a shape not taken. */
-int rg_ragged_attention(const float *q, const float *k_cache, const float *v_cache,
-                        const int32_t *tables, long table_width, const int32_t *cu_q,
-                        const int32_t *totals, long seqs, long hq, long hkv, long d, long bs,
-                        long num_blocks, float scale, long tile_rows, int threads, float *out) {
+int rg_ragged_attention_kv(const float *q, int kind, const void *k_cache, const void *v_cache,
+                           const uint16_t *k_scale, const uint16_t *v_scale,
+                           const int32_t *tables, long table_width, const int32_t *cu_q,
+                           const int32_t *totals, long seqs, long hq, long hkv, long d, long bs,
+                           long num_blocks, float scale, long tile_rows, int threads, float *out) {
     if (hkv <= 0 || hq % hkv || d % 16 || d > MAX_DIM || bs < 1 || seqs < 0) return -3;
+    if (kind < KV_F32 || kind > KV_FP8 || (kind >= KV_I8 && (k_scale == NULL || v_scale == NULL)))
+        return -3;
+    if (kind == KV_FP8) kv_prepare();
+    const kv_source cache = {k_cache, v_cache, k_scale, v_scale, kind, hkv, d};
     long group = hq / hkv, tile = MAX_VECTORS / group < tile_rows ? MAX_VECTORS / group : tile_rows;
     if (tile < 1) return -3;
     long items = 0;
@@ -244,8 +363,9 @@ int rg_ragged_attention(const float *q, const float *k_cache, const float *v_cac
     if (threads > items) threads = items > 0 ? (int)items : 1;
     #pragma omp parallel num_threads(threads) if(threads > 1)
     {
-        float *kt = malloc(sizeof(float) * (size_t)(d * KEYS));
+        float *kt = malloc(sizeof(float) * (size_t)(d * KEYS * 3 + d));   /* + K, V rows, 0s */
         float *acc = malloc(sizeof(float) * (size_t)(2 * tile * group * d));
+        if (kt != NULL) memset(kt + 3 * d * KEYS, 0, sizeof(float) * (size_t)d);
         if (kt == NULL || acc == NULL) {
             #pragma omp atomic write
             failed = 1;
@@ -257,9 +377,9 @@ int rg_ragged_attention(const float *q, const float *k_cache, const float *v_cac
             long tiles = (q_len + tile - 1) / tile, g = rank / tiles, r0 = (rank % tiles) * tile;
             long r1 = r0 + tile < q_len ? r0 + tile : q_len;
             const long offset = (long)cu_q[s] * hq * d;
-            extend_item(q + offset, k_cache, v_cache, tables + s * table_width, totals[s], q_len,
-                        hq, hkv, d, bs, scale, g, r0, r1, out + offset, kt, acc,
-                        acc + tile * group * d);
+            extend_item(q + offset, &cache, tables + s * table_width, totals[s], q_len, hq, hkv,
+                        d, bs, scale, g, r0, r1, out + offset, kt, kt + d * KEYS,
+                        kt + 3 * d * KEYS, acc, acc + tile * group * d);
         }
         free(kt);
         free(acc);
@@ -270,7 +390,7 @@ int rg_ragged_attention(const float *q, const float *k_cache, const float *v_cac
 
 /* q [q_len, hq, d] (query i at position total - q_len + i), causal over the float32 caches
  * [blocks, bs, hkv, d] through table (int32 block ids, at least ceil(total / bs) of them)
- * -> out [q_len, hq, d]: rg_ragged_attention with one sequence, tiles of 8 rows (the same
+ * -> out [q_len, hq, d]: rg_ragged_attention_kv with one sequence, tiles of 8 rows (the same
  * items, the same bits). Returns 0; -1 a block id outside the cache or a table too short;
  * -2 out of memory; -3 a shape not taken (hq % hkv, d a multiple of 16 up to 256, q_len
  * 1..64 and at most total). */
@@ -280,6 +400,6 @@ int rg_extend_attention(const float *q, const float *k_cache, const float *v_cac
                         int threads, float *out) {
     if (q_len < 1 || q_len > 64) return -3;
     const int32_t cu_q[2] = {0, (int32_t)q_len}, totals[1] = {(int32_t)total};
-    return rg_ragged_attention(q, k_cache, v_cache, table, table_len, cu_q, totals, 1, hq, hkv,
-                               d, bs, num_blocks, scale, 8, threads, out);
+    return rg_ragged_attention_kv(q, KV_F32, k_cache, v_cache, NULL, NULL, table, table_len, cu_q,
+                                  totals, 1, hq, hkv, d, bs, num_blocks, scale, 8, threads, out);
 }

@@ -196,27 +196,15 @@ def reference_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: t
 
 
 def _ragged_attention(q, caches, plan: RaggedPlan, scale: float) -> torch.Tensor:
-    """Every sequence through the fixed-order native kernel; a cache that is not float32 is
-    read through a float32 scratch of the step's blocks (``RaggedPlan``)."""
+    """Every sequence through the fixed-order native kernel, which reads every KV dtype in
+    place (``native.ragged_attention``)."""
     k_cache, v_cache, k_scale, v_scale = caches
     if q.dtype != torch.float32 or not native.usable(q):
         raise ValueError("deterministic attention needs float32 queries on the CPU with the "
                          "native kernels built")
-    tables = plan.tables
-    if k_scale is not None or k_cache.dtype != torch.float32:
-        k_cache = _float_scratch(k_cache, k_scale, plan.blocks)
-        v_cache = _float_scratch(v_cache, v_scale, plan.blocks)
-        tables = plan.scratch_tables
-    return native.ragged_attention(q, k_cache, v_cache, tables, plan.cu_q, plan.totals, scale,
-                                   tile_rows=plan.tile_rows)
-
-
-def _float_scratch(cache: torch.Tensor, scales: torch.Tensor | None,
-                   blocks: torch.Tensor) -> torch.Tensor:
-    """Blocks ``blocks`` of a cache as float32 [len(blocks), bs, Hkv, D] (dequantized)."""
-    picked = cache.index_select(0, blocks)
-    return dequantize_kv(picked, None if scales is None else scales.index_select(0, blocks),
-                         torch.float32).contiguous()
+    return native.ragged_attention(q, k_cache, v_cache, plan.tables, plan.cu_q, plan.totals,
+                                   scale, tile_rows=plan.tile_rows, k_scale=k_scale,
+                                   v_scale=v_scale)
 
 
 def _native_extend_fits(q: torch.Tensor, k_cache: torch.Tensor, k_scale, total: int) -> bool:
@@ -281,16 +269,11 @@ class AttentionPlan:
 @dataclass(frozen=True)
 class RaggedPlan:
     """The deterministic mode's attention of one step: every sequence through
-    ``native.ragged_attention``. ``blocks`` (int64, the step's distinct block ids, sorted) and
-    ``scratch_tables`` (the tables renumbered into them) serve a cache that is not float32:
-    each layer dequantizes those blocks into a float32 scratch first (exact elementwise ops),
-    so every KV dtype runs the same fixed-order kernel."""
+    ``native.ragged_attention`` (every KV dtype read in place)."""
     tables: torch.Tensor                 # int32 [n, width] block ids (-1 padding)
     cu_q: torch.Tensor                   # int32 [n + 1]
     totals: torch.Tensor                 # int32 [n]
     tile_rows: int
-    blocks: torch.Tensor
-    scratch_tables: torch.Tensor
 
 
 RAGGED_LONG_TILE = 48        # rows an item for prompts (2k prefill, a layer: 8 rows 91 ms, 48 67)
@@ -303,14 +286,9 @@ def plan_ragged(block_tables: torch.Tensor, cu_q_lens: torch.Tensor, seq_lens: t
     the step reads)."""
     width = max(-(-n // block_size) for n in lens)
     tables = block_tables[:, :width].to(torch.int32).contiguous()
-    needed = torch.arange(width, device=tables.device)[None, :] * block_size \
-        < seq_lens.to(torch.int64)[:, None]                              # [n, width]
-    blocks = torch.unique(tables[needed].to(torch.int64))               # sorted
-    renumbered = torch.searchsorted(blocks, tables.to(torch.int64).clamp_min(0))
-    scratch_tables = torch.where(needed, renumbered, -1).to(torch.int32).contiguous()
     tile = RAGGED_LONG_TILE if max(q_lens) > RAGGED_LONG_QUERIES else native.RAGGED_TILE_ROWS
     return RaggedPlan(tables, cu_q_lens.to(torch.int32).contiguous(),
-                      seq_lens.to(torch.int32).contiguous(), tile, blocks, scratch_tables)
+                      seq_lens.to(torch.int32).contiguous(), tile)
 
 
 def plan_attention(block_tables: torch.Tensor, cu_q_lens: torch.Tensor, seq_lens: torch.Tensor,
