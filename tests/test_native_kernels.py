@@ -299,9 +299,9 @@ def test_the_default_models_decode_steps_through_the_kernels_match_its_torch_ops
     calls = {"attention": 0, "extend": 0, "rope": 0, "norm": 0}
 
     def counted(name, real):
-        def call(*args):
+        def call(*args, **kwargs):
             calls[name] += 1
-            return real(*args)
+            return real(*args, **kwargs)
         return call
     monkeypatch.setattr(native, "decode_attention", counted("attention", native.decode_attention))
     monkeypatch.setattr(native, "rope_store", counted("rope", native.rope_store))
@@ -373,6 +373,45 @@ def test_rope_store_is_apply_rope_then_store_kv_and_checks_its_slots():
     with pytest.raises(ValueError, match="beyond the cache"):
         native.rope_store(qkv, cos, sin, torch.tensor([0, 1, 2, 3, 64]), k_got, v_got, hq)
     assert torch.equal(v_got, v_ref)                                  # nothing written
+
+
+@needs_native
+def test_rope_store_into_int8_quantizes_as_quantize_kv_bit_for_bit():
+    """The int8 store rounds exactly as reference quantize_kv does on the float32 store's
+    values: codes and float16 scales equal for ordinary heads, an all-zero head, heads so
+    small that the scale is a float16 subnormal, heads near float16's top, and codes that
+    fall exactly halfway, and a scale halfway between two float16s (both rounded to even)."""
+    from radixgate.kernels.reference import quantize_kv
+    from radixgate.runtime.model.rope import rope_cos_sin
+    gen = torch.Generator().manual_seed(6)
+    hq, hkv, d, t = 9, 3, 64, 8
+    qkv = torch.randn(t, (hq + 2 * hkv) * d, generator=gen)
+    v = qkv[:, (hq + hkv) * d:].view(t, hkv, d)
+    v[0, 0] = 0.0                                            # all zero: the smallest scale
+    v[1, 0] *= 1e-7                                          # subnormal float16 scales
+    v[1, 1] *= 3e-9
+    v[2, 0] *= 5e3                                           # large values
+    v[3, 0] = (torch.arange(d) - 32.0) * 0.25               # x / scale = (i - 32) / 2: halfway
+    v[3, 0, 0] = 127.0 * 0.5
+    v[4, 0, 0] = 127.06201171875                              # scale 1 + 2^-11: a float16 tie
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, d, 2).float() / d))
+    cos, sin = rope_cos_sin(torch.arange(t) * 37, inv_freq, torch.float32)
+    slots = torch.tensor([5, -1, 40, 41, 63, 0, 17, 2])
+    k32, v32 = torch.zeros(4, 16, hkv, d), torch.zeros(4, 16, hkv, d)
+    q32 = native.rope_store(qkv, cos, sin, slots, k32, v32, hq)
+    codes = [torch.zeros(4, 16, hkv, d, dtype=torch.int8) for _ in "kv"]
+    scales = [torch.zeros(4, 16, hkv, dtype=torch.float16) for _ in "kv"]
+    q8 = native.rope_store(qkv, cos, sin, slots, *codes, hq, k_scale=scales[0], v_scale=scales[1])
+    assert torch.equal(q8, q32)
+    kept = slots[slots >= 0]
+    for values, got, got_scale in ((k32, codes[0], scales[0]), (v32, codes[1], scales[1])):
+        want, want_scale = quantize_kv(values.flatten(0, 1)[kept], torch.int8)
+        assert torch.equal(got.flatten(0, 1)[kept], want)
+        assert torch.equal(got_scale.flatten(0, 1)[kept].view(torch.int16),
+                           want_scale.view(torch.int16))
+    assert not codes[0].flatten(0, 1)[1].any()               # slot 1 never written (-1)
+    with pytest.raises(ValueError, match="float16 scales"):
+        native.rope_store(qkv, cos, sin, slots, *codes, hq)
 
 
 @needs_native

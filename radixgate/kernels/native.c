@@ -207,14 +207,19 @@ int rg_topk_indices(const float *x, long rows, long n, long k, int64_t *out) {
  * heads side by side); cos, sin [t, d] (sin's first half negated: x*cos + swap(x)*sin with
  * swap exchanging the halves is HF's rotate_half rope). Writes q rotated into q_out
  * [t, hq, d], k rotated and v into cache slot slots[i] ([num_slots, hkv, d] caches; -1:
- * skipped). Returns 0, or -1 (nothing written) when a slot lies outside [-1, num_slots). */
+ * skipped): float32 values, or (k_scale and v_scale given) int8 codes with their float16
+ * scales [num_slots, hkv], quantized as quantize_row_i8 says. Returns 0, or -1 (nothing
+ * written) when a slot lies outside [-1, num_slots). */
 int rg_rope_store(const void *qkv_in, int qkv_bf16, long t, long hq, long hkv, long d,
-                  const float *cos, const float *sin, const int64_t *slots, float *k_cache,
-                  float *v_cache, long num_slots, float *q_out) {
+                  const float *cos, const float *sin, const int64_t *slots, void *k_cache,
+                  void *v_cache, uint16_t *k_scale, uint16_t *v_scale, long num_slots,
+                  float *q_out) {
     long half = d / 2, width = (hq + 2 * hkv) * d;
+    const int codes = k_scale != NULL;
     for (long i = 0; i < t; i++)
         if (slots[i] < -1 || slots[i] >= num_slots) return -1;
-    float *widened = NULL;
+    float *widened = NULL, rotated[1024];
+    if (d > 1024) return -3;
     if (qkv_bf16) {                      /* bf16 products read as float32: exact */
         widened = malloc(sizeof(float) * (size_t)(t * width));
         if (widened == NULL) return -2;
@@ -226,17 +231,21 @@ int rg_rope_store(const void *qkv_in, int qkv_bf16, long t, long hq, long hkv, l
         const float *row = qkv + i * width, *c = cos + i * d, *s = sin + i * d;
         for (long h = 0; h < hq + hkv; h++) {
             const float *x = row + h * d;
+            const long at = slots[i] * hkv + (h - hq);     /* the k head's cache row */
             float *y;
             if (h < hq) y = q_out + (i * hq + h) * d;
-            else if (slots[i] >= 0) y = k_cache + (slots[i] * hkv + (h - hq)) * d;
-            else continue;
+            else if (slots[i] < 0) continue;
+            else y = codes ? rotated : (float *)k_cache + at * d;
             for (long j = 0; j < half; j++) y[j] = x[j] * c[j] + x[j + half] * s[j];
             for (long j = half; j < d; j++) y[j] = x[j] * c[j] + x[j - half] * s[j];
+            if (h >= hq && codes) quantize_row_i8(y, d, (int8_t *)k_cache + at * d, k_scale + at);
         }
-        if (slots[i] >= 0) {
-            const float *v = row + (hq + hkv) * d;
-            float *y = v_cache + slots[i] * hkv * d;
-            for (long j = 0; j < hkv * d; j++) y[j] = v[j];
+        if (slots[i] < 0) continue;
+        const float *v = row + (hq + hkv) * d;
+        for (long g = 0; g < hkv; g++) {
+            const long at = slots[i] * hkv + g;
+            if (codes) quantize_row_i8(v + g * d, d, (int8_t *)v_cache + at * d, v_scale + at);
+            else memcpy((float *)v_cache + at * d, v + g * d, sizeof(float) * (size_t)d);
         }
     }
     free(widened);

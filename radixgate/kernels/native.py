@@ -82,7 +82,7 @@ def library() -> ctypes.CDLL | None:
     lib.rg_exp16_in_use.argtypes = []
     lib.rg_set_exp16(_torch_exp16())
     lib.rg_rope_store.restype = _I
-    lib.rg_rope_store.argtypes = [_P, _I, _L, _L, _L, _L, _P, _P, _P, _P, _P, _L, _P]
+    lib.rg_rope_store.argtypes = [_P, _I, _L, _L, _L, _L, _P, _P, _P, _P, _P, _P, _P, _L, _P]
     lib.rg_argmax_rows.restype = None
     lib.rg_argmax_rows.argtypes = [_P, _L, _L, _P]
     lib.rg_topk_indices.restype = _I
@@ -386,12 +386,15 @@ def topk_indices(x: torch.Tensor, k: int) -> torch.Tensor:
 
 
 def rope_store(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, slots: torch.Tensor,
-               k_cache: torch.Tensor, v_cache: torch.Tensor, heads: int) -> torch.Tensor:
+               k_cache: torch.Tensor, v_cache: torch.Tensor, heads: int,
+               k_scale: torch.Tensor | None = None,
+               v_scale: torch.Tensor | None = None) -> torch.Tensor:
     """One layer's rope and K/V store in one pass: qkv [T, (Hq + 2 Hkv) D] float32 or bf16
     (read exactly as float32); cos,
     sin [T, 1, D] (``rope.rope_cos_sin``); k rotated and v go to cache slots ``slots``
-    (int64 [T], -1 skipped) of float32 caches [blocks, bs, Hkv, D]; returns q rotated
-    [T, Hq, D]. The same arithmetic as ``apply_rope`` then ``store_kv``."""
+    (int64 [T], -1 skipped) of float32 caches [blocks, bs, Hkv, D], or of int8 caches with
+    their float16 ``k_scale`` / ``v_scale`` [blocks, bs, Hkv]; returns q rotated [T, Hq, D].
+    The same arithmetic as ``apply_rope`` then ``store_kv`` (int8: ``quantize_kv``'s)."""
     num_blocks, block_size, kv_heads, dim = k_cache.shape
     tokens = qkv.shape[0]
     if slots.dtype != torch.int64 or not slots.is_contiguous() or slots.shape != (tokens,):
@@ -400,15 +403,38 @@ def rope_store(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, slots: t
         raise ValueError(f"cos and sin must be [{tokens}, 1, {dim}]")
     if qkv.shape != (tokens, (heads + 2 * kv_heads) * dim):
         raise ValueError(f"qkv must be [{tokens}, {(heads + 2 * kv_heads) * dim}]")
+    _check_store_caches(k_cache, v_cache, k_scale, v_scale)
     q = torch.empty((tokens, heads, dim), dtype=torch.float32)
     if qkv.dtype not in (torch.float32, torch.bfloat16) or not qkv.is_contiguous():
         raise ValueError("qkv must be a contiguous float32 or bf16 tensor")
+    scales = (None, None) if k_scale is None else (k_scale.data_ptr(), v_scale.data_ptr())
     if library().rg_rope_store(qkv.data_ptr(), int(qkv.dtype == torch.bfloat16), tokens,
                                heads, kv_heads, dim, cos.data_ptr(),
                                sin.data_ptr(), slots.data_ptr(), k_cache.data_ptr(),
-                               v_cache.data_ptr(), num_blocks * block_size, q.data_ptr()) != 0:
+                               v_cache.data_ptr(), *scales, num_blocks * block_size,
+                               q.data_ptr()) != 0:
         raise ValueError(f"a slot is beyond the cache ({num_blocks} x {block_size} slots)")
     return q
+
+
+ROPE_STORE_DTYPES = (torch.float32, torch.int8)     # the caches ``rope_store`` writes
+
+
+def _check_store_caches(k_cache, v_cache, k_scale, v_scale) -> None:
+    """What ``rope_store`` writes blindly: contiguous CPU caches of one of
+    ``ROPE_STORE_DTYPES``, float16 scales of shape [blocks, bs, Hkv] exactly for int8."""
+    if k_cache.dtype not in ROPE_STORE_DTYPES or v_cache.dtype != k_cache.dtype \
+            or v_cache.shape != k_cache.shape:
+        raise ValueError(f"rope_store writes float32 or int8 caches, not {k_cache.dtype}")
+    for t in (k_cache, v_cache, k_scale, v_scale):
+        if t is not None and (not t.is_contiguous() or not t.is_cpu):
+            raise ValueError("caches and scales must be contiguous CPU tensors")
+    quantized = k_cache.dtype == torch.int8
+    for scales in (k_scale, v_scale):
+        if (scales is not None) != quantized or (scales is not None and (
+                scales.dtype != torch.float16 or scales.shape != k_cache.shape[:3])):
+            raise ValueError(f"int8 caches take float16 scales {tuple(k_cache.shape[:3])}, "
+                             f"float32 caches none")
 
 
 def argmax_rows(x: torch.Tensor) -> list[int]:

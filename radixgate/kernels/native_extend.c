@@ -63,18 +63,6 @@ typedef struct {
 
 static float fp8_values[256];          /* e4m3fn code -> value (kv_prepare fills it) */
 
-static float half_value(uint16_t h) {
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu, bits;
-    if (e == 0) {                                   /* zero or subnormal: m * 2^-24 */
-        float f = (float)m * 5.9604644775390625e-8f;
-        return sign ? -f : f;
-    }
-    bits = sign | (e == 0x1f ? 0x7f800000u | (m << 13) : ((e + 112u) << 23) | (m << 13));
-    float f;
-    memcpy(&f, &bits, sizeof f);
-    return f;
-}
-
 static void kv_prepare(void) {
     for (int c = 0; c < 256; c++) {
         int e = (c >> 3) & 15, m = c & 7;

@@ -1,4 +1,5 @@
-/* Scalar math shared by radixgate's C kernels (native.c, native_extend.c). */
+/* Scalar math shared by radixgate's C kernels (native.c, native_extend.c): e^x, float16
+ * conversions and the int8 KV quantization. */
 #ifndef RADIXGATE_NATIVE_MATH_H
 #define RADIXGATE_NATIVE_MATH_H
 
@@ -19,6 +20,51 @@ static inline float exp_nonpositive(float x) {
     float scale;
     memcpy(&scale, &bits, sizeof scale);
     return p * scale;
+}
+
+/* A float16's value (bits h) as float32: exact. */
+static inline float half_value(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu, bits;
+    if (e == 0) {                                   /* zero or subnormal: m * 2^-24 */
+        float f = (float)m * 5.9604644775390625e-8f;
+        return sign ? -f : f;
+    }
+    bits = sign | (e == 0x1f ? 0x7f800000u | (m << 13) : ((e + 112u) << 23) | (m << 13));
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+/* f rounded to float16 bits, to nearest even (as torch's .to(float16)); f finite. */
+static inline uint16_t half_bits(float f) {
+    uint32_t x;
+    memcpy(&x, &f, sizeof x);
+    uint16_t sign = (uint16_t)((x >> 16) & 0x8000u);
+    x &= 0x7fffffffu;
+    if (x >= 0x477ff000u) return sign | 0x7c00u;         /* rounds past 65504: infinity */
+    if (x < 0x38800000u) {                               /* below 2^-14: a subnormal */
+        float a;
+        memcpy(&a, &x, sizeof a);
+        return sign | (uint16_t)rintf(a * 16777216.0f); /* exact scaling; 1024 is 2^-14 */
+    }
+    return sign | (uint16_t)((x + 0xfffu + ((x >> 13) & 1u) - 0x38000000u) >> 13);
+}
+
+/* One (token, head) row of d values to int8 codes and its float16 scale, the arithmetic of
+ * kernels/reference.py quantize_kv: scale = f16(clamp(absmax / 127, 2^-24, 65504)), code =
+ * round-half-even(clamp(x / scale, -127, 127)). */
+static inline void quantize_row_i8(const float *x, long d, int8_t *codes, uint16_t *scale) {
+    float peak = 0.f;
+    for (long i = 0; i < d; i++) peak = fabsf(x[i]) > peak ? fabsf(x[i]) : peak;
+    float s = peak / 127.0f;
+    s = s < 5.9604644775390625e-8f ? 5.9604644775390625e-8f : s > 65504.0f ? 65504.0f : s;
+    *scale = half_bits(s);
+    const float sf = half_value(*scale);
+    for (long i = 0; i < d; i++) {
+        float c = x[i] / sf;
+        c = c < -127.0f ? -127.0f : c > 127.0f ? 127.0f : c;
+        codes[i] = (int8_t)rintf(c);
+    }
 }
 
 #endif

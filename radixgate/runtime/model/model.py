@@ -169,8 +169,8 @@ class LlamaModel:
         ``batch.deterministic``: position t computes the same bits however the step was made
         up (rows beside it, chunk sizes, decode or prefill, thread count, KV dtype): every
         matmul row-invariant (``native(x, invariant=True)``, radixgate/runtime/model/linear.py), every
-        sequence's attention through ``kernels.native.ragged_attention`` (a cache that is not
-        float32 through a float32 scratch), rope always in the native kernel, the norms
+        sequence's attention through ``kernels.native.ragged_attention`` (every KV dtype read in
+        place), rope always in the native kernel, the norms
         native (``check_deterministic`` says where that cannot hold)."""
         x = self.embed(batch.input_ids)                                  # [T, H]
         if self.config.embed_scale != 1.0:                               # HF: in x's dtype
@@ -181,9 +181,9 @@ class LlamaModel:
         eps = self.config.rms_norm_eps
         plan = attention_plan(batch.block_tables, batch.cu_q_lens, batch.seq_lens, kv.block_size,
                               batch.num_tokens, quantized=kv.quantized,
-                              deterministic=batch.deterministic)  # shared by every layer
-        rope_native = NATIVE_ROPE_STORE and not kv.quantized and not uses_triton(kv.k[0]) \
-            and native.usable(cos, sin, kv.k[0])          # decided once: every layer alike
+                              deterministic=batch.deterministic or self._ragged_reads(kv, x))
+        rope_native = NATIVE_ROPE_STORE and kv.k[0].dtype in native.ROPE_STORE_DTYPES \
+            and not uses_triton(kv.k[0]) and native.usable(cos, sin)   # decided once: every layer alike
         layer_args = ((cos, sin), local, self._window_batch(batch, kv), plan, kv, rope_native)
         if self.fused_norms and native.usable(x):
             x = self._layers_fused(x, eps, layer_args)
@@ -242,6 +242,14 @@ class LlamaModel:
             h = native.add_rms_norm(x, self._mlp(layer, h, det), after, eps, out)
         return x
 
+    @staticmethod
+    def _ragged_reads(kv: KVCache, x: torch.Tensor) -> bool:
+        """A CPU cache that is not float32 goes through the native ragged kernel in either
+        mode: it reads the stored dtype in place, where torch's path would gather and
+        dequantize every position each layer (int8 at 4k context: 5x slower)."""
+        return kv.k[0].dtype != torch.float32 and not uses_triton(kv.k[0]) \
+            and native.usable(x) and kv.head_dim % 16 == 0 and kv.head_dim <= 256
+
     def _attention(self, layer: DecoderLayer, h, i: int, rope, local_rope, batches,
                    plan, kv: KVCache, rope_native: bool) -> torch.Tensor:
         """Layer ``i``'s attention block: qkv, q/k norms, rope, K/V stored, paged attention,
@@ -258,7 +266,7 @@ class LlamaModel:
             qkv = self._qk_norms(layer, qkv)
         if rope_native and qkv.dtype in (torch.float32, torch.bfloat16) and qkv.is_contiguous():
             q = native.rope_store(qkv, cos, sin, batch.slot_mapping, k_cache, v_cache,
-                                  cfg.num_heads)                 # one pass: rope, K/V stored
+                                  cfg.num_heads, **scales)       # one pass: rope, K/V stored
         elif batch.deterministic:
             q = self._rope_native_then_store(qkv, cos, sin, batch, k_cache, v_cache, scales)
         else:
