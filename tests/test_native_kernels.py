@@ -259,12 +259,14 @@ def _env() -> dict:
 
 
 @needs_native
+@pytest.mark.parametrize("ragged", [True, False], ids=["ragged", "decode-extend"])
 @pytest.mark.parametrize("weights_dtype, tolerance", [("float32", 2e-3), ("auto", 1.5)])
 def test_the_default_models_decode_steps_through_the_kernels_match_its_torch_ops(
-        monkeypatch, weights_dtype, tolerance):
+        monkeypatch, weights_dtype, tolerance, ragged):
     """At real size (SmolLM2-135M, float32 KV): a prompt's prefix, 8 new tokens over it (the
     extend kernel) and 24 decode steps on scattered blocks, the native kernels (norms, rope
-    and store, decode and extend attention) on vs off: the same greedy tokens; logits within
+    and store, and attention: the ragged kernel every step, or where it is off the decode and
+    extend kernels) on vs off: the same greedy tokens; logits within
     the parity tests' tolerance with float32 weights. With the default int4 weights the
     matmuls take bf16 activations, and a last-bit difference of a norm flips some of their
     roundings (2^-8 each): those logits move up to ~0.9 (measured), as between any two
@@ -285,6 +287,7 @@ def test_the_default_models_decode_steps_through_the_kernels_match_its_torch_ops
         monkeypatch.setattr(ref, "NATIVE_DECODE", on)
         monkeypatch.setattr(model_module, "NATIVE_ROPE_STORE", on)
         monkeypatch.setattr(ref, "NATIVE_EXTEND", on)
+        monkeypatch.setattr(model_module, "NATIVE_RAGGED", on and ragged)
         kv = KVCache(cfg.num_layers, 12, 16, cfg.num_kv_heads, cfg.head_dim)
         cut = len(prompt) - 8                   # a cached prefix, then 8 new tokens over it
         logits = [model.forward(build_forward_batch([prompt[:cut]], [0], [table], 16), kv)[-1:]]
@@ -296,7 +299,7 @@ def test_the_default_models_decode_steps_through_the_kernels_match_its_torch_ops
             tokens.append(int(logits[-1][-1].argmax()))
         return tokens, torch.cat([row[-1:] for row in logits])
 
-    calls = {"attention": 0, "extend": 0, "rope": 0, "norm": 0}
+    calls = {"attention": 0, "extend": 0, "ragged": 0, "rope": 0, "norm": 0}
 
     def counted(name, real):
         def call(*args, **kwargs):
@@ -307,10 +310,12 @@ def test_the_default_models_decode_steps_through_the_kernels_match_its_torch_ops
     monkeypatch.setattr(native, "rope_store", counted("rope", native.rope_store))
     monkeypatch.setattr(native, "add_rms_norm", counted("norm", native.add_rms_norm))
     monkeypatch.setattr(native, "extend_attention", counted("extend", native.extend_attention))
+    monkeypatch.setattr(native, "ragged_attention", counted("ragged", native.ragged_attention))
     fused_tokens, fused_logits = run(True)
     forwards = 26
-    assert calls == {"attention": 24 * cfg.num_layers, "extend": cfg.num_layers,
-                     "rope": forwards * cfg.num_layers,
+    attention = {"attention": 0, "extend": 0, "ragged": forwards * cfg.num_layers} if ragged \
+        else {"attention": 24 * cfg.num_layers, "extend": cfg.num_layers, "ragged": 0}
+    assert calls == {**attention, "rope": forwards * cfg.num_layers,
                      "norm": forwards * (2 * cfg.num_layers + 2)}
     torch_tokens, torch_logits = run(False)
     model.fused_norms = True

@@ -199,6 +199,7 @@ def _ragged_attention(q, caches, plan: RaggedPlan, scale: float) -> torch.Tensor
     """Every sequence through the fixed-order native kernel, which reads every KV dtype in
     place (``native.ragged_attention``)."""
     k_cache, v_cache, k_scale, v_scale = caches
+    q = q.contiguous()
     if q.dtype != torch.float32 or not native.usable(q):
         raise ValueError("deterministic attention needs float32 queries on the CPU with the "
                          "native kernels built")

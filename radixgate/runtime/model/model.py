@@ -28,7 +28,8 @@ from radixgate.runtime.model.weights import build_embedding_and_head, build_line
 __all__ = ["LlamaModel", "ForwardBatch", "build_forward_batch", "rms_norm"]
 
 
-NATIVE_ROPE_STORE = True     # rope + K/V store through kernels.native (float caches)
+NATIVE_ROPE_STORE = True     # rope + K/V store through kernels.native (float32 and int8 caches)
+NATIVE_RAGGED = True         # every mode's attention through native.ragged_attention where it fits
 NATIVE_SILU_MAX_ROWS = 16    # one thread: past that torch's two-thread silu wins (Ice Lake,
                              # with torch's own vectorized exp: 16 rows 41 vs 50 us, 64 150 vs 92)
 
@@ -244,11 +245,14 @@ class LlamaModel:
 
     @staticmethod
     def _ragged_reads(kv: KVCache, x: torch.Tensor) -> bool:
-        """A CPU cache that is not float32 goes through the native ragged kernel in either
-        mode: it reads the stored dtype in place, where torch's path would gather and
-        dequantize every position each layer (int8 at 4k context: 5x slower)."""
-        return kv.k[0].dtype != torch.float32 and not uses_triton(kv.k[0]) \
-            and native.usable(x) and kv.head_dim % 16 == 0 and kv.head_dim <= 256
+        """A CPU cache goes through the native ragged kernel in either mode where it takes the
+        head dim: it reads every KV dtype in place (torch's path gathers and dequantizes every
+        position each layer: int8 at 4k context 5x slower) and beats the default mode's other
+        kernels too (benchmarks/RESULTS.md, issue 49: float32 decode at 4k 20.5 against 27.9
+        ms a step, a 2k prefill's attention 760 against SDPA's 796)."""
+        return NATIVE_RAGGED and not uses_triton(kv.k[0]) and native.usable(x) \
+            and kv.head_dim % 16 == 0 \
+            and kv.head_dim <= 256
 
     def _attention(self, layer: DecoderLayer, h, i: int, rope, local_rope, batches,
                    plan, kv: KVCache, rope_native: bool) -> torch.Tensor:
