@@ -33,7 +33,8 @@ radixgate / llama-server, one per repetition.
 
 The peer: the binary named by ``RADIXGATE_LLAMA_SERVER`` or
 ``~/.cache/radixgate/llama.cpp/build/bin/llama-server`` (``benchmarks.peers``); without it the
-peer is skipped with a note. Writes ``peer_speed[_quick].json`` into ``--out``.
+peer is skipped with a note. Writes ``peer_speed[_quick].json`` into ``--out``. ``--long``:
+the long-context rows instead (2k, 4k and 8k tokens of context, ``benchmarks.peer_long``).
 """
 from __future__ import annotations
 
@@ -535,11 +536,20 @@ def main(argv: list[str] | None = None) -> None:
                         help="skip the run at radixgate's default KV budget")
     parser.add_argument("--no-deterministic", action="store_true",
                         help="skip the default (deterministic) server's row")
+    parser.add_argument("--long", action="store_true",
+                        help="the long-context rows instead (benchmarks/peer_long.py)")
     parser.add_argument("--out", type=Path, default=OUT_DIR)
     args = parser.parse_args(argv)
     mode = "tiny" if args.tiny else "quick" if args.quick else "default"
     skip_peer = args.no_peer or mode == "tiny"     # tiny: a random model, nothing to compare
     binary = peer_binary(args.llama_server, skip_peer)
+    if args.long:
+        from benchmarks.peer_long import long_markdown, run_long_benchmark
+        report = run_long_benchmark(mode, binary, not args.no_deterministic,
+                                    log=lambda m: print(m, file=sys.stderr, flush=True))
+        save_report(report, args.out, "peer_long", mode, argv or sys.argv[1:])
+        print(long_markdown(report))
+        return
     report = run_benchmark(mode, binary, not args.no_default_budget,
                            log=lambda m: print(m, file=sys.stderr, flush=True),
                            deterministic_row=not args.no_deterministic)
