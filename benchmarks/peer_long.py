@@ -118,8 +118,8 @@ def run_long_benchmark(mode: str, llama_binary: Path | None, deterministic_row: 
     from benchmarks.traces import load_tokenizer
     sizes, tiny = LONG_SIZES[mode], mode == "tiny"
     bandwidth = [ps.copy_bandwidth_gbs()]
-    facts = ps.radixgate_model_facts(tiny)
-    kv_cache_gb = ps.kv_cache_gb_for(sizes.slot_tokens, facts.kv_bytes_per_token)
+    facts = {ps.RADIXGATE: ps.radixgate_model_facts(tiny),
+             ps.RADIXGATE_DET: ps.radixgate_model_facts(tiny, True)}
     tokenizer = load_tokenizer()
     names = ([ps.LLAMA] if llama_binary else []) + [ps.RADIXGATE] + \
         ([ps.RADIXGATE_DET] if deterministic_row else [])
@@ -129,11 +129,14 @@ def run_long_benchmark(mode: str, llama_binary: Path | None, deterministic_row: 
         for name in ps._order(rep, names):
             log(f"long context, repetition {rep + 1}/{sizes.repetitions}: {name}")
             runs[name].append(run_long_llama(llama_binary, prompts, sizes) if name == ps.LLAMA
-                              else run_long_radixgate(prompts, sizes, kv_cache_gb, tiny,
-                                                      ps.SERVER_FLAGS[name]))
+                              else run_long_radixgate(
+                                  prompts, sizes, ps.kv_cache_gb_for(
+                                      sizes.slot_tokens, facts[name].kv_bytes_per_token),
+                                  tiny, ps.SERVER_FLAGS[name]))
     bandwidth.append(ps.copy_bandwidth_gbs())
-    kv_bytes = {ps.RADIXGATE: facts.kv_bytes_per_token, ps.RADIXGATE_DET: facts.kv_bytes_per_token}
-    weights = {ps.RADIXGATE: facts.weight_bytes, ps.RADIXGATE_DET: facts.weight_bytes}
+    kv_bytes = {name: f.kv_bytes_per_token for name, f in facts.items()}
+    kv_dtypes = {name: f.kv_dtype for name, f in facts.items()}
+    weights = {name: f.weight_bytes for name, f in facts.items()}
     if llama_binary:
         weights[ps.LLAMA] = ps.gguf_bytes_per_token(ps.default_gguf_path())
         kv_bytes[ps.LLAMA] = _llama_kv_bytes_per_token(tiny)
@@ -144,7 +147,7 @@ def run_long_benchmark(mode: str, llama_binary: Path | None, deterministic_row: 
     return {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "mode": mode,
             "machine": machine_info(), "sizes": asdict(sizes), "copy_bandwidth_gbs": bandwidth,
             "kv_bytes_per_token": kv_bytes, "weight_bytes": weights,
-            "radixgate": {"kv_dtype": facts.kv_dtype, "weights_dtype": facts.weights_dtype},
+            "kv_dtype": kv_dtypes,
             "runs": runs, "summary": long_summary(runs)}
 
 

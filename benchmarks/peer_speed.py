@@ -313,7 +313,9 @@ class RadixgateModelFacts:
     weights_dtype: str
 
 
-def radixgate_model_facts(tiny: bool) -> RadixgateModelFacts:
+def radixgate_model_facts(tiny: bool, deterministic: bool = False) -> RadixgateModelFacts:
+    """The facts of the server as ``deterministic`` or not (the default KV dtype follows the
+    mode: ``resolve_kv_dtype``)."""
     from radixgate.kv import CacheConfig
     from radixgate.kv.dtypes import kv_bytes_per_token
     from radixgate.runtime.model.kv_cache import resolve_kv_dtype
@@ -322,11 +324,20 @@ def radixgate_model_facts(tiny: bool) -> RadixgateModelFacts:
     model, config = loaded.model, loaded.config
     norms = model.norm.nbytes + sum(layer.attn_norm.nbytes + layer.mlp_norm.nbytes
                                     for layer in model.layers)
-    kv_dtype = resolve_kv_dtype(CacheConfig().kv_dtype, loaded.dtype, loaded.device)
+    kv_dtype = resolve_kv_dtype(CacheConfig().kv_dtype, loaded.dtype, loaded.device,
+                                deterministic and _deterministic_holds(model))
     return RadixgateModelFacts(
         model.weight_bytes() + norms,
         kv_bytes_per_token(config.num_layers, config.num_kv_heads, config.head_dim, kv_dtype),
         kv_dtype, loaded.weights_dtype)
+
+
+def _deterministic_holds(model) -> bool:
+    try:
+        model.check_deterministic()
+    except ValueError:
+        return False
+    return True
 
 
 def gguf_bytes_per_token(path: str) -> int:
@@ -464,7 +475,8 @@ def run_benchmark(mode: str = "default", llama_binary: Path | None = None,
     sizes, tiny = SIZES[mode], mode == "tiny"
     bandwidth = [copy_bandwidth_gbs(sizes.copy_mib)]
     facts = radixgate_model_facts(tiny)
-    kv_cache_gb = kv_cache_gb_for(sizes.context_tokens, facts.kv_bytes_per_token)
+    modes = {RADIXGATE: facts, RADIXGATE_DET: radixgate_model_facts(tiny, True)}
+    kv_bytes = {name: f.kv_bytes_per_token for name, f in modes.items()}
     tokenizer = load_tokenizer()
     names = ([LLAMA] if llama_binary else []) + [RADIXGATE] + \
         ([RADIXGATE_DET] if deterministic_row else [])
@@ -474,7 +486,9 @@ def run_benchmark(mode: str = "default", llama_binary: Path | None = None,
         for name in _order(rep, names):
             log(f"repetition {rep + 1}/{sizes.repetitions}: {name}")
             run = (run_llama(llama_binary, prompts, sizes) if name == LLAMA
-                   else run_radixgate(prompts, sizes, kv_cache_gb, tiny, SERVER_FLAGS[name]))
+                   else run_radixgate(prompts, sizes,
+                                      kv_cache_gb_for(sizes.context_tokens, kv_bytes[name]),
+                                      tiny, SERVER_FLAGS[name]))
             runs[name].append({"repetition": rep + 1, **run})
     extra = radixgate_default_budget(make_prompts(tokenizer, sizes, 99), tiny) \
         if default_budget else None
@@ -493,8 +507,9 @@ def run_benchmark(mode: str = "default", llama_binary: Path | None = None,
         "peer": ({"binary": str(llama_binary), "args": f"-np {PARALLEL} -cb -c "
                   f"{sizes.context_tokens} -t {THREADS} -tb {THREADS}"} if llama_binary
                  else {"skipped": LLAMA_SERVER_BUILD_NOTE}),
-        "radixgate": {"weights_dtype": facts.weights_dtype, "kv_dtype": facts.kv_dtype,
-                      "kv_bytes_per_token": facts.kv_bytes_per_token},
+        "radixgate": {"weights_dtype": facts.weights_dtype,
+                      "kv_dtype": {name: f.kv_dtype for name, f in modes.items()},
+                      "kv_bytes_per_token": kv_bytes},
         "copy_bandwidth_gbs": bandwidth, "bytes_per_token": bytes_per_token,
         "runs": runs, "summary": summarize(runs), "radixgate_default_budget": extra,
     }

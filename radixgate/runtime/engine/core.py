@@ -85,7 +85,7 @@ class EngineCore:
         self.model = loaded.model
         self.deterministic = resolve_deterministic(self.model, config.deterministic)
         self.tokenizer = loaded.tokenizer
-        self.kv = _make_kv_cache(loaded, config)
+        self.kv = _make_kv_cache(loaded, config, self.deterministic)
         cache = config.cache
         window = self.kv.window
         self.pool = BlockPool(self.kv.num_blocks, cache.block_size,
@@ -584,11 +584,13 @@ def unfit_message(core: EngineCore, seq: Sequence) -> str:
             f" ({core.pool.num_blocks} blocks), part of which pinned prefixes may hold")
 
 
-def _make_kv_cache(loaded, config: EngineConfig) -> KVCache:
+def _make_kv_cache(loaded, config: EngineConfig, deterministic: bool) -> KVCache:
     """The KV cache for ``config``: its main pool and, for a model with sliding-window
-    layers, the window layers' own pool (radixgate/kv/groups/window_plan.py)."""
+    layers, the window layers' own pool (radixgate/kv/groups/window_plan.py); ``auto``'s
+    dtype depends on the mode (``resolve_kv_dtype``)."""
     mc, block_size = loaded.config, config.cache.block_size
-    kv_dtype = resolve_kv_dtype(config.cache.kv_dtype, loaded.dtype, loaded.device)
+    kv_dtype = resolve_kv_dtype(config.cache.kv_dtype, loaded.dtype, loaded.device,
+                                deterministic)
     context = min(config.max_model_len or loaded.max_model_len, loaded.max_model_len)
     step = min(config.solo_budget, context)     # the most one sequence computes in a step
     sizing = dict(context=context, step_tokens=step, window_ratio=config.cache.window_ratio)

@@ -6,7 +6,7 @@ they are (rounded to the dtype); ``int8`` and ``fp8`` (e4m3) store 8-bit codes p
 float16 scale per (token, kv head) in ``k_scale[layer]`` / ``v_scale[layer]``
 (``[num_blocks, block_size, Hkv]``; None for the float dtypes): ``store_kv`` quantizes on
 write and ``paged_attention`` dequantizes what it reads (radixgate/kernels/reference.py). ``auto``:
-the model's dtype (``resolve_kv_dtype`` says why not bfloat16).
+int8 in the deterministic mode on the CPU, else the model's dtype (``resolve_kv_dtype``).
 
 Lazy: on the CPU the tensors are anonymous memory maps, so a page becomes resident only when
 a block on it is first written; the block pool hands out low block ids first and reuses freed
@@ -30,20 +30,30 @@ from radixgate.runtime.model.kv_dtypes import KV_DTYPE_NAMES, KV_TORCH_DTYPES, S
 log = logging.getLogger(__name__)
 
 
-def resolve_kv_dtype(requested: str, model_dtype: torch.dtype, device: str | torch.device) -> str:
-    """The KV dtype to allocate: ``requested`` itself, or for ``auto`` the model's dtype.
+def resolve_kv_dtype(requested: str, model_dtype: torch.dtype, device: str | torch.device,
+                     deterministic: bool = False) -> str:
+    """The KV dtype to allocate: ``requested`` itself, or for ``auto``: ``int8`` where the
+    deterministic mode runs on the CPU over a float32 model, else the model's dtype.
 
-    Not bfloat16 on the CPU although its accuracy against float32 KV holds (SmolLM2-135M, 512
-    tokens: top-1 agreement 0.992, mean KL 3e-4; benchmarks/kv_accuracy.py): with the prefix
-    cache on and off, fp32 matmul rounding over other row counts flips stored bf16 values and
-    logits then differ by up to 0.1 (float32 KV: ~1e-4), beyond the greedy tests' 1e-3
-    tolerance, so bfloat16 stays an explicit choice. ``device`` is for a future per-device rule.
+    int8, chosen by measurement (benchmarks/RESULTS.md, issue 49, SmolLM2-135M, 2 vCPUs):
+    3.88x float32's tokens in the same budget (the multi-turn workload's hit rate at 5% of its
+    working set 38.6%, at 25% 81%: capacity is hit rate), answers' top-1 agreement with
+    float32 KV 0.982 over 200 chat prompts (bfloat16 0.991 at 2x, fp8 0.960 at 3.88x), and the
+    fastest long-context decode (4k context: 20.0 ms a step against float32's 31.2; the
+    native attention reads the codes in place). Only in the deterministic mode: there a
+    token's K/V are the same bits however it was scheduled, so its codes are too and answers
+    stay the same with the cache on and off; elsewhere matmul rounding over other row counts
+    flips stored values (as it does for bfloat16: with the prefix cache on and off logits
+    then differ by up to 0.1, float32 KV ~1e-4). ``device`` and ``model_dtype``: a GPU or a
+    low-precision model keeps the model's dtype.
     """
     if requested != "auto":
         if requested not in KV_TORCH_DTYPES:
             raise ValueError(f"kv dtype must be auto or one of {', '.join(KV_TORCH_DTYPES)}, "
                              f"got {requested!r}")
         return requested
+    if deterministic and torch.device(device).type == "cpu" and model_dtype == torch.float32:
+        return "int8"
     return KV_DTYPE_NAMES.get(model_dtype, "float32")
 
 
