@@ -96,6 +96,7 @@ class ServerSpec:
     kv_cache_gb: float = 0.002
     max_model_len: int = 512
     block_size: int = 16
+    kv_dtype: str = "auto"          # "float32": a test whose capacity arithmetic is in float32 tokens
     max_queue: int = 256
     request_timeout_s: float = 120.0
     shutdown_grace_s: float = 8.0
@@ -139,6 +140,7 @@ def config_toml(spec: ServerSpec) -> str:
         "[cache]",
         f"kv_cache_gb = {spec.kv_cache_gb}",
         f"block_size = {spec.block_size}",
+        f"kv_dtype = {json.dumps(spec.kv_dtype)}",
         "[admin]",
         f"api_keys = [{json.dumps(ADMIN_KEY)}]",
         *(["[cluster]"] if spec.cluster_settings else []),

@@ -126,7 +126,7 @@ def run_long_benchmark(mode: str, llama_binary: Path | None, deterministic_row: 
     runs: dict[str, list[list[dict]]] = {name: [] for name in names}
     for rep in range(sizes.repetitions):
         prompts = long_prompts(tokenizer, sizes, rep)
-        for name in ps._order(rep, names):
+        for name in ps.interleaved(rep, names):
             log(f"long context, repetition {rep + 1}/{sizes.repetitions}: {name}")
             runs[name].append(run_long_llama(llama_binary, prompts, sizes) if name == ps.LLAMA
                               else run_long_radixgate(

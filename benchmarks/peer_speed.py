@@ -465,7 +465,7 @@ def summarize(runs: dict[str, list[dict]]) -> dict:
     return summary
 
 
-def _order(rep: int, names: list[str]) -> list[str]:
+def interleaved(rep: int, names: list[str]) -> list[str]:
     """Interleaved: A B, then B A, ..."""
     return names if rep % 2 == 0 else names[::-1]
 
@@ -483,7 +483,7 @@ def run_benchmark(mode: str = "default", llama_binary: Path | None = None,
     runs: dict[str, list[dict]] = {name: [] for name in names}
     for rep in range(sizes.repetitions):
         prompts = make_prompts(tokenizer, sizes, seed=rep)
-        for name in _order(rep, names):
+        for name in interleaved(rep, names):
             log(f"repetition {rep + 1}/{sizes.repetitions}: {name}")
             run = (run_llama(llama_binary, prompts, sizes) if name == LLAMA
                    else run_radixgate(prompts, sizes,

@@ -135,7 +135,8 @@ def test_the_replicas_disk_tiers_sum_into_the_deployment_s():
 # ---- the real default model on 2 replicas, the tier on (Ray) ----------------------------
 
 DISK_GB = 0.5
-REAL_SPEC = ServerSpec(tiny=False, kv_cache_gb=0.03, max_model_len=1024, tenants=("acme", "beta"),
+# 0.0078 GB: ~700 tokens of the default int8 KV (11,880 bytes a token)
+REAL_SPEC = ServerSpec(tiny=False, kv_cache_gb=0.0078, max_model_len=1024, tenants=("acme", "beta"),
                        extra_args=("--replicas", "2", "--threads", "1", "--policy", "lru",
                                    "--kv-disk-gb", str(DISK_GB)))
 

@@ -51,3 +51,31 @@ def test_an_engine_with_the_default_config_steps_deterministically(tiny_model):
 def test_the_cli_leaves_it_to_the_engine_unless_told(flags, want):
     config = config_from_args(build_parser().parse_args(["serve", "--tiny", *flags]))
     assert config.model.deterministic is want
+
+
+def test_the_default_engine_picks_int8_kv_and_a_chunked_prompt_answers_as_a_whole_one(
+        make_engine):
+    """The default KV dtype in the mode is int8 (``resolve_kv_dtype``). A prompt cut into
+    chunks whose logits nobody reads (the head then sees no rows: it raised, a 500 for any
+    prompt longer than a step over the tiny model's dense head) answers with the same tokens
+    and logprobs as the prompt in one step."""
+    from radixgate.runtime.engine.api import Request, SamplingParams
+    prompt = [(7 * i) % 400 + 5 for i in range(300)]
+    params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True, logprobs=0)
+    answers = []
+    for step in (64, 512):
+        engine = make_engine(max_step_tokens=step, solo_step_tokens=step, num_blocks=64)
+        assert engine.core.kv.kv_dtype == "int8" and engine.core.deterministic
+        answers.append(engine.generate(Request(prompt, params)))
+    chunked, whole = answers
+    assert chunked.output_token_ids == whole.output_token_ids and len(whole.output_token_ids) == 6
+    assert chunked.logprobs == whole.logprobs and len(whole.logprobs) == 6
+
+
+def test_auto_kv_is_int8_only_where_the_mode_holds_on_the_cpu():
+    import torch
+    from radixgate.runtime.model.kv_cache import resolve_kv_dtype
+    assert resolve_kv_dtype("auto", torch.float32, "cpu", deterministic=True) == "int8"
+    assert resolve_kv_dtype("auto", torch.float32, "cpu", deterministic=False) == "float32"
+    assert resolve_kv_dtype("auto", torch.bfloat16, "cpu", deterministic=True) == "bfloat16"
+    assert resolve_kv_dtype("float32", torch.float32, "cpu", deterministic=True) == "float32"

@@ -162,6 +162,16 @@ def test_invariant_matmuls_give_a_row_the_same_bits_at_every_row_count(name):
         torch.set_num_threads(kept)
 
 
+@pytest.mark.parametrize("name", sorted(LAYERS))
+def test_invariant_matmuls_take_no_rows(name):
+    """A prefill chunk whose logits nobody reads sends the head no rows: [0, N] back (it
+    raised from torch.cat, a 500 for any prompt chunked over the tiny model's dense head)."""
+    layer = LAYERS[name]
+    for invariant in (True, False):
+        out = layer.native(torch.zeros(0, layer.shape[1]), invariant)
+        assert out.shape == (0, layer.shape[0])
+
+
 def test_without_the_mode_row_counts_do_change_bits():
     """Why the mode exists: oneDNN's float32 GEMM of 576 x 1536 blocks differently for one
     and two rows (if this ever passes, torch changed and the tiles may be dropped)."""

@@ -21,7 +21,7 @@ from tests.support.server import ADMIN_KEY, ServerSpec, shared_server, tenant_ke
 
 # ~1000 tokens of KV (65 blocks) under a 4096-token context: the budget, not the context,
 # is what a 2000-token prompt exceeds. A waiting queue of 2 fills at once.
-TIGHT = ServerSpec(kv_cache_gb=0.0005, max_model_len=4096, max_queue=2)
+TIGHT = ServerSpec(kv_cache_gb=0.0005, max_model_len=4096, max_queue=2, kv_dtype="float32")
 ACME = tenant_key("acme")
 
 

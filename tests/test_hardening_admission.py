@@ -95,7 +95,8 @@ def test_failed_copy_on_write_leaks_no_lock_or_block_and_engine_keeps_serving(ma
 
 # ---- over HTTP: the plain repro, scaled down ---------------------------------------------
 
-HTTP_SPEC = ServerSpec(kv_cache_gb=0.0006, max_model_len=2048, tenants=("adm_one",))
+HTTP_SPEC = ServerSpec(kv_cache_gb=0.0006, max_model_len=2048, tenants=("adm_one",),
+                       kv_dtype="float32")
 HEADERS = {"x-api-key": tenant_key("adm_one")}
 ADMIN = {"x-api-key": ADMIN_KEY}
 

@@ -22,6 +22,7 @@ from tests.support.server import ADMIN_KEY, ServerSpec, shared_server, tenant_ke
 # 131 blocks of 16 (2096 tokens), ceiling 1048 tokens, 3 tenants + admin: 262 tokens each.
 # The context is larger than the cache, so a long prompt reaches the KV-size check.
 SPEC = ServerSpec(kv_cache_gb=0.001, max_model_len=4096, tenants=("pin_a", "pin_b", "pin_c"),
+                  kv_dtype="float32",
                   max_pinned_tokens=100_000)
 A, B, C = (tenant_key(t) for t in SPEC.tenants)
 PARTIES = len(SPEC.tenants) + 1

@@ -211,8 +211,8 @@ def test_the_disk_budget_evicts_least_recently_used_blocks(tmp_path):
     """A, B, C (25 records each) through a memory of one prompt and a disk of about 60
     records: A, then B, go to disk; A is read back (its records touched), so when C's
     eviction needs room the least recently used records are B's, not the older A's."""
-    budget_gb = 60 * 8300 / 2**30                        # about 60 records of the tiny model
-    engine = start(tmp_path, disk_gb=budget_gb)
+    budget_gb = 60 * 8300 / 2**30                # about 60 records of the tiny model's float32 KV
+    engine = start(tmp_path, disk_gb=budget_gb, kv_dtype="float32")
     a, b, c = (list(range(3000 + k * 400, 3400 + k * 400)) for k in range(3))
     try:
         for tokens in (a, b, c):                         # A and B spilled: 50 records
@@ -404,7 +404,8 @@ async def test_stats_metrics_and_usage_show_the_disk_tier_over_http(tmp_path):
     acme = c.headers(tenant_key("acme"))
     system = " ".join(f"rule{i} keeps answers short" for i in range(40))
     async with in_process_gateway(tenants=("acme",), kv_cache_gb=0.0004,
-                                  cache={"disk": {"dir": str(tmp_path), "gb": 0.01}}
+                                  cache={"disk": {"dir": str(tmp_path), "gb": 0.01},
+                                         "kv_dtype": "float32"}
                                   ) as (base, app):
         async with aiohttp.ClientSession(base) as http:
             body = c.anthropic_body("first question", system=system, max_tokens=2)

@@ -106,7 +106,8 @@ async def test_cancel_ends_what_has_not_started():
 async def hit_rate(pairs, batch: bool) -> float:
     """Cached / prompt tokens of ``pairs`` (document, question) with a KV budget holding
     about two of the four documents: as one batch, or sent one by one in the given order."""
-    async with in_process_gateway(tenants=("acme",), kv_cache_gb=0.0004) as (base_url, app):
+    async with in_process_gateway(tenants=("acme",), kv_cache_gb=0.0004,
+                                  cache={"kv_dtype": "float32"}) as (base_url, app):
         claude = client(base_url, "acme")
         if batch:
             made = await claude.messages.batches.create(requests=requests(pairs))

@@ -122,7 +122,7 @@ async def test_usage_adds_up_to_the_prompt_under_memory_pressure(server):
 async def test_soak_load_preempts_and_evicts_yet_every_answer_is_clean_in_process():
     """The same load against the app in process, where the engine's counters are readable:
     the KV budget really forces preemption (decodes outgrow it) and eviction."""
-    async with in_process_gateway() as (base_url, app):
+    async with in_process_gateway(cache={"kv_dtype": "float32"}) as (base_url, app):  # its tokens
         load = default_load(base_url, SPEC, seconds=10, clients=48, seed=21)
         report = await run_load(load)
         snapshot = engine_of(app).request_snapshot().result(timeout=30)

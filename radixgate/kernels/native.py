@@ -580,6 +580,8 @@ class FixedInt4:
         where the library was built without AVX512-VNNI."""
         rows = x.shape[0]
         out = torch.empty((rows, self.n), dtype=torch.bfloat16)
+        if rows == 0:
+            return out
         status = self._call(x.data_ptr(), x.dtype is torch.bfloat16, *self._weights,
                             out.data_ptr(), rows, self.n, self.k, amx,
                             default_threads() if threads is None else threads)

@@ -93,7 +93,10 @@ AMX_INT4_MIN_ROWS = 8         # default mode on AMX: above, int4 through kernels
 
 def in_row_chunks(fn, x: torch.Tensor, rows: int, pad: bool = False) -> torch.Tensor:
     """``fn`` over x [M, K] in chunks of ``rows`` rows, concatenated; ``pad``: the last
-    chunk filled up with zero rows, so that ``fn`` only ever sees exactly ``rows`` rows."""
+    chunk filled up with zero rows, so that ``fn`` only ever sees exactly ``rows`` rows. No
+    rows (a prefill chunk whose logits nobody reads) gives fn's columns and no rows."""
+    if x.shape[0] == 0:
+        return fn(x.new_zeros((rows if pad else 1, *x.shape[1:])))[:0]
     if x.shape[0] <= rows and not (pad and x.shape[0] < rows):
         return fn(x)
     outs = []
