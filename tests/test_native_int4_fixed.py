@@ -4,6 +4,7 @@ and kernel (VNNI for few rows, AMX tiles for many): what lets the deterministic 
 nothing in the int4 layers (docs/ARCHITECTURE.md section 5c)."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -121,3 +122,73 @@ def test_the_layer_runs_it_in_both_modes(monkeypatch):
     x = torch.randn(20, 576)
     default, invariant = layer.native(x), layer.native(x, invariant=True)
     assert calls == [20, 20] and torch.equal(_bits(default), _bits(invariant))
+
+
+def _via_codes(parts):
+    from radixgate.runtime.model.weights import _int4_parts
+    return native.int4_fixed_pack(*_int4_parts(parts))
+
+
+def test_the_default_models_blocks_pack_straight_to_the_bits_of_the_codes_path():
+    """Every int4 matmul of the default GGUF (Q4_1, q/k rows un-permuted), stacked as the
+    model stacks them: packed codes and float16 d, m from the raw blocks equal the loader's
+    codes path bit for bit, and the model the loader builds holds exactly those."""
+    from radixgate.runtime.model.loader_gguf import read_gguf_weights
+    from radixgate.runtime.model.weights import _fixed_from_blocks
+    from radixgate.runtime.model.loader import resolve_path
+    config, weights = read_gguf_weights(resolve_path("default"))
+    stacks = (("self_attn", ("q_proj", "k_proj", "v_proj")), ("self_attn", ("o_proj",)),
+              ("mlp", ("gate_proj", "up_proj")), ("mlp", ("down_proj",)))
+    for layer in range(config.num_layers):
+        for block, names in stacks:
+            parts = [weights[f"model.layers.{layer}.{block}.{n}.weight"] for n in names]
+            direct, coded = _fixed_from_blocks(parts, torch.device("cpu")), _via_codes(parts)
+            assert direct is not None and coded is not None
+            assert torch.equal(direct[0], coded[0])
+            assert torch.equal(direct[1].view(torch.int16), coded[1].view(torch.int16))
+    from radixgate.runtime.model.loader import load_model
+    built = load_model("default").model.layers[-1].gate_up.fixed
+    gate_up = _via_codes([weights[f"model.layers.{config.num_layers - 1}.mlp.{n}.weight"]
+                          for n in ("gate_proj", "up_proj")])
+    assert torch.equal(built[0], gate_up[0]) and torch.equal(built[1], gate_up[1])
+
+
+def test_q4_0_and_q4_1_blocks_pack_to_the_codes_paths_bits():
+    """Random Q4_0 and Q4_1 blocks, with zero, tiny and large scales: the same bits as the
+    codes path; a Q4_0 scale whose -8 d overflows float16 is refused (None), as there."""
+    from radixgate.runtime.model.gguf_quants import group_codes
+    rng = np.random.default_rng(3)
+
+    class Part:
+        def __init__(self, blocks, qtype):
+            self.blocks, self.qtype = blocks, qtype
+
+        def q4_blocks(self):
+            return self.blocks
+
+        def group_codes(self):
+            rows, groups, _ = self.blocks.shape
+            return group_codes(self.blocks.reshape(-1), self.qtype, (rows, groups * 32))
+
+    def blocks(rows, groups, wide, scale):
+        b = rng.integers(0, 256, (rows, groups, 20 if wide else 18), dtype=np.uint8)
+        d = (rng.standard_normal((rows, groups)) * scale).astype(np.float16)
+        d[0, 0], d[-1, -1] = 0, np.float16(6e-8)                  # zero, subnormal
+        b[:, :, 0:2] = d.view(np.uint8).reshape(rows, groups, 2)
+        if wide:
+            m = (rng.standard_normal((rows, groups)) * scale).astype(np.float16)
+            b[:, :, 2:4] = m.view(np.uint8).reshape(rows, groups, 2)
+        return b
+
+    from gguf import GGMLQuantizationType as QT
+    for wide, qtype in ((False, QT.Q4_0), (True, QT.Q4_1)):
+        parts = [Part(blocks(48, 4, wide, 0.02), qtype), Part(blocks(16, 4, wide, 300.0), qtype)]
+        direct = native.int4_fixed_from_q4([p.blocks for p in parts], [wide] * 2)
+        coded = _via_codes(parts)
+        assert direct is not None and coded is not None
+        assert torch.equal(direct[0], coded[0])
+        assert torch.equal(direct[1].view(torch.int16), coded[1].view(torch.int16))
+    huge = blocks(64, 1, False, 1.0)
+    huge[0, 0, 0:2] = np.array([9000.0], np.float16).view(np.uint8)    # -8 d = -72000
+    assert native.int4_fixed_from_q4([huge], [False]) is None
+    assert _via_codes([Part(huge, QT.Q4_0)]) is None

@@ -41,6 +41,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+import numpy as np
 import torch
 
 log = logging.getLogger(__name__)
@@ -103,6 +104,8 @@ def library() -> ctypes.CDLL | None:
     lib.rg_amx_init.argtypes = []
     lib.rg_int4_mm_fixed.restype = _I
     lib.rg_int4_mm_fixed.argtypes = [_P, _I, _P, _P, _P, _L, _L, _L, _I, _I]
+    lib.rg_int4_fixed_from_q4.restype = _I
+    lib.rg_int4_fixed_from_q4.argtypes = [_P, _I, _L, _L, _P, _P]
     lib.rg_int4_fixed_has_amx.restype = _I
     lib.rg_int4_fixed_has_amx.argtypes = []
     return lib
@@ -544,6 +547,28 @@ def int4_fixed_pack(codes: torch.Tensor, scale: torch.Tensor,
     c = codes.to(torch.uint8).view(n // 16, 16, groups, 4, 2, 4).permute(0, 2, 3, 4, 1, 5)
     packed = (c[:, :, :, 0] | (c[:, :, :, 1] << 4)).contiguous()              # [N/16, G, 4, 16, 4]
     return packed, half.contiguous()
+
+
+def int4_fixed_from_q4(parts: list, q4_1: list[bool]) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """GGUF Q4_0 / Q4_1 blocks (each part uint8 [rows, K/32, 18 or 20], rows in the model's
+    order, stacked along the rows) straight into ``int4_fixed_pack``'s layout, its very bits
+    (``native_int4_fixed.c``: no codes tensor in between, the loader's slowest step). None
+    where the shape is not taken or a scale does not fit float16."""
+    n, k = sum(p.shape[0] for p in parts), parts[0].shape[1] * FIXED_GROUP
+    if n % 64 or any(p.shape[0] % 16 or p.shape[1] * FIXED_GROUP != k for p in parts):
+        return None
+    packed = torch.empty((n // 16, k // FIXED_GROUP, 4, 16, 4), dtype=torch.uint8)
+    dm = torch.empty((n // 16, k // FIXED_GROUP, 2, 16), dtype=torch.float16)
+    tile = 0
+    for blocks, wide in zip(parts, q4_1):
+        blocks = np.ascontiguousarray(blocks)
+        if blocks.dtype != np.uint8 or blocks.shape[2] != (20 if wide else 18):
+            raise ValueError("blocks must be uint8 [rows, K/32, 20 (Q4_1) or 18 (Q4_0)]")
+        if library().rg_int4_fixed_from_q4(blocks.ctypes.data, int(wide), blocks.shape[0], k,
+                                           packed[tile].data_ptr(), dm[tile].data_ptr()) != 0:
+            return None
+        tile += blocks.shape[0] // 16
+    return packed, dm
 
 
 def int4_mm_fixed(x: torch.Tensor, packed: torch.Tensor, dm: torch.Tensor, amx: int = 1,

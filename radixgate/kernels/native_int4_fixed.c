@@ -352,3 +352,50 @@ int rg_int4_mm_fixed(const void *A, int a_bf16, const uint8_t *codes, const uint
 int rg_int4_fixed_has_amx(void) { return 0; }
 
 #endif
+
+#include "native_math.h"
+
+/* One Q4_0 / Q4_1 tensor's GGUF blocks straight into the layout above, the arithmetic of
+ * kernels/native.py int4_fixed_pack on gguf_quants.group_codes' codes, bit for bit:
+ * blocks [rows, k / 32] of 18 (Q4_0: d, 16 code bytes) or 20 bytes (Q4_1: d, m, 16 code
+ * bytes; low nibbles are elements 0..15, high 16..31), rows already in the model's order.
+ * Writes rows / 16 row tiles of codes (packed [rows / 16, k / 32, 4, 16, 4]) and d, m
+ * (dm [rows / 16, k / 32, 2, 16] float16) with the loader's steps: zero = m + 8 d (Q4_0:
+ * 0) and m' = zero - 8 d in float32, rounded to float16 to nearest even. Returns 0; -1
+ * where d or m' does not fit float16 (nothing to rely on: the caller packs otherwise); -3
+ * rows not a multiple of 16 or k of 32. */
+int rg_int4_fixed_from_q4(const uint8_t *blocks, int q4_1, long rows, long k, uint8_t *packed,
+                          uint16_t *dm) {
+    if (rows <= 0 || rows % 16 || k <= 0 || k % GROUP) return -3;
+    const long groups = k / GROUP, size = q4_1 ? 20 : 18;
+    for (long row = 0; row < rows; row++) {
+        const long tile = row / 16, r = row % 16;
+        for (long g = 0; g < groups; g++) {
+            const uint8_t *b = blocks + (row * groups + g) * size, *qs = b + (q4_1 ? 4 : 2);
+            uint16_t d_bits;
+            memcpy(&d_bits, b, 2);
+            if ((d_bits & 0x7c00u) == 0x7c00u) return -1;             /* inf or NaN */
+            const float d = half_value(d_bits);
+            float zero = 0.0f;
+            if (q4_1) {
+                uint16_t m_bits;
+                memcpy(&m_bits, b + 2, 2);
+                zero = half_value(m_bits) + 8.0f * d;
+            }
+            const float m = zero - 8.0f * d;
+            const uint16_t m_bits = half_bits(m);
+            if ((m_bits & 0x7c00u) == 0x7c00u || ((m_bits & 0x7fffu) == 0 && m != 0.0f)) return -1;
+            uint16_t *out = dm + (tile * groups + g) * 32;
+            out[r] = d_bits, out[16 + r] = m_bits;
+            uint8_t *p = packed + (tile * groups + g) * 256;          /* [4][16][4] */
+            for (int a = 0; a < 4; a++)
+                for (int e = 0; e < 4; e++) {
+                    const int t = a * 8 + e, u = t + 4;                /* low and high nibble */
+                    const uint8_t lo = t < 16 ? qs[t] & 15 : qs[t - 16] >> 4;
+                    const uint8_t hi = u < 16 ? qs[u] & 15 : qs[u - 16] >> 4;
+                    p[(a * 16 + r) * 4 + e] = (uint8_t)(lo | hi << 4);
+                }
+        }
+    }
+    return 0;
+}

@@ -289,6 +289,18 @@ class Int4Linear:
         if pack is None:
             self._torch_pack(codes, scale, zero)
 
+    @classmethod
+    def from_fixed(cls, fixed: tuple[torch.Tensor, torch.Tensor],
+                   bias: torch.Tensor | None = None) -> "Int4Linear":
+        """A layer over weights already in the fixed layout (``native.int4_fixed_from_q4``)."""
+        layer = cls.__new__(cls)
+        mm = native.FixedInt4(*fixed)
+        layer.shape, layer.dtype, layer.bias = (mm.n, mm.k), torch.quint4x2, bias
+        layer._fixed_mm = mm
+        layer.packed = layer.scales_and_zeros = None
+        layer.native_op = layer.amx = False
+        return layer
+
     @property
     def fixed(self) -> tuple[torch.Tensor, torch.Tensor] | None:
         """The fixed layout's (codes, d and m), or None where the layer keeps torch's pack."""

@@ -225,6 +225,16 @@ class GGUFWeight:
         codes = group_codes(self.info.data, self.info.qtype, self.info.shape)
         return GroupCodes(*(None if a is None else self._rows_in_hf_order(a) for a in codes))
 
+    def q4_blocks(self) -> np.ndarray | None:
+        """A Q4_0 / Q4_1 tensor [N, K]'s raw blocks, uint8 [N, K/32, 18 or 20], rows in HF
+        order (a view of the file where no rows move); None for any other type."""
+        if self.info.qtype not in (QT.Q4_0, QT.Q4_1):
+            return None
+        rows, cols = self.info.shape
+        _, type_size = BLOCK_LAYOUT[self.info.qtype]
+        blocks = np.asarray(self.info.data).view(np.uint8).reshape(rows, cols // 32, type_size)
+        return self._rows_in_hf_order(blocks)
+
     def q8_0_blocks(self) -> tuple[np.ndarray, np.ndarray] | None:
         """For a Q8_0 tensor [N, K] kept in file order: views of the file as its codes
         (int8 [N, K/32, 32]) and block scales (float16 [N, K/32, 1]), ``w = codes * scale``;
