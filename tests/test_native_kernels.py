@@ -310,7 +310,7 @@ def test_the_default_models_decode_steps_through_the_kernels_match_its_torch_ops
     monkeypatch.setattr(native, "rope_store", counted("rope", native.rope_store))
     monkeypatch.setattr(native, "add_rms_norm", counted("norm", native.add_rms_norm))
     monkeypatch.setattr(native, "extend_attention", counted("extend", native.extend_attention))
-    monkeypatch.setattr(native, "ragged_attention", counted("ragged", native.ragged_attention))
+    monkeypatch.setattr(native.RaggedCall, "__call__", counted("ragged", native.RaggedCall.__call__))
     fused_tokens, fused_logits = run(True)
     forwards = 26
     attention = {"attention": 0, "extend": 0, "ragged": forwards * cfg.num_layers} if ragged \

@@ -327,32 +327,62 @@ def ragged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     Every query vector runs ``extend_attention``'s arithmetic whole on one worker, so its bits
     depend only on its own query and keys: not on the rows beside it, its sequence's query
     count, ``tile_rows`` or ``threads`` (default ``default_threads()``)."""
-    kind = _ragged_kind(k_cache, v_cache, k_scale, v_scale)
-    rows, heads, dim = q.shape
-    num_blocks, block_size, kv_heads, _ = k_cache.shape
-    seqs = totals.shape[0]
-    for name, t, shape in (("tables", tables, None), ("cu_q", cu_q, (seqs + 1,)),
-                           ("totals", totals, (seqs,))):
-        if t.dtype != torch.int32 or not t.is_contiguous() or (shape and t.shape != shape):
-            raise ValueError(f"{name} must be a contiguous int32 tensor"
-                             + (f" of shape {shape}" if shape else ""))
-    if tables.dim() != 2 or tables.shape[0] != seqs:
-        raise ValueError(f"tables must be [{seqs}, width]")
-    if seqs and (int(cu_q[0]) != 0 or int(cu_q[-1]) != rows):
-        raise ValueError(f"cu_q must run from 0 to {rows}")
-    q = q.contiguous()
-    out = torch.empty_like(q)
-    status = library().rg_ragged_attention_kv(
-        q.data_ptr(), kind, k_cache.data_ptr(), v_cache.data_ptr(),
-        None if k_scale is None else k_scale.data_ptr(),
-        None if v_scale is None else v_scale.data_ptr(), tables.data_ptr(), tables.shape[1],
-        cu_q.data_ptr(), totals.data_ptr(), seqs, heads, kv_heads, dim, block_size, num_blocks,
-        scale, tile_rows, default_threads() if threads is None else threads, out.data_ptr())
-    _check_status(status, "a block table names a block outside the cache (or is too short "
-                          "for its sequence)",
-                  f"shape not taken: {heads} heads over {kv_heads}, head dim {dim} (a multiple "
-                  f"of 16 up to 256), every sequence 1 <= queries <= its length")
-    return out
+    return RaggedCall(tables, cu_q, totals, tile_rows)(q, k_cache, v_cache, scale, k_scale,
+                                                       v_scale, threads)
+
+
+class RaggedCall:
+    """``ragged_attention`` with one step's tables, query offsets and totals checked and
+    bound once (every layer of a forward reads the same; the checks and argument marshalling
+    cost a third of a decode row's call at 512 positions). Per call it checks the query and
+    the caches' kind, as ``ragged_attention`` does."""
+
+    def __init__(self, tables: torch.Tensor, cu_q: torch.Tensor, totals: torch.Tensor,
+                 tile_rows: int = RAGGED_TILE_ROWS):
+        seqs = totals.shape[0]
+        for name, t, shape in (("tables", tables, None), ("cu_q", cu_q, (seqs + 1,)),
+                               ("totals", totals, (seqs,))):
+            if t.dtype != torch.int32 or not t.is_contiguous() or (shape and t.shape != shape):
+                raise ValueError(f"{name} must be a contiguous int32 tensor"
+                                 + (f" of shape {shape}" if shape else ""))
+        if tables.dim() != 2 or tables.shape[0] != seqs:
+            raise ValueError(f"tables must be [{seqs}, width]")
+        self.rows = int(cu_q[-1]) if seqs else 0
+        if seqs and int(cu_q[0]) != 0:
+            raise ValueError(f"cu_q must run from 0 to {self.rows}")
+        self._keep = (tables, cu_q, totals)               # the pointers below stay valid
+        self._index = (tables.data_ptr(), tables.shape[1], cu_q.data_ptr(), totals.data_ptr(),
+                       seqs)
+        self.tile_rows = tile_rows
+        self._call = library().rg_ragged_attention_kv
+
+    def __call__(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                 scale: float, k_scale: torch.Tensor | None = None,
+                 v_scale: torch.Tensor | None = None, threads: int | None = None) -> torch.Tensor:
+        kind = _ragged_kind(k_cache, v_cache, k_scale, v_scale)
+        rows, heads, dim = q.shape
+        if rows != self.rows:
+            raise ValueError(f"cu_q must run from 0 to q's {rows} rows (it ends at {self.rows})")
+        if q.dtype is not torch.float32:
+            raise ValueError(f"q must be float32, not {q.dtype}")
+        q = q.contiguous()
+        num_blocks, block_size, kv_heads, cache_dim = k_cache.shape
+        if cache_dim != dim:
+            raise ValueError(f"q's head dim {dim} is not the caches' {cache_dim}")
+        out = torch.empty_like(q)
+        status = self._call(
+            q.data_ptr(), kind, k_cache.data_ptr(), v_cache.data_ptr(),
+            None if k_scale is None else k_scale.data_ptr(),
+            None if v_scale is None else v_scale.data_ptr(), *self._index, heads, kv_heads, dim,
+            block_size, num_blocks, scale, self.tile_rows,
+            default_threads() if threads is None else threads, out.data_ptr())
+        if status:
+            _check_status(status, "a block table names a block outside the cache (or is too "
+                                  "short for its sequence)",
+                          f"shape not taken: {heads} heads over {kv_heads}, head dim {dim} (a "
+                          f"multiple of 16 up to 256), every sequence 1 <= queries <= its "
+                          f"length")
+        return out
 
 
 def _ragged_kind(k_cache, v_cache, k_scale, v_scale) -> int:
@@ -363,8 +393,9 @@ def _ragged_kind(k_cache, v_cache, k_scale, v_scale) -> int:
     if kind is None or v_cache.dtype != k_cache.dtype or v_cache.shape != k_cache.shape:
         raise ValueError(f"caches of {k_cache.dtype} / {v_cache.dtype} not taken: one of "
                          f"{sorted(map(str, RAGGED_KV_KINDS))} for both")
-    if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
-        raise ValueError("caches must be contiguous")
+    if not (k_cache.is_contiguous() and v_cache.is_contiguous() and k_cache.is_cpu
+            and v_cache.is_cpu):
+        raise ValueError("caches must be contiguous CPU tensors")
     scaled = k_cache.element_size() == 1
     for scales in (k_scale, v_scale):
         if (scales is not None) != scaled:

@@ -199,13 +199,10 @@ def _ragged_attention(q, caches, plan: RaggedPlan, scale: float) -> torch.Tensor
     """Every sequence through the fixed-order native kernel, which reads every KV dtype in
     place (``native.ragged_attention``)."""
     k_cache, v_cache, k_scale, v_scale = caches
-    q = q.contiguous()
-    if q.dtype != torch.float32 or not native.usable(q):
+    if q.dtype != torch.float32 or not q.is_cpu or plan.call is None:
         raise ValueError("deterministic attention needs float32 queries on the CPU with the "
                          "native kernels built")
-    return native.ragged_attention(q, k_cache, v_cache, plan.tables, plan.cu_q, plan.totals,
-                                   scale, tile_rows=plan.tile_rows, k_scale=k_scale,
-                                   v_scale=v_scale)
+    return plan.call(q, k_cache, v_cache, scale, k_scale, v_scale)
 
 
 def _native_extend_fits(q: torch.Tensor, k_cache: torch.Tensor, k_scale, total: int) -> bool:
@@ -275,6 +272,7 @@ class RaggedPlan:
     cu_q: torch.Tensor                   # int32 [n + 1]
     totals: torch.Tensor                 # int32 [n]
     tile_rows: int
+    call: "native.RaggedCall | None"     # the kernel with these bound (None: not built)
 
 
 RAGGED_LONG_TILE = 48        # rows an item for prompts (2k prefill, a layer: 8 rows 91 ms, 48 67)
@@ -288,8 +286,10 @@ def plan_ragged(block_tables: torch.Tensor, cu_q_lens: torch.Tensor, seq_lens: t
     width = max(-(-n // block_size) for n in lens)
     tables = block_tables[:, :width].to(torch.int32).contiguous()
     tile = RAGGED_LONG_TILE if max(q_lens) > RAGGED_LONG_QUERIES else native.RAGGED_TILE_ROWS
-    return RaggedPlan(tables, cu_q_lens.to(torch.int32).contiguous(),
-                      seq_lens.to(torch.int32).contiguous(), tile)
+    cu_q, totals = cu_q_lens.to(torch.int32).contiguous(), seq_lens.to(torch.int32).contiguous()
+    call = native.RaggedCall(tables, cu_q, totals, tile) \
+        if native.library() is not None and tables.is_cpu else None
+    return RaggedPlan(tables, cu_q, totals, tile, call)
 
 
 def plan_attention(block_tables: torch.Tensor, cu_q_lens: torch.Tensor, seq_lens: torch.Tensor,
