@@ -4,7 +4,6 @@ path's ``ModelInfo`` (tokenizer, name, vocabulary, context) without building the
 from __future__ import annotations
 
 import dataclasses
-import functools
 import importlib.util
 import logging
 import time
@@ -77,17 +76,27 @@ def default_device_dtype(device: str | None, dtype) -> tuple[torch.device, torch
     return dev, dtype or (torch.bfloat16 if dev.type == "cuda" else torch.float32)
 
 
-@functools.lru_cache(maxsize=4)
-def _cached_gguf_tokenizer(path: str, mtime: float) -> Tokenizer:
-    from radixgate.runtime.model.gguf_file import GGUFFile
-    from radixgate.runtime.model.tokenizer_gguf import tokenizer_from_gguf
-    return tokenizer_from_gguf(GGUFFile(path, load_tensors=False).metadata)
+_TOKENIZERS: dict[tuple[str, float], Tokenizer] = {}     # (path, mtime) -> its tokenizer
+_TOKENIZERS_KEPT = 4
 
 
-def gguf_tokenizer(path: str | Path) -> Tokenizer:
-    """The tokenizer of a GGUF file, built once per process (it is immutable)."""
+def gguf_tokenizer(path: str | Path, metadata: dict | None = None) -> Tokenizer:
+    """The tokenizer of a GGUF file, built once per process (it is immutable). ``metadata``:
+    the file's, where the caller has parsed it already (the loader: its vocabulary and merges
+    are read once, not twice)."""
     p = resolve_path(path)
-    return _cached_gguf_tokenizer(str(p), p.stat().st_mtime)
+    key = (str(p), p.stat().st_mtime)
+    tokenizer = _TOKENIZERS.get(key)
+    if tokenizer is None:
+        from radixgate.runtime.model.gguf_file import GGUFFile
+        from radixgate.runtime.model.tokenizer_gguf import tokenizer_from_gguf
+        if metadata is None:
+            metadata = GGUFFile(p, load_tensors=False).metadata
+        tokenizer = tokenizer_from_gguf(metadata)
+        while len(_TOKENIZERS) >= _TOKENIZERS_KEPT:
+            _TOKENIZERS.pop(next(iter(_TOKENIZERS)))
+        _TOKENIZERS[key] = tokenizer
+    return tokenizer
 
 
 def _tokenizer_for(path: Path) -> Tokenizer:
@@ -143,7 +152,9 @@ def _read(path: Path, tiny: bool, seed: int):
     if path.is_file():
         from radixgate.runtime.model.loader_gguf import read_gguf_weights
         config, weights = read_gguf_weights(path)
-        return config, weights, gguf_tokenizer(path)
+        files = {w.info.file for w in weights.values()}
+        metadata = files.pop().metadata if len(files) == 1 else None
+        return config, weights, gguf_tokenizer(path, metadata)
     raise FileNotFoundError(f"model path {path} is neither a GGUF file nor an HF directory")
 
 
