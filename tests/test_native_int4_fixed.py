@@ -54,12 +54,12 @@ def _reference(x: torch.Tensor, layer: Int4Linear) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("n, k", [(128, 64), (960, 576), (576, 1536)])
-@pytest.mark.parametrize("rows", [1, 3, 8, 9, 40])
+@pytest.mark.parametrize("rows", [1, 3, 8, 9, 17, 40, 70])
 def test_the_kernel_computes_the_documented_arithmetic(n, k, rows):
     layer = _layer(n, k, seed=n + k)
     x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows)) * 2
     want = _reference(x, layer)
-    for amx in (0, 1, -1) if native.int4_fixed_has_amx() else (0,):
+    for amx in (0, 1, -1, -2) if native.int4_fixed_has_amx() else (0,):
         got = native.int4_mm_fixed(x, *layer.fixed, amx=amx)
         assert torch.equal(_bits(got), _bits(want)), (amx, (got.float() - want.float()).abs().max())
 
@@ -72,7 +72,7 @@ def test_a_row_s_bits_do_not_depend_on_the_call(dtype):
     whole = native.int4_mm_fixed(x, *layer.fixed)
     cuts = ((0, 1, 1), (7, 1, 2), (15, 3, 2), (100, 8, 1), (100, 9, 2), (90, 510, 2), (0, 600, 1))
     for start, rows, threads in cuts:
-        for amx in (0, 1, -1):
+        for amx in (0, 1, -1, -2):
             part = native.int4_mm_fixed(x[start:start + rows].contiguous(), *layer.fixed,
                                         amx=amx, threads=threads)
             assert torch.equal(_bits(part), _bits(whole[start:start + rows])), (start, rows, amx)

@@ -15,8 +15,10 @@
  * C[m, n] = acc rounded to bfloat16 (to nearest even). Every step after the integer sums is
  * one shared function, so the two kernels give the same bits for a row at any row count:
  *   - few rows (``FIXED_AMX_MIN_ROWS`` and below, or no AMX): VPDPBUSD, codes x activation bytes;
- *   - more rows on AMX: TDPBSSD tiles (16 rows x 16 columns x one group), sums stored and
- *     combined 16 columns a vector by the same function.
+ *   - up to ``INT8_TILES_MAX_ROWS`` on AMX: TDPBSUD tiles of the same bytes (16 rows x 32
+ *     columns x one group), sums stored and combined 16 columns a vector by the same function;
+ *   - more rows on AMX: TDPBF16PS tiles of X in bf16 and the codes unpacked to bf16 (exact:
+ *     every partial sum is an integer below 2^24), combined likewise.
  *
  * Weights (made by ``native.int4_fixed_pack``): codes [N/16, K/32, 4, 16, 4] bytes, byte
  * (v, n, j) holding code k = 8v + j (low nibble) and k = 8v + 4 + j (high nibble) of column
@@ -35,7 +37,7 @@
 #define BLOCK_N 16               /* columns a vector */
 #define TILE_N 64                /* columns a few-row work item */
 #define CODE_BYTES 256           /* one block's codes for one group */
-#define FIXED_AMX_MIN_ROWS 10    /* above: AMX tiles where present */
+#define FIXED_AMX_MIN_ROWS 5     /* above: AMX tiles where present (int8 tiles first) */
 #define CHUNK_M 256              /* rows an AMX work item takes */
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
@@ -148,26 +150,36 @@ struct quantized {
     float *S, *p;         /* [M, K / 32] */
 };
 
+/* ``tiles``: 0 bytes for VPDPBUSD, BF16_TILES bf16 for its tiles, INT8_TILES bytes with zero
+ * rows up to a multiple of 16 (a tile reads 16). */
+#define BF16_TILES 1
+#define INT8_TILES 2
+
 static int quantize_rows(const void *A, int bf16, long M, long K, int tiles, int threads,
                          struct quantized *q) {
     long padded = (M + 15) / 16 * 16, groups = K / GROUP;
     memset(q, 0, sizeof *q);
     q->S = malloc(sizeof(float) * (size_t)(M * groups));
     q->p = malloc(sizeof(float) * (size_t)(M * groups));
-    if (tiles) {
+    if (tiles == BF16_TILES) {
         q->x16 = aligned_alloc(64, sizeof(uint16_t) * (size_t)(padded * K));
         if (q->x16) memset(q->x16 + M * K, 0, sizeof(uint16_t) * (size_t)((padded - M) * K));
     } else {
-        q->hi = malloc((size_t)(M * K));
-        q->lo = malloc((size_t)(M * K));
+        long rows = tiles ? padded : M;
+        q->hi = malloc((size_t)(rows * K));
+        q->lo = malloc((size_t)(rows * K));
+        if (q->hi && q->lo && rows > M) {
+            memset(q->hi + M * K, 0, (size_t)((rows - M) * K));
+            memset(q->lo + M * K, 0, (size_t)((rows - M) * K));
+        }
     }
-    if (!q->S || !q->p || (tiles ? !q->x16 : !q->hi || !q->lo)) return -2;
+    if (!q->S || !q->p || (tiles == BF16_TILES ? !q->x16 : !q->hi || !q->lo)) return -2;
     size_t width = bf16 ? 2 : 4;
     #pragma omp parallel for num_threads(threads) if(threads > 1 && M > 8) schedule(static)
     for (long r = 0; r < M; r++)
         quantize_row((const char *)A + (size_t)(r * K) * width, bf16, K,
-                     tiles ? NULL : q->hi + r * K, tiles ? NULL : q->lo + r * K,
-                     tiles ? q->x16 + r * K : NULL, q->S + r * groups, q->p + r * groups);
+                     q->x16 ? NULL : q->hi + r * K, q->x16 ? NULL : q->lo + r * K,
+                     q->x16 ? q->x16 + r * K : NULL, q->S + r * groups, q->p + r * groups);
     return 0;
 }
 
@@ -305,24 +317,119 @@ static int many_rows(const struct quantized *q, const uint8_t *codes, const uint
     }
     return failed ? -2 : 0;
 }
+
+#if defined(__AMX_INT8__)
+#define HAVE_AMX_INT8_FIXED 1
+#define INT8_TILES_MAX_ROWS 16   /* rows up to here: int8 tiles (the codes as bytes); above, bf16 */
+
+/* Tiles 0, 1: a group's hi and lo activation bytes (16 rows x 32 bytes); 2, 3: the codes of
+ * two blocks (8 quads x 64 bytes: row i is VPDPBUSD's c[i]); 4-7: the sums (hi, lo) x (block
+ * 0, 1), 16 x 16 int32. TDPBSUD (signed activations, unsigned codes) gives the very integers
+ * of the few-row kernel, then the same combination: the same bits. */
+static void configure_int8_tiles(void) {
+    struct int4_tile_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    for (int t = 0; t < 8; t++) {
+        cfg.rows[t] = t == 2 || t == 3 ? 8 : 16;
+        cfg.colsb[t] = t < 2 ? 32 : 64;
+    }
+    _tile_loadconfig(&cfg);
+}
+
+/* 16 rows (from m; ``rows`` real) times two 16-column blocks (codes of block 0, then block 1
+ * at + groups blocks) -> C (bf16). */
+static void rows_times_pair(const struct quantized *q, long m, long rows, long K,
+                            const uint8_t *codes, const uint16_t *dm, uint16_t *C, long N,
+                            long n0) {
+    const long groups = K / GROUP;
+    const __m512i nibble = _mm512_set1_epi8(15);
+    int32_t sums[4][16][16] __attribute__((aligned(64)));
+    uint8_t quads[2][8][64] __attribute__((aligned(64)));
+    __m512 acc[16][2];
+    for (int r = 0; r < 16; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+    for (long g = 0; g < groups; g++) {
+        for (int b = 0; b < 2; b++)
+            for (int v = 0; v < 4; v++) {
+                __m512i both = _mm512_loadu_si512((const void *)(codes + (b * groups + g) * CODE_BYTES + v * 64));
+                _mm512_store_si512((void *)quads[b][2 * v], _mm512_and_si512(both, nibble));
+                _mm512_store_si512((void *)quads[b][2 * v + 1],
+                                   _mm512_and_si512(_mm512_srli_epi16(both, 4), nibble));
+            }
+        _tile_loadd(0, q->hi + m * K + g * GROUP, K);
+        _tile_loadd(1, q->lo + m * K + g * GROUP, K);
+        _tile_loadd(2, quads[0], 64);
+        _tile_loadd(3, quads[1], 64);
+        _tile_zero(4); _tile_zero(5); _tile_zero(6); _tile_zero(7);
+        _tile_dpbsud(4, 0, 2);
+        _tile_dpbsud(5, 1, 2);
+        _tile_dpbsud(6, 0, 3);
+        _tile_dpbsud(7, 1, 3);
+        _tile_stored(4, sums[0], 64);
+        _tile_stored(5, sums[1], 64);
+        _tile_stored(6, sums[2], 64);
+        _tile_stored(7, sums[3], 64);
+        __m512 d[2], mm[2];
+        for (int b = 0; b < 2; b++) load_dm(dm + (b * groups + g) * 2 * BLOCK_N, &d[b], &mm[b]);
+        for (long r = 0; r < rows; r++) {
+            float S = q->S[(m + r) * groups + g], p = q->p[(m + r) * groups + g];
+            for (int b = 0; b < 2; b++) {
+                __m512i hs = _mm512_load_si512((const void *)sums[2 * b][r]);
+                __m512i ls = _mm512_load_si512((const void *)sums[2 * b + 1][r]);
+                acc[r][b] = add_group(acc[r][b], exact_sum(hs, ls), d[b], mm[b], S, p);
+            }
+        }
+    }
+    for (long r = 0; r < rows; r++)
+        for (int b = 0; b < 2; b++) store_bf16(C + (m + r) * N + n0 + b * BLOCK_N, acc[r][b]);
+}
+
+static void middle_rows(const struct quantized *q, const uint8_t *codes, const uint16_t *dm,
+                        uint16_t *C, long M, long N, long K, int threads) {
+    const long groups = K / GROUP, pairs = N / (2 * BLOCK_N);
+    if (threads > pairs) threads = (int)pairs;
+    #pragma omp parallel num_threads(threads) if(threads > 1)
+    {
+        configure_int8_tiles();
+        #pragma omp for schedule(static)
+        for (long pair = 0; pair < pairs; pair++)
+            for (long m = 0; m < M; m += 16)
+                rows_times_pair(q, m, M - m < 16 ? M - m : 16, K,
+                                codes + 2 * pair * groups * CODE_BYTES,
+                                dm + 2 * pair * groups * 2 * BLOCK_N, C, N, 2 * pair * BLOCK_N);
+        _tile_release();
+    }
+}
+#endif
 #endif
 
 /* C [M, N] bf16 = A [M, K] (float32, or bf16 where ``a_bf16``) x the fixed-point int4
- * weights. ``amx``: 1 lets more than FIXED_AMX_MIN_ROWS rows take the tiles, 0 never
- * (for tests: the same bits either way), -1 always where built. */
+ * weights. ``amx``: 1 lets more than FIXED_AMX_MIN_ROWS rows take the tiles (int8 tiles up
+ * to INT8_TILES_MAX_ROWS rows, bf16 above), 0 never (for tests: the same bits every way), -1
+ * the bf16 tiles always, -2 the int8 tiles always, where built. */
 int rg_int4_mm_fixed(const void *A, int a_bf16, const uint8_t *codes, const uint16_t *dm,
                      uint16_t *C, long M, long N, long K, int amx, int threads) {
     if (M <= 0 || N <= 0 || K <= 0 || N % TILE_N || K % GROUP) return -3;
     if (threads < 1) threads = 1;
     int tiles = 0;
 #ifdef HAVE_AMX_FIXED
-    tiles = (amx < 0 || (amx > 0 && M > FIXED_AMX_MIN_ROWS)) && rg_amx_init();
+    if ((amx < 0 || (amx > 0 && M > FIXED_AMX_MIN_ROWS)) && rg_amx_init())
+        tiles = BF16_TILES;
+#ifdef HAVE_AMX_INT8_FIXED
+    if (tiles && (amx == -2 || (amx > 0 && M <= INT8_TILES_MAX_ROWS)))
+        tiles = INT8_TILES;
+#endif
 #endif
     struct quantized q;
     int status = quantize_rows(A, a_bf16, M, K, tiles, threads, &q);
     if (status == 0) {
+#ifdef HAVE_AMX_INT8_FIXED
+        if (tiles == INT8_TILES)
+            middle_rows(&q, codes, dm, C, M, N, K, threads);
+        else
+#endif
 #ifdef HAVE_AMX_FIXED
-        if (tiles)
+        if (tiles == BF16_TILES)
             status = many_rows(&q, codes, dm, C, M, N, K, threads);
         else
 #endif
