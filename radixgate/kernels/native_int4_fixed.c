@@ -222,6 +222,12 @@ static void few_rows(const struct quantized *q, const uint8_t *codes, const uint
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__linux__)
 #define HAVE_AMX_FIXED 1
 #define TILE_BLOCKS 4            /* 16-column blocks an AMX work item takes */
+/* Tiles a, b, c, e into sums[0..3] (16 rows of 64 bytes each); tile numbers must be bare
+ * literals (the intrinsic pastes them into the register name), hence a macro. */
+#define STORE_FOUR_TILES(a, b, c, e, sums) do { \
+        _tile_stored(a, (sums)[0], 64); _tile_stored(b, (sums)[1], 64); \
+        _tile_stored(c, (sums)[2], 64); _tile_stored(e, (sums)[3], 64); \
+    } while (0)
 /* Every tile 16 rows x 64 bytes (``int4_configure_tiles``). 0-3: the sums of blocks 0-3
  * (float32), 4: the group's activations (bf16), 5-7: codes (bf16 pairs). */
 
@@ -248,15 +254,32 @@ static void unpack_codes(const uint8_t *codes, long groups, uint32_t *tiles) {
 
 /* 16 rows (from m) times TILE_BLOCKS unpacked blocks (``tiles``: [block][groups * 256]) -> C
  * (bf16), rows below ``rows`` only. */
+static inline void combine_tile(const struct quantized *q, long m, long rows, long groups,
+                                long g, float sums[TILE_BLOCKS][16][16], const uint16_t *dm,
+                                __m512 acc[16][TILE_BLOCKS]) {
+    __m512 d[TILE_BLOCKS], mm[TILE_BLOCKS];
+    for (int b = 0; b < TILE_BLOCKS; b++)
+        load_dm(dm + (b * groups + g) * 2 * BLOCK_N, &d[b], &mm[b]);
+    for (long r = 0; r < rows; r++) {
+        float S = q->S[(m + r) * groups + g], p = q->p[(m + r) * groups + g];
+        for (int b = 0; b < TILE_BLOCKS; b++)
+            acc[r][b] = add_group(acc[r][b], _mm512_load_ps(sums[b][r]), d[b], mm[b], S, p);
+    }
+}
+
 static void rows_times_tile(const struct quantized *q, long m, long rows,
                             long K, const uint32_t *tiles, const uint16_t *dm, uint16_t *C,
                             long N, long n0) {
     long groups = K / GROUP, per_block = groups * 256;
-    float sums[TILE_BLOCKS][16][16] __attribute__((aligned(64)));
+    float sums[2][TILE_BLOCKS][16][16] __attribute__((aligned(64)));   /* groups g, g - 1 */
     __m512 acc[16][TILE_BLOCKS];
     for (int r = 0; r < 16; r++)
         for (int b = 0; b < TILE_BLOCKS; b++) acc[r][b] = _mm512_setzero_ps();
-    for (long g = 0; g < groups; g++) {
+    for (long g = 0; g <= groups; g++) {
+        if (g == groups) {
+            combine_tile(q, m, rows, groups, g - 1, sums[(g - 1) & 1], dm, acc);
+            break;
+        }
         _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
         _tile_loadd(4, q->x16 + m * K + g * GROUP, K * 2);
         _tile_loadd(5, tiles + g * 256, 64);
@@ -267,18 +290,9 @@ static void rows_times_tile(const struct quantized *q, long m, long rows,
         _tile_dpbf16ps(2, 4, 7);
         _tile_loadd(5, tiles + 3 * per_block + g * 256, 64);
         _tile_dpbf16ps(3, 4, 5);
-        _tile_stored(0, sums[0], 64);
-        _tile_stored(1, sums[1], 64);
-        _tile_stored(2, sums[2], 64);
-        _tile_stored(3, sums[3], 64);
-        __m512 d[TILE_BLOCKS], mm[TILE_BLOCKS];
-        for (int b = 0; b < TILE_BLOCKS; b++)
-            load_dm(dm + (b * groups + g) * 2 * BLOCK_N, &d[b], &mm[b]);
-        for (long r = 0; r < rows; r++) {
-            float S = q->S[(m + r) * groups + g], p = q->p[(m + r) * groups + g];
-            for (int b = 0; b < TILE_BLOCKS; b++)
-                acc[r][b] = add_group(acc[r][b], _mm512_load_ps(sums[b][r]), d[b], mm[b], S, p);
-        }
+        STORE_FOUR_TILES(0, 1, 2, 3, sums[g & 1]);
+        if (g > 0)               /* the previous group's, while this one's stores complete */
+            combine_tile(q, m, rows, groups, g - 1, sums[(g - 1) & 1], dm, acc);
     }
     for (long r = 0; r < rows; r++)
         for (int b = 0; b < TILE_BLOCKS; b++)
@@ -337,18 +351,39 @@ static void configure_int8_tiles(void) {
     _tile_loadconfig(&cfg);
 }
 
+/* Group g's stored sums (hi, lo) x (block 0, 1) into the rows' accumulators. */
+static inline void combine_pair(const struct quantized *q, long m, long rows, long groups,
+                                long g, int32_t sums[4][16][16], const uint16_t *dm,
+                                __m512 acc[16][2]) {
+    __m512 d[2], mm[2];
+    for (int b = 0; b < 2; b++) load_dm(dm + (b * groups + g) * 2 * BLOCK_N, &d[b], &mm[b]);
+    for (long r = 0; r < rows; r++) {
+        float S = q->S[(m + r) * groups + g], p = q->p[(m + r) * groups + g];
+        for (int b = 0; b < 2; b++) {
+            __m512i hs = _mm512_load_si512((const void *)sums[2 * b][r]);
+            __m512i ls = _mm512_load_si512((const void *)sums[2 * b + 1][r]);
+            acc[r][b] = add_group(acc[r][b], exact_sum(hs, ls), d[b], mm[b], S, p);
+        }
+    }
+}
+
 /* 16 rows (from m; ``rows`` real) times two 16-column blocks (codes of block 0, then block 1
- * at + groups blocks) -> C (bf16). */
+ * at + groups blocks) -> C (bf16). Group g's tiles are issued before group g - 1's sums are
+ * combined (the combination order, group by group, is unchanged). */
 static void rows_times_pair(const struct quantized *q, long m, long rows, long K,
                             const uint8_t *codes, const uint16_t *dm, uint16_t *C, long N,
                             long n0) {
     const long groups = K / GROUP;
     const __m512i nibble = _mm512_set1_epi8(15);
-    int32_t sums[4][16][16] __attribute__((aligned(64)));
+    int32_t sums[2][4][16][16] __attribute__((aligned(64)));   /* groups g and g - 1 */
     uint8_t quads[2][8][64] __attribute__((aligned(64)));
     __m512 acc[16][2];
     for (int r = 0; r < 16; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
-    for (long g = 0; g < groups; g++) {
+    for (long g = 0; g <= groups; g++) {
+        if (g == groups) {
+            combine_pair(q, m, rows, groups, g - 1, sums[(g - 1) & 1], dm, acc);
+            break;
+        }
         for (int b = 0; b < 2; b++)
             for (int v = 0; v < 4; v++) {
                 __m512i both = _mm512_loadu_si512((const void *)(codes + (b * groups + g) * CODE_BYTES + v * 64));
@@ -365,20 +400,9 @@ static void rows_times_pair(const struct quantized *q, long m, long rows, long K
         _tile_dpbsud(5, 1, 2);
         _tile_dpbsud(6, 0, 3);
         _tile_dpbsud(7, 1, 3);
-        _tile_stored(4, sums[0], 64);
-        _tile_stored(5, sums[1], 64);
-        _tile_stored(6, sums[2], 64);
-        _tile_stored(7, sums[3], 64);
-        __m512 d[2], mm[2];
-        for (int b = 0; b < 2; b++) load_dm(dm + (b * groups + g) * 2 * BLOCK_N, &d[b], &mm[b]);
-        for (long r = 0; r < rows; r++) {
-            float S = q->S[(m + r) * groups + g], p = q->p[(m + r) * groups + g];
-            for (int b = 0; b < 2; b++) {
-                __m512i hs = _mm512_load_si512((const void *)sums[2 * b][r]);
-                __m512i ls = _mm512_load_si512((const void *)sums[2 * b + 1][r]);
-                acc[r][b] = add_group(acc[r][b], exact_sum(hs, ls), d[b], mm[b], S, p);
-            }
-        }
+        STORE_FOUR_TILES(4, 5, 6, 7, sums[g & 1]);
+        if (g > 0)               /* the previous group's, while this one's stores complete */
+            combine_pair(q, m, rows, groups, g - 1, sums[(g - 1) & 1], dm, acc);
     }
     for (long r = 0; r < rows; r++)
         for (int b = 0; b < 2; b++) store_bf16(C + (m + r) * N + n0 + b * BLOCK_N, acc[r][b]);
