@@ -118,7 +118,7 @@ def test_ragged_attention_refuses_caches_it_cannot_read(cache):
     one, total = torch.tensor([0, 1], dtype=torch.int32), torch.tensor([40], dtype=torch.int32)
     tables = table[None, :].contiguous()
     codes = k.to(torch.int8)
-    with pytest.raises(ValueError, match="need k_scale"):
+    with pytest.raises(ValueError, match="needs k_scale"):
         native.ragged_attention(q[:1], codes, codes, tables, one, total, 0.1)
     scales = torch.ones(BLOCKS, BS, HKV)                       # float32: not the cache's scales
     with pytest.raises(ValueError, match="float16"):

@@ -44,6 +44,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from radixgate.kernels.checks import check_cache_pair
+
 log = logging.getLogger(__name__)
 SOURCES = tuple(Path(__file__).with_name(n) for n in ("native.c", "native_extend.c", "native_int4.c",
                                                    "native_int4_amx.c", "native_int4_fixed.c"))
@@ -387,23 +389,29 @@ class RaggedCall:
 
 def _ragged_kind(k_cache, v_cache, k_scale, v_scale) -> int:
     """The kernel's kind code for these caches, after checking what it reads blindly: one
-    dtype for K and V, contiguous, and float16 scales of shape [blocks, bs, Hkv] exactly where
-    the dtype is 8-bit."""
+    of ``RAGGED_KV_KINDS`` for both, the pair and its scales as ``checks.check_cache_pair``
+    wants them, every tensor a contiguous CPU one (``_check_in_place``)."""
     kind = RAGGED_KV_KINDS.get(k_cache.dtype)
-    if kind is None or v_cache.dtype != k_cache.dtype or v_cache.shape != k_cache.shape:
+    if kind is None or v_cache.dtype != k_cache.dtype:
         raise ValueError(f"caches of {k_cache.dtype} / {v_cache.dtype} not taken: one of "
                          f"{sorted(map(str, RAGGED_KV_KINDS))} for both")
-    if not (k_cache.is_contiguous() and v_cache.is_contiguous() and k_cache.is_cpu
-            and v_cache.is_cpu):
-        raise ValueError("caches must be contiguous CPU tensors")
-    scaled = k_cache.element_size() == 1
-    for scales in (k_scale, v_scale):
-        if (scales is not None) != scaled:
-            raise ValueError("8-bit caches need k_scale and v_scale; others take none")
-        if scales is not None and (scales.dtype != torch.float16 or not scales.is_contiguous()
-                                   or scales.shape != k_cache.shape[:3]):
-            raise ValueError(f"scales must be contiguous float16 {tuple(k_cache.shape[:3])}")
+    _check_in_place(k_cache, v_cache, k_scale, v_scale)
     return kind
+
+
+def _check_in_place(k_cache, v_cache, k_scale, v_scale) -> None:
+    """A cache pair a kernel reads or writes through raw pointers: ``check_cache_pair``'s
+    shapes, dtypes and scales, and every tensor whole-contiguous on the CPU."""
+    check_cache_pair(k_cache, v_cache, k_scale, v_scale)
+    for t in (k_cache, v_cache, k_scale, v_scale):
+        if t is not None and (not t.is_contiguous() or not t.is_cpu):
+            raise ValueError("caches and scales must be contiguous CPU tensors")
+
+
+def attention_takes_head_dim(dim: int) -> bool:
+    """The head dims ``ragged_attention`` and ``extend_attention`` take: multiples of 16 up
+    to 256."""
+    return dim % 16 == 0 and dim <= 256
 
 
 TOPK_MAX = 64
@@ -455,20 +463,11 @@ ROPE_STORE_DTYPES = (torch.float32, torch.int8)     # the caches ``rope_store`` 
 
 
 def _check_store_caches(k_cache, v_cache, k_scale, v_scale) -> None:
-    """What ``rope_store`` writes blindly: contiguous CPU caches of one of
-    ``ROPE_STORE_DTYPES``, float16 scales of shape [blocks, bs, Hkv] exactly for int8."""
-    if k_cache.dtype not in ROPE_STORE_DTYPES or v_cache.dtype != k_cache.dtype \
-            or v_cache.shape != k_cache.shape:
+    """What ``rope_store`` writes blindly: caches of one of ``ROPE_STORE_DTYPES``, checked as
+    every in-place cache is (``_check_in_place``)."""
+    if k_cache.dtype not in ROPE_STORE_DTYPES or v_cache.dtype != k_cache.dtype:
         raise ValueError(f"rope_store writes float32 or int8 caches, not {k_cache.dtype}")
-    for t in (k_cache, v_cache, k_scale, v_scale):
-        if t is not None and (not t.is_contiguous() or not t.is_cpu):
-            raise ValueError("caches and scales must be contiguous CPU tensors")
-    quantized = k_cache.dtype == torch.int8
-    for scales in (k_scale, v_scale):
-        if (scales is not None) != quantized or (scales is not None and (
-                scales.dtype != torch.float16 or scales.shape != k_cache.shape[:3])):
-            raise ValueError(f"int8 caches take float16 scales {tuple(k_cache.shape[:3])}, "
-                             f"float32 caches none")
+    _check_in_place(k_cache, v_cache, k_scale, v_scale)
 
 
 def argmax_rows(x: torch.Tensor) -> list[int]:

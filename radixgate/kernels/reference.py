@@ -213,7 +213,7 @@ def _native_extend_fits(q: torch.Tensor, k_cache: torch.Tensor, k_scale, total: 
     q_len, _, dim = q.shape
     if not NATIVE_EXTEND or k_scale is not None or q_len > NATIVE_EXTEND_MAX_QUERIES:
         return False
-    if q_len >= total or dim % 16 or dim > 256 or q.dtype != torch.float32:
+    if q_len >= total or not native.attention_takes_head_dim(dim) or q.dtype != torch.float32:
         return False
     return native.usable(k_cache)
 

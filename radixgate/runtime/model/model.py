@@ -108,7 +108,7 @@ class LlamaModel:
             raise ValueError(f"deterministic mode covers the Llama/Qwen2 layer only, not "
                              f"{self.config.arch}'s (windows, soft-caps, extra norms)")
         head_dim = self.config.head_dim
-        if head_dim % 16 or head_dim > 256:
+        if not native.attention_takes_head_dim(head_dim):
             raise ValueError(f"deterministic mode's attention kernel takes head dims that are "
                              f"multiples of 16 up to 256, not {head_dim}")
         if not (native.usable() and self.device.type == "cpu" and self.dtype == torch.float32
@@ -251,8 +251,7 @@ class LlamaModel:
         kernels too (benchmarks/RESULTS.md, issue 49: float32 decode at 4k 20.5 against 27.9
         ms a step, a 2k prefill's attention 760 against SDPA's 796)."""
         return NATIVE_RAGGED and not uses_triton(kv.k[0]) and native.usable(x) \
-            and kv.head_dim % 16 == 0 \
-            and kv.head_dim <= 256
+            and native.attention_takes_head_dim(kv.head_dim)
 
     def _attention(self, layer: DecoderLayer, h, i: int, rope, local_rope, batches,
                    plan, kv: KVCache, rope_native: bool) -> torch.Tensor:
