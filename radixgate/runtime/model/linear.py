@@ -279,13 +279,10 @@ class Int4Linear:
         kernel is built, the CPU has AVX512-VNNI, and the shape and scales fit it)."""
         n, k = codes.shape
         assert k % GROUP == 0 and scale.shape == zero.shape == (n, k // GROUP)
-        self.shape, self.dtype, self.bias = (n, k), torch.quint4x2, bias
         if fixed is None:
             fixed = codes.device.type == "cpu" and native.has_int4_fixed()
         pack = native.int4_fixed_pack(codes, scale, zero) if fixed else None
-        self._fixed_mm = native.FixedInt4(*pack) if pack is not None else None
-        self.packed = self.scales_and_zeros = None
-        self.native_op = self.amx = False
+        self._hold((n, k), pack, bias)
         if pack is None:
             self._torch_pack(codes, scale, zero)
 
@@ -294,12 +291,17 @@ class Int4Linear:
                    bias: torch.Tensor | None = None) -> "Int4Linear":
         """A layer over weights already in the fixed layout (``native.int4_fixed_from_q4``)."""
         layer = cls.__new__(cls)
-        mm = native.FixedInt4(*fixed)
-        layer.shape, layer.dtype, layer.bias = (mm.n, mm.k), torch.quint4x2, bias
-        layer._fixed_mm = mm
-        layer.packed = layer.scales_and_zeros = None
-        layer.native_op = layer.amx = False
+        packed, _ = fixed
+        layer._hold((packed.shape[0] * 16, packed.shape[1] * GROUP), fixed, bias)
         return layer
+
+    def _hold(self, shape: tuple[int, int], fixed: tuple | None, bias) -> None:
+        """The attributes every layer has: the fixed layout's kernel where given, torch's
+        pack (``_torch_pack``) still to come otherwise."""
+        self.shape, self.dtype, self.bias = shape, torch.quint4x2, bias
+        self._fixed_mm = native.FixedInt4(*fixed) if fixed is not None else None
+        self.packed = self.scales_and_zeros = None
+        self.native_op = self.amx = False
 
     @property
     def fixed(self) -> tuple[torch.Tensor, torch.Tensor] | None:
