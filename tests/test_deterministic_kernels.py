@@ -62,6 +62,25 @@ def test_a_position_gets_the_same_bits_however_its_step_was_made(cache):
         assert torch.equal(ragged(cache, [(0, 400)], threads, tile), whole)
 
 
+def test_keys_past_a_chunk_fold_in_whichever_way_the_step_splits_them(cache):
+    """A query's keys run in chunks of 256 folded in order: a short extend or a decode row
+    splits its chunks over workers, a prompt's tile folds them itself; both give the prompt's
+    bits, and the rows that straddle a chunk's start fold only what they reach."""
+    k, v, table, q = cache
+    total = BLOCKS * BS                                     # 768: three chunks
+    whole = ragged(cache, [(0, total)])
+    keys = k[table.long()].flatten(0, 1)[:total].transpose(0, 1)[None]
+    values = v[table.long()].flatten(0, 1)[:total].transpose(0, 1)[None]
+    want = F.scaled_dot_product_attention(q[:total].transpose(0, 1)[None], keys, values,
+                                          is_causal=True, scale=0.125, enable_gqa=True)
+    assert torch.allclose(whole, want[0].transpose(0, 1), atol=2e-5, rtol=1e-4)
+    assert torch.equal(ragged(cache, [(total - 1, total)])[0], whole[-1])     # split, 3 chunks
+    assert torch.equal(ragged(cache, [(250, 258)]), whole[250:258])           # straddles 256
+    straddle = ragged(cache, [(509, 515), (700, 701), (3, 4)], threads=2)
+    assert torch.equal(straddle[:6], whole[509:515]) and torch.equal(straddle[6], whole[700])
+    assert torch.equal(straddle[7], whole[3])
+
+
 def test_ragged_attention_refuses_what_it_cannot_read(cache):
     k, v, table, q = cache
     one = torch.tensor([0, 1], dtype=torch.int32)

@@ -20,7 +20,8 @@
 #include "native_math.h"
 
 #define KEYS 16          /* keys a step: one vector of scores */
-#define MAX_VECTORS 192  /* query vectors (rows x group) an item */
+#define MAX_VECTORS 1024 /* query vectors (rows x heads) an item */
+#define CHUNK_KEYS 256   /* a query's keys, in chunks from position 0 (a multiple of KEYS) */
 #define MAX_DIM 256
 
 #if defined(__AVX512F__)
@@ -233,78 +234,214 @@ static void block_all(long count, const float *kt, const float *const *vrow, con
 }
 #endif
 
-/* One work item: kv head g, query rows [r0, r1): every query head of the group. */
-static void extend_item(const float *q, const kv_source *cache, const int32_t *table,
-                        long total, long q_len, long hq, long hkv, long d, long bs, float scale,
-                        long g, long r0, long r1, float *out, float *kt, float *rows_buf,
-                        const float *zeros, float *acc, float *scaled) {
-    const long group = hq / hkv, rows = r1 - r0, nv = rows * group, first = total - q_len;
-    float peak[MAX_VECTORS], sum[MAX_VECTORS];
-    for (long j = 0; j < nv; j++) peak[j] = -INFINITY, sum[j] = 0.f;
-    memset(acc, 0, sizeof(float) * (size_t)(nv * d));
-    for (long j = 0; j < nv; j++) {
-        const float *qv = q + ((r0 + j / group) * hq + g * group + j % group) * d;
-        for (long i = 0; i < d; i++) scaled[j * d + i] = qv[i] * scale;
+/* The scores and online softmax of ``count`` vectors over one key block (the build without
+ * AVX-512): the same contract as the vector version. */
+#if !RG_AVX512
+static void block_all(long count, const float *kt, const float *const *vrow, const long *visible,
+                      const float *qs, long d, float *peak, float *sum, float *acc) {
+    for (long j = 0; j < count; j++) {
+        float s[KEYS], m = peak[j], total_w = 0.f;
+        for (long p = 0; p < KEYS; p++) s[p] = 0.f;
+        for (long i = 0; i < d; i++) {                   /* 16 scores, one FMA a dim */
+            float qi = qs[j * d + i];
+            for (long p = 0; p < KEYS; p++) s[p] += qi * kt[i * KEYS + p];
+        }
+        for (long p = 0; p < visible[j]; p++) m = s[p] > m ? s[p] : m;
+        for (long p = 0; p < KEYS; p++) {
+            s[p] = p < visible[j] ? exp_nonpositive(s[p] - m) : 0.f;
+            total_w += s[p];
+        }
+        float alpha = exp_nonpositive(peak[j] - m);
+        sum[j] = sum[j] * alpha + total_w;
+        peak[j] = m;
+        weigh(acc + j * d, vrow, s, visible[j], alpha, d);
     }
-    const long last_pos = first + r1 - 1;               /* the last key any row reads */
-    for (long start = 0; start <= last_pos; start += KEYS) {
-        long n = last_pos + 1 - start < KEYS ? last_pos + 1 - start : KEYS;
-        const float *vrow[KEYS], *krow[KEYS];
-        for (long p = 0; p < KEYS; p++) {                /* K^T [d][16], absent keys 0 */
-            if (p < n) {
-                long pos = start + p;
-                long slot = (long)table[pos / bs] * bs + pos % bs;
-                krow[p] = row_floats(cache, 0, slot, g, rows_buf + p * d);
-                vrow[p] = row_floats(cache, 1, slot, g, rows_buf + (KEYS + p) * d);
-            } else {
-                krow[p] = zeros;
-                vrow[p] = NULL;
+}
+#endif
+
+/* What an item reads: a sequence's caches through its block table, its queries' first
+ * position, the shapes. */
+typedef struct {
+    const kv_source *cache;
+    const int32_t *table;
+    long first, hq, hkv, d, bs;
+} item_keys;
+
+/* Online-softmax state of an item's vectors: per vector the largest score, the sum of the
+ * weights, the weighted V rows [d]. Vector order: kv head g's (row, group head) pairs, so
+ * head g's vectors are the run [g * rows * group, (g + 1) * rows * group). */
+typedef struct {
+    float *peak, *sum, *acc;
+} softmax_state;
+
+/* Scratch of one worker: K^T, the converted K and V rows of a step, a zero row. */
+typedef struct {
+    float *kt, *rows, *zeros;
+} step_scratch;
+
+/* The item's query rows [r0, r1) (every head, ``scaled``: q times the scale, in vector order)
+ * over the keys [k0, k1): ``st`` starts empty. Each step converts the 16 slots' rows of one
+ * kv head after the other, so it reads the slots' K and V lines whole and in order (one head
+ * a pass read one 64-byte line in three: a decode row at 8k context waited on memory for two
+ * thirds of its attention). */
+static void attend_keys(const item_keys *it, const float *scaled, long r0, long r1, long k0,
+                        long k1, step_scratch *sc, softmax_state *st) {
+    const long d = it->d, group = it->hq / it->hkv, rows = r1 - r0, per_g = rows * group;
+    for (long j = 0; j < per_g * it->hkv; j++) st->peak[j] = -INFINITY, st->sum[j] = 0.f;
+    memset(st->acc, 0, sizeof(float) * (size_t)(per_g * it->hkv * d));
+    for (long start = k0; start < k1; start += KEYS) {
+        const long n = k1 - start < KEYS ? k1 - start : KEYS;
+        long slots[KEYS], visible[MAX_VECTORS], from = 0;
+        if (it->bs % KEYS == 0) {                        /* the step inside one block */
+            const long base = (long)it->table[start / it->bs] * it->bs + start % it->bs;
+            for (long p = 0; p < n; p++) slots[p] = base + p;
+        } else {
+            for (long p = 0; p < n; p++) {
+                const long pos = start + p;
+                slots[p] = (long)it->table[pos / it->bs] * it->bs + pos % it->bs;
             }
         }
-        transpose_keys(krow, d, kt);
-#if RG_AVX512
-        long visible[MAX_VECTORS], from = 0;
-        for (long j = 0; j < nv; j++) {                  /* keys of this block each sees */
-            long row = r0 + j / group, seen = first + row + 1 - start;
+        for (long j = 0; j < per_g; j++) {               /* keys of this block each sees */
+            const long seen = it->first + r0 + j / group + 1 - start;
             visible[j] = seen <= 0 ? 0 : (seen > n ? n : seen);
             if (visible[j] == 0) from = j + 1;            /* rows in order: a prefix sees none */
         }
-        block_all(nv - from, kt, vrow, visible + from, scaled + from * d, d, peak + from,
-                  sum + from, acc + from * d);
-    }
-#else
-        for (long j = 0; j < nv; j++) {
-            long row = r0 + j / group;
-            long visible = first + row + 1 - start;       /* keys of this block it sees */
-            if (visible <= 0) continue;
-            if (visible > n) visible = n;
-            float *a = acc + j * d;
-            float m = peak[j], total_w, alpha;
-            float s[KEYS];
-            for (long p = 0; p < KEYS; p++) s[p] = 0.f;
-            for (long i = 0; i < d; i++) {               /* 16 scores, one FMA a dim */
-                float qi = scaled[j * d + i];
-                for (long p = 0; p < KEYS; p++) s[p] += qi * kt[i * KEYS + p];
+        if (from == per_g) continue;
+        for (long g = 0; g < it->hkv; g++) {
+            const float *vrow[KEYS], *krow[KEYS];
+            for (long p = 0; p < KEYS; p++) {            /* K^T [d][16], absent keys 0 */
+                krow[p] = p < n ? row_floats(it->cache, 0, slots[p], g, sc->rows + p * d) : sc->zeros;
+                vrow[p] = p < n ? row_floats(it->cache, 1, slots[p], g, sc->rows + (KEYS + p) * d)
+                                : NULL;
             }
-            for (long p = 0; p < visible; p++) m = s[p] > m ? s[p] : m;
-            total_w = 0.f;
-            for (long p = 0; p < KEYS; p++) {
-                s[p] = p < visible ? exp_nonpositive(s[p] - m) : 0.f;
-                total_w += s[p];
-            }
-            alpha = exp_nonpositive(peak[j] - m);
-            sum[j] = sum[j] * alpha + total_w;
-            peak[j] = m;
-            weigh(a, vrow, s, visible, alpha, d);
+            transpose_keys(krow, d, sc->kt);
+            const long at = g * per_g + from;
+            block_all(per_g - from, sc->kt, vrow, visible + from, scaled + at * d, d,
+                      st->peak + at, st->sum + at, st->acc + at * d);
         }
     }
-#endif
-    for (long j = 0; j < nv; j++) {
-        long row = r0 + j / group, head = g * group + j % group;
-        float inv = 1.0f / sum[j];
-        float *o = out + (row * hq + head) * d;
-        for (long i = 0; i < d; i++) o[i] = acc[j * d + i] * inv;
+}
+
+/* Folds chunk c's state of one vector (peak pc, sum sc, weighted rows ac) into the running
+ * state (*m, *s, o) of the chunks before it. Chunk 0's state is taken as it is, so a query
+ * whose keys fit one chunk gets the plain online softmax's bits. */
+static void fold_chunk(float *m, float *s, float *o, float pc, float sc, const float *ac, long d) {
+    const float top = pc > *m ? pc : *m, a = exp_nonpositive(*m - top), b = exp_nonpositive(pc - top);
+    *s = *s * a + sc * b;
+    for (long i = 0; i < d; i++) o[i] = o[i] * a + ac[i] * b;
+    *m = top;
+}
+
+/* out rows [r0, r1) of every head from the final state: the weighted rows over their sum. */
+static void write_rows(const item_keys *it, long r0, long r1, const softmax_state *st, float *out) {
+    const long d = it->d, group = it->hq / it->hkv, per_g = (r1 - r0) * group;
+    for (long j = 0; j < per_g * it->hkv; j++) {
+        const long g = j / per_g, row = r0 + (j % per_g) / group, head = g * group + j % group;
+        const float inv = 1.0f / st->sum[j];
+        float *o = out + (row * it->hq + head) * d;
+        for (long i = 0; i < d; i++) o[i] = st->acc[j * d + i] * inv;
     }
+}
+
+/* Vector j's query, times the scale, into scaled (vector order). */
+static void scale_queries(const item_keys *it, const float *q, float scale, long r0, long r1,
+                          float *scaled) {
+    const long d = it->d, group = it->hq / it->hkv, per_g = (r1 - r0) * group;
+    for (long j = 0; j < per_g * it->hkv; j++) {
+        const long g = j / per_g, row = r0 + (j % per_g) / group, head = g * group + j % group;
+        const float *qv = q + (row * it->hq + head) * d;
+        for (long i = 0; i < d; i++) scaled[j * d + i] = qv[i] * scale;
+    }
+}
+
+/* The chunks a tile's last row reads: a query at position p reads chunks 0 .. p / CHUNK_KEYS. */
+static inline long tile_chunks(long first, long r1) { return (first + r1 - 1) / CHUNK_KEYS + 1; }
+
+/* A tile whole on one worker: its chunks in order, each folded in as it ends. */
+static void tile_whole(const item_keys *it, const float *q, float scale, long r0, long r1,
+                       step_scratch *sc, softmax_state *run, softmax_state *chunk, float *scaled,
+                       float *out) {
+    const long d = it->d, group = it->hq / it->hkv, per_g = (r1 - r0) * group;
+    const long last = it->first + r1 - 1, chunks = tile_chunks(it->first, r1);
+    scale_queries(it, q, scale, r0, r1, scaled);
+    attend_keys(it, scaled, r0, r1, 0, last + 1 < CHUNK_KEYS ? last + 1 : CHUNK_KEYS, sc, run);
+    for (long c = 1; c < chunks; c++) {
+        const long k0 = c * CHUNK_KEYS, k1 = last + 1 < k0 + CHUNK_KEYS ? last + 1 : k0 + CHUNK_KEYS;
+        attend_keys(it, scaled, r0, r1, k0, k1, sc, chunk);
+        for (long j = 0; j < per_g * it->hkv; j++)
+            if (it->first + r0 + (j % per_g) / group >= k0)     /* the rows that reach it */
+                fold_chunk(run->peak + j, run->sum + j, run->acc + j * d, chunk->peak[j],
+                           chunk->sum[j], chunk->acc + j * d, d);
+    }
+    write_rows(it, r0, r1, run, out);
+}
+
+/* Work items of one call. Item i: sequence seq[i], rows [r0[i], r1[i]); chunk[i] -1 for a
+ * tile whole on one worker, else that one chunk of a split tile, whose state goes to the
+ * partials at part[i] (folded, in chunk order, by the split tile's item of chunk 0). */
+typedef struct {
+    long *seq, *r0, *r1, *chunk, *part;
+    long count, parts;
+} item_list;
+
+/* A sequence whose queries fit one tile (decode rows, drafts, short extends) splits its
+ * chunks over workers: a decode row at 8k context is then 32 items, not one. Longer prompts
+ * keep each tile whole (their tiles already give every worker work). The split never changes
+ * a bit: the same chunks fold in the same order. */
+static int list_items(const int32_t *cu_q, const int32_t *totals, long seqs, long tile, long hq,
+                      long d, item_list *list) {
+    long count = 0;
+    for (long s = 0; s < seqs; s++) {
+        const long q_len = cu_q[s + 1] - cu_q[s], first = totals[s] - q_len;
+        count += q_len <= tile ? tile_chunks(first, q_len) : (q_len + tile - 1) / tile;
+    }
+    list->seq = malloc(sizeof(long) * (size_t)(5 * (count > 0 ? count : 1)));
+    if (list->seq == NULL) return -2;
+    const long room = count > 0 ? count : 1;
+    list->r0 = list->seq + room, list->r1 = list->r0 + room;
+    list->chunk = list->r1 + room, list->part = list->chunk + room;
+    long i = 0, parts = 0;
+    for (long s = 0; s < seqs; s++) {
+        const long q_len = cu_q[s + 1] - cu_q[s], first = totals[s] - q_len;
+        if (q_len <= tile) {
+            const long chunks = tile_chunks(first, q_len);
+            for (long c = 0; c < chunks; c++, i++) {
+                list->seq[i] = s, list->r0[i] = 0, list->r1[i] = q_len;
+                list->chunk[i] = chunks > 1 ? c : -1;
+                list->part[i] = parts;
+                if (chunks > 1) parts += q_len * hq * (d + 2);
+            }
+            continue;
+        }
+        for (long r0 = 0; r0 < q_len; r0 += tile, i++) {
+            list->seq[i] = s, list->r0[i] = r0, list->r1[i] = r0 + tile < q_len ? r0 + tile : q_len;
+            list->chunk[i] = -1, list->part[i] = 0;
+        }
+    }
+    list->count = count, list->parts = parts;
+    return 0;
+}
+
+/* The state of a split tile's chunk c in the partials (its item's ``part``). */
+static softmax_state chunk_partial(float *partials, long part, long nv, long d) {
+    softmax_state st = {partials + part, partials + part + nv, partials + part + 2 * nv};
+    return st;
+}
+
+/* A split tile's chunks folded in order (chunk 0 taken as it is), then its rows written. */
+static void fold_split_tile(const item_keys *it, long q_len, float *partials, long part0,
+                            long chunks, float *out) {
+    const long d = it->d, group = it->hq / it->hkv, nv = q_len * it->hq, per_g = q_len * group;
+    const long stride = nv * (d + 2);
+    softmax_state run = chunk_partial(partials, part0, nv, d);
+    for (long c = 1; c < chunks; c++) {
+        softmax_state ch = chunk_partial(partials, part0 + c * stride, nv, d);
+        for (long j = 0; j < nv; j++)
+            if (it->first + (j % per_g) / group >= c * CHUNK_KEYS)
+                fold_chunk(run.peak + j, run.sum + j, run.acc + j * d, ch.peak[j], ch.sum[j],
+                           ch.acc + j * d, d);
+    }
+    write_rows(it, 0, q_len, &run, out);
 }
 
 /* Causal attention of every sequence of a step, whatever its query count: the deterministic
@@ -313,10 +450,12 @@ static void extend_item(const float *q, const kv_source *cache, const int32_t *t
  * totals[s] - q_len .. totals[s] - 1, its keys through tables[s] (int32, table_width a row).
  * The caches hold ``kind`` (KV_F32 .. KV_FP8; the 8-bit kinds with float16 scales per row),
  * read in place and converted exactly (kv_source).
- * Items (sequence, kv head, tile of ``tile_rows`` rows) go to ``threads`` workers, dynamic:
- * each runs extend_item, so a query's output is the same bits however the step was made up
- * (rows beside it, its sequence's query count, the tile, the thread count). Returns 0; -1 a
- * block id outside the cache or a table too short; -2 out of memory; -3 a shape not taken. */
+ * A query's keys run in chunks of CHUNK_KEYS from position 0, each an online softmax over its
+ * keys in order, folded in chunk order (fold_chunk). Items (tiles of ``tile_rows`` rows, every
+ * head, whole or split by chunk: list_items) go to ``threads`` workers, dynamic; so a query's
+ * output is the same bits however the step was made up (rows beside it, its sequence's query
+ * count, the tile, the thread count). Returns 0; -1 a block id outside the cache or a table
+ * too short; -2 out of memory; -3 a shape not taken. */
 int rg_ragged_attention_kv(const float *q, int kind, const void *k_cache, const void *v_cache,
                            const uint16_t *k_scale, const uint16_t *v_scale,
                            const int32_t *tables, long table_width, const int32_t *cu_q,
@@ -327,9 +466,8 @@ int rg_ragged_attention_kv(const float *q, int kind, const void *k_cache, const 
         return -3;
     if (kind == KV_FP8) kv_prepare();
     const kv_source cache = {k_cache, v_cache, k_scale, v_scale, kind, hkv, d};
-    long group = hq / hkv, tile = MAX_VECTORS / group < tile_rows ? MAX_VECTORS / group : tile_rows;
+    const long tile = MAX_VECTORS / hq < tile_rows ? MAX_VECTORS / hq : tile_rows;
     if (tile < 1) return -3;
-    long items = 0;
     for (long s = 0; s < seqs; s++) {
         long q_len = cu_q[s + 1] - cu_q[s], total = totals[s], need = (total + bs - 1) / bs;
         if (q_len < 1 || q_len > total) return -3;
@@ -337,42 +475,61 @@ int rg_ragged_attention_kv(const float *q, int kind, const void *k_cache, const 
         for (long b = 0; b < need; b++)
             if (tables[s * table_width + b] < 0 || tables[s * table_width + b] >= num_blocks)
                 return -1;
-        items += hkv * ((q_len + tile - 1) / tile);
     }
-    long *item_seq = malloc(sizeof(long) * (size_t)(2 * (items > 0 ? items : 1)));
-    if (item_seq == NULL) return -2;
-    long *item_rank = item_seq + (items > 0 ? items : 1);
-    for (long s = 0, i = 0; s < seqs; s++) {        /* an item's sequence; its rank in it */
-        long n = hkv * ((cu_q[s + 1] - cu_q[s] + tile - 1) / tile);
-        for (long j = 0; j < n; j++, i++) item_seq[i] = s, item_rank[i] = j;
+    item_list list;
+    if (list_items(cu_q, totals, seqs, tile, hq, d, &list)) return -2;
+    float *partials = list.parts ? malloc(sizeof(float) * (size_t)list.parts) : NULL;
+    if (list.parts && partials == NULL) {
+        free(list.seq);
+        return -2;
     }
     int failed = 0;
     if (threads < 1) threads = 1;
-    if (threads > items) threads = items > 0 ? (int)items : 1;
+    if (threads > list.count) threads = list.count > 0 ? (int)list.count : 1;
     #pragma omp parallel num_threads(threads) if(threads > 1)
     {
-        float *kt = malloc(sizeof(float) * (size_t)(d * KEYS * 3 + d));   /* + K, V rows, 0s */
-        float *acc = malloc(sizeof(float) * (size_t)(2 * tile * group * d));
-        if (kt != NULL) memset(kt + 3 * d * KEYS, 0, sizeof(float) * (size_t)d);
-        if (kt == NULL || acc == NULL) {
+        const size_t state = (size_t)(tile * hq * d);
+        float *scratch = malloc(sizeof(float) * ((size_t)(d * KEYS * 3 + d) + 3 * state));
+        float *peaks = malloc(sizeof(float) * (size_t)(4 * MAX_VECTORS));
+        if (scratch == NULL || peaks == NULL) {
             #pragma omp atomic write
             failed = 1;
         }
+        step_scratch sc = {scratch, scratch + d * KEYS, scratch + 3 * d * KEYS};
+        float *scaled = scratch + 3 * d * KEYS + d;
+        softmax_state run = {peaks, peaks + MAX_VECTORS, scaled + state};
+        softmax_state chunk = {peaks + 2 * MAX_VECTORS, peaks + 3 * MAX_VECTORS, scaled + 2 * state};
+        if (scratch != NULL) memset(sc.zeros, 0, sizeof(float) * (size_t)d);
         #pragma omp for schedule(dynamic, 1)
-        for (long item = items - 1; item >= 0; item--) {     /* longest (last rows) first */
-            if (kt == NULL || acc == NULL) continue;
-            long s = item_seq[item], rank = item_rank[item], q_len = cu_q[s + 1] - cu_q[s];
-            long tiles = (q_len + tile - 1) / tile, g = rank / tiles, r0 = (rank % tiles) * tile;
-            long r1 = r0 + tile < q_len ? r0 + tile : q_len;
-            const long offset = (long)cu_q[s] * hq * d;
-            extend_item(q + offset, &cache, tables + s * table_width, totals[s], q_len, hq, hkv,
-                        d, bs, scale, g, r0, r1, out + offset, kt, kt + d * KEYS,
-                        kt + 3 * d * KEYS, acc, acc + tile * group * d);
+        for (long i = list.count - 1; i >= 0; i--) {       /* longest (last rows) first */
+            if (scratch == NULL || peaks == NULL) continue;
+            const long s = list.seq[i], q_len = cu_q[s + 1] - cu_q[s];
+            const item_keys it = {&cache, tables + s * table_width, totals[s] - q_len, hq, hkv, d, bs};
+            const float *qs = q + (long)cu_q[s] * hq * d;
+            if (list.chunk[i] < 0) {
+                tile_whole(&it, qs, scale, list.r0[i], list.r1[i], &sc, &run, &chunk, scaled,
+                           out + (long)cu_q[s] * hq * d);
+                continue;
+            }
+            const long c = list.chunk[i], k0 = c * CHUNK_KEYS, last = totals[s] - 1;
+            softmax_state st = chunk_partial(partials, list.part[i], q_len * hq, d);
+            scale_queries(&it, qs, scale, 0, q_len, scaled);
+            attend_keys(&it, scaled, 0, q_len, k0, last + 1 < k0 + CHUNK_KEYS ? last + 1 : k0 + CHUNK_KEYS,
+                        &sc, &st);
         }
-        free(kt);
-        free(acc);
+        #pragma omp for schedule(dynamic, 1)
+        for (long i = 0; i < list.count; i++) {            /* split tiles: fold their chunks */
+            if (list.chunk[i] != 0) continue;
+            const long s = list.seq[i], q_len = cu_q[s + 1] - cu_q[s];
+            const item_keys it = {&cache, tables + s * table_width, totals[s] - q_len, hq, hkv, d, bs};
+            fold_split_tile(&it, q_len, partials, list.part[i], tile_chunks(it.first, q_len),
+                            out + (long)cu_q[s] * hq * d);
+        }
+        free(scratch);
+        free(peaks);
     }
-    free(item_seq);
+    free(partials);
+    free(list.seq);
     return failed ? -2 : 0;
 }
 
