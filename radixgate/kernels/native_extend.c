@@ -121,9 +121,8 @@ static const float *row_floats(const kv_source *c, int which, long slot, long g,
 #if RG_AVX512
 /* kt [16 dims][16 keys] = dims [i0, i0 + 16) of the 16 rows: a register transpose (pure data
  * movement, the same values as element by element). */
-static inline void transpose16(const float *const *rows, long i0, float *kt) {
-    __m512 r[16], t[16];
-    for (int p = 0; p < 16; p++) r[p] = _mm512_loadu_ps(rows[p] + i0);
+static inline void transpose16_store(__m512 *r, float *kt) {
+    __m512 t[16];
     for (int j = 0; j < 16; j += 2) {
         t[j] = _mm512_unpacklo_ps(r[j], r[j + 1]);
         t[j + 1] = _mm512_unpackhi_ps(r[j], r[j + 1]);
@@ -144,6 +143,33 @@ static inline void transpose16(const float *const *rows, long i0, float *kt) {
         _mm512_storeu_ps(kt + (8 + c) * KEYS, _mm512_shuffle_f32x4(v, v2, 0xDD));
         _mm512_storeu_ps(kt + (4 + c) * KEYS, _mm512_shuffle_f32x4(w, w2, 0x88));
         _mm512_storeu_ps(kt + (12 + c) * KEYS, _mm512_shuffle_f32x4(w, w2, 0xDD));
+    }
+}
+
+static inline void transpose16(const float *const *rows, long i0, float *kt) {
+    __m512 r[16];
+    for (int p = 0; p < 16; p++) r[p] = _mm512_loadu_ps(rows[p] + i0);
+    transpose16_store(r, kt);
+}
+
+/* K^T [d][16] straight from an int8 cache: each code times its row's scale (the exact product
+ * row_floats makes), transposed in registers without the float rows going through memory.
+ * Keys p >= n are 0. */
+static void transpose_keys_i8(const kv_source *c, const long *slots, long n, long g, float *kt) {
+    const int8_t *rows[KEYS];
+    __m512 scale[KEYS];
+    for (long p = 0; p < KEYS; p++) {
+        const long at = p < n ? slots[p] * c->hkv + g : 0;
+        rows[p] = (const int8_t *)c->k + at * c->d;
+        scale[p] = _mm512_set1_ps(p < n ? half_value(c->k_scale[at]) : 0.0f);
+    }
+    for (long i0 = 0; i0 < c->d; i0 += 16) {
+        __m512 r[16];
+        for (int p = 0; p < 16; p++)
+            r[p] = p < n ? _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+                               _mm_loadu_si128((const __m128i *)(rows[p] + i0)))), scale[p])
+                         : _mm512_setzero_ps();
+        transpose16_store(r, kt + i0 * KEYS);
     }
 }
 #endif
@@ -345,12 +371,18 @@ static void attend_keys(const item_keys *it, const float *scaled, long r0, long 
         if (from == per_g) continue;
         for (long g = 0; g < it->hkv; g++) {
             const float *vrow[KEYS], *krow[KEYS];
+            const int keys_i8 = RG_AVX512 && it->cache->kind == KV_I8;
             for (long p = 0; p < KEYS; p++) {            /* K^T [d][16], absent keys 0 */
-                krow[p] = p < n ? row_floats(it->cache, 0, slots[p], g, sc->rows + p * d) : sc->zeros;
+                if (!keys_i8)
+                    krow[p] = p < n ? row_floats(it->cache, 0, slots[p], g, sc->rows + p * d) : sc->zeros;
                 vrow[p] = p < n ? row_floats(it->cache, 1, slots[p], g, sc->rows + (KEYS + p) * d)
                                 : NULL;
             }
-            transpose_keys(krow, d, sc->kt);
+#if RG_AVX512
+            if (keys_i8) transpose_keys_i8(it->cache, slots, n, g, sc->kt);
+            else
+#endif
+                transpose_keys(krow, d, sc->kt);
             const long at = g * per_g + from;
             block_all(per_g - from, sc->kt, vrow, visible + from, scaled + at * d, d,
                       st->peak + at, st->sum + at, st->acc + at * d);
