@@ -40,15 +40,19 @@ def ragged(cache, pieces, threads=None, tile=8):
                                    threads=threads, tile_rows=tile)
 
 
-def test_ragged_attention_matches_causal_sdpa_over_scattered_blocks(cache):
+def causal_sdpa(cache, total: int) -> torch.Tensor:
+    """torch's causal attention of positions 0 .. total - 1 over the table's keys: [T, Hq, D]."""
     k, v, table, q = cache
-    total = 300
-    got = ragged(cache, [(0, total)])
     keys = k[table.long()].flatten(0, 1)[:total].transpose(0, 1)[None]
     values = v[table.long()].flatten(0, 1)[:total].transpose(0, 1)[None]
     want = F.scaled_dot_product_attention(q[:total].transpose(0, 1)[None], keys, values,
                                           is_causal=True, scale=0.125, enable_gqa=True)
-    assert torch.allclose(got, want[0].transpose(0, 1), atol=2e-5, rtol=1e-4)
+    return want[0].transpose(0, 1)
+
+
+def test_ragged_attention_matches_causal_sdpa_over_scattered_blocks(cache):
+    got = ragged(cache, [(0, 300)])
+    assert torch.allclose(got, causal_sdpa(cache, 300), atol=2e-5, rtol=1e-4)
 
 
 def test_a_position_gets_the_same_bits_however_its_step_was_made(cache):
@@ -66,14 +70,9 @@ def test_keys_past_a_chunk_fold_in_whichever_way_the_step_splits_them(cache):
     """A query's keys run in chunks of 256 folded in order: a short extend or a decode row
     splits its chunks over workers, a prompt's tile folds them itself; both give the prompt's
     bits, and the rows that straddle a chunk's start fold only what they reach."""
-    k, v, table, q = cache
     total = BLOCKS * BS                                     # 768: three chunks
     whole = ragged(cache, [(0, total)])
-    keys = k[table.long()].flatten(0, 1)[:total].transpose(0, 1)[None]
-    values = v[table.long()].flatten(0, 1)[:total].transpose(0, 1)[None]
-    want = F.scaled_dot_product_attention(q[:total].transpose(0, 1)[None], keys, values,
-                                          is_causal=True, scale=0.125, enable_gqa=True)
-    assert torch.allclose(whole, want[0].transpose(0, 1), atol=2e-5, rtol=1e-4)
+    assert torch.allclose(whole, causal_sdpa(cache, total), atol=2e-5, rtol=1e-4)
     assert torch.equal(ragged(cache, [(total - 1, total)])[0], whole[-1])     # split, 3 chunks
     assert torch.equal(ragged(cache, [(250, 258)]), whole[250:258])           # straddles 256
     straddle = ragged(cache, [(509, 515), (700, 701), (3, 4)], threads=2)
