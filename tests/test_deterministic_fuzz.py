@@ -251,3 +251,34 @@ def test_logprobs_are_the_same_bits_under_many_schedules(default_int4, reference
         check_schedule(default_int4, references, compiler, kv_dtype, schedule)
 
     fuzz()
+
+
+def test_a_prompt_past_three_key_chunks_gives_the_same_bits_cached_chunked_and_whole(
+        default_int4, references):
+    """The attention folds a query's keys in chunks of 256 positions (native_extend.c). A
+    700-token prompt (three chunks) run cold in one step on the reference, and on an engine
+    with the cache on that first ran its first 430 tokens, then computes the rest in chunks
+    of 96 over the cached prefix, drafting while it decodes, then reads all but its last
+    token from the cache (that row alone splits its chunks over workers, where one step's
+    tile folded them): every generated position's top-20 logprobs are the same bits (int8
+    KV, the default)."""
+    rng = random.Random(SEED + 1)
+    vocab = default_int4.config.vocab_size
+    prompt = [rng.randrange(100, vocab) for _ in range(700)]
+    want = references.get("int8", prompt, "greedy")
+    config = EngineConfig(cache=CacheConfig(kv_dtype="int8"), num_blocks=128, deterministic=True,
+                          max_step_tokens=96, solo_step_tokens=96, adapt_threads=False)
+    engine = Engine(default_int4, config).start()
+    try:
+        first = Request(prompt[:430], sampling("greedy"), tenant="t", namespace="ns")
+        assert_finished([engine.generate(first, timeout=120)])
+        again = engine.generate(Request(list(prompt), sampling("greedy"), tenant="t",
+                                        namespace="ns"), timeout=120)
+        assert again.usage.cache_read_tokens >= 416, again.usage
+        assert outcome(again) == want
+        hit = engine.generate(Request(list(prompt), sampling("greedy"), tenant="t",
+                                      namespace="ns"), timeout=120)   # its last row alone
+        assert hit.usage.cache_read_tokens >= 688, hit.usage
+        assert outcome(hit) == want
+    finally:
+        engine.shutdown(grace_s=0)
