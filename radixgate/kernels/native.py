@@ -306,7 +306,7 @@ def extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     return out
 
 
-RAGGED_TILE_ROWS = 8         # query rows an item of ``ragged_attention`` (at most 64 / group)
+RAGGED_TILE_ROWS = 16        # query rows an item (a verify step of 9 rows: one tile, 0.34 -> 0.23 ms a layer at 2k)
 
 
 # the cache dtypes ``ragged_attention`` reads in place (native_extend.c's kinds)
