@@ -299,6 +299,7 @@ typedef struct {
     const kv_source *cache;
     const int32_t *table;
     long first, hq, hkv, d, bs;
+    long g0, g1;                        /* the kv heads the item computes */
 } item_keys;
 
 /* Online-softmax state of an item's vectors: per vector the largest score, the sum of the
@@ -347,8 +348,8 @@ static inline void prefetch_step(const kv_source *c, const int32_t *table, long 
 static void attend_keys(const item_keys *it, const float *scaled, long r0, long r1, long k0,
                         long k1, step_scratch *sc, softmax_state *st) {
     const long d = it->d, group = it->hq / it->hkv, rows = r1 - r0, per_g = rows * group;
-    for (long j = 0; j < per_g * it->hkv; j++) st->peak[j] = -INFINITY, st->sum[j] = 0.f;
-    memset(st->acc, 0, sizeof(float) * (size_t)(per_g * it->hkv * d));
+    for (long j = it->g0 * per_g; j < it->g1 * per_g; j++) st->peak[j] = -INFINITY, st->sum[j] = 0.f;
+    memset(st->acc + it->g0 * per_g * d, 0, sizeof(float) * (size_t)((it->g1 - it->g0) * per_g * d));
     for (long start = k0; start < k1; start += KEYS) {
         const long n = k1 - start < KEYS ? k1 - start : KEYS;
         long slots[KEYS], visible[MAX_VECTORS], from = 0;
@@ -369,7 +370,7 @@ static void attend_keys(const item_keys *it, const float *scaled, long r0, long 
             if (visible[j] == 0) from = j + 1;            /* rows in order: a prefix sees none */
         }
         if (from == per_g) continue;
-        for (long g = 0; g < it->hkv; g++) {
+        for (long g = it->g0; g < it->g1; g++) {
             const float *vrow[KEYS], *krow[KEYS];
             const int keys_i8 = RG_AVX512 && it->cache->kind == KV_I8;
             for (long p = 0; p < KEYS; p++) {            /* K^T [d][16], absent keys 0 */
@@ -403,7 +404,7 @@ static void fold_chunk(float *m, float *s, float *o, float pc, float sc, const f
 /* out rows [r0, r1) of every head from the final state: the weighted rows over their sum. */
 static void write_rows(const item_keys *it, long r0, long r1, const softmax_state *st, float *out) {
     const long d = it->d, group = it->hq / it->hkv, per_g = (r1 - r0) * group;
-    for (long j = 0; j < per_g * it->hkv; j++) {
+    for (long j = it->g0 * per_g; j < it->g1 * per_g; j++) {
         const long g = j / per_g, row = r0 + (j % per_g) / group, head = g * group + j % group;
         const float inv = 1.0f / st->sum[j];
         float *o = out + (row * it->hq + head) * d;
@@ -415,7 +416,7 @@ static void write_rows(const item_keys *it, long r0, long r1, const softmax_stat
 static void scale_queries(const item_keys *it, const float *q, float scale, long r0, long r1,
                           float *scaled) {
     const long d = it->d, group = it->hq / it->hkv, per_g = (r1 - r0) * group;
-    for (long j = 0; j < per_g * it->hkv; j++) {
+    for (long j = it->g0 * per_g; j < it->g1 * per_g; j++) {
         const long g = j / per_g, row = r0 + (j % per_g) / group, head = g * group + j % group;
         const float *qv = q + (row * it->hq + head) * d;
         for (long i = 0; i < d; i++) scaled[j * d + i] = qv[i] * scale;
@@ -436,7 +437,7 @@ static void tile_whole(const item_keys *it, const float *q, float scale, long r0
     for (long c = 1; c < chunks; c++) {
         const long k0 = c * CHUNK_KEYS, k1 = last + 1 < k0 + CHUNK_KEYS ? last + 1 : k0 + CHUNK_KEYS;
         attend_keys(it, scaled, r0, r1, k0, k1, sc, chunk);
-        for (long j = 0; j < per_g * it->hkv; j++)
+        for (long j = it->g0 * per_g; j < it->g1 * per_g; j++)
             if (it->first + r0 + (j % per_g) / group >= k0)     /* the rows that reach it */
                 fold_chunk(run->peak + j, run->sum + j, run->acc + j * d, chunk->peak[j],
                            chunk->sum[j], chunk->acc + j * d, d);
@@ -444,46 +445,49 @@ static void tile_whole(const item_keys *it, const float *q, float scale, long r0
     write_rows(it, r0, r1, run, out);
 }
 
-/* Work items of one call. Item i: sequence seq[i], rows [r0[i], r1[i]); chunk[i] -1 for a
- * tile whole on one worker, else that one chunk of a split tile, whose state goes to the
- * partials at part[i] (folded, in chunk order, by the split tile's item of chunk 0). */
+/* Work items of one call. Item i: sequence seq[i], rows [r0[i], r1[i]), kv heads [g0[i],
+ * g1[i]); chunk[i] -1 for a tile whole on one worker, else that one chunk of a split tile
+ * (every head), whose state goes to the partials at part[i] (folded, in chunk order, by the
+ * split tile's item of chunk 0). */
 typedef struct {
-    long *seq, *r0, *r1, *chunk, *part;
-    long count, parts;
+    long *seq, *r0, *r1, *chunk, *part, *g0;
+    long count, parts, hkv;
 } item_list;
 
 /* A sequence whose queries fit one tile (decode rows, drafts, short extends) splits its
- * chunks over workers: a decode row at 8k context is then 32 items, not one. Longer prompts
- * keep each tile whole (their tiles already give every worker work). The split never changes
- * a bit: the same chunks fold in the same order. */
+ * chunks over workers: a decode row at 8k context is then 32 items, not one; within one
+ * chunk (up to 256 positions, few bytes to read) it splits by kv head instead, so that a
+ * short decode row is not one worker's alone. Longer prompts keep each tile whole, every
+ * head (their tiles already give every worker work). No split changes a bit: a vector's
+ * chunks fold in the same order whoever computes them. */
+static long items_of(long q_len, long first, long tile, long hkv) {
+    if (q_len > tile) return (q_len + tile - 1) / tile;
+    const long chunks = tile_chunks(first, q_len);
+    return chunks > 1 ? chunks : hkv;
+}
+
 static int list_items(const int32_t *cu_q, const int32_t *totals, long seqs, long tile, long hq,
-                      long d, item_list *list) {
+                      long hkv, long d, item_list *list) {
     long count = 0;
-    for (long s = 0; s < seqs; s++) {
-        const long q_len = cu_q[s + 1] - cu_q[s], first = totals[s] - q_len;
-        count += q_len <= tile ? tile_chunks(first, q_len) : (q_len + tile - 1) / tile;
-    }
-    list->seq = malloc(sizeof(long) * (size_t)(5 * (count > 0 ? count : 1)));
-    if (list->seq == NULL) return -2;
+    for (long s = 0; s < seqs; s++)
+        count += items_of(cu_q[s + 1] - cu_q[s], totals[s] - (cu_q[s + 1] - cu_q[s]), tile, hkv);
     const long room = count > 0 ? count : 1;
+    list->seq = malloc(sizeof(long) * (size_t)(6 * room));
+    if (list->seq == NULL) return -2;
     list->r0 = list->seq + room, list->r1 = list->r0 + room;
-    list->chunk = list->r1 + room, list->part = list->chunk + room;
+    list->chunk = list->r1 + room, list->part = list->chunk + room, list->g0 = list->part + room;
+    list->hkv = hkv;
     long i = 0, parts = 0;
     for (long s = 0; s < seqs; s++) {
         const long q_len = cu_q[s + 1] - cu_q[s], first = totals[s] - q_len;
-        if (q_len <= tile) {
-            const long chunks = tile_chunks(first, q_len);
-            for (long c = 0; c < chunks; c++, i++) {
-                list->seq[i] = s, list->r0[i] = 0, list->r1[i] = q_len;
-                list->chunk[i] = chunks > 1 ? c : -1;
-                list->part[i] = parts;
-                if (chunks > 1) parts += q_len * hq * (d + 2);
-            }
-            continue;
-        }
-        for (long r0 = 0; r0 < q_len; r0 += tile, i++) {
-            list->seq[i] = s, list->r0[i] = r0, list->r1[i] = r0 + tile < q_len ? r0 + tile : q_len;
-            list->chunk[i] = -1, list->part[i] = 0;
+        const int short_q = q_len <= tile, by_head = short_q && tile_chunks(first, q_len) == 1;
+        const long n = items_of(q_len, first, tile, hkv);
+        for (long j = 0; j < n; j++, i++) {
+            list->seq[i] = s, list->part[i] = parts, list->g0[i] = by_head ? j : -1;
+            list->r0[i] = short_q ? 0 : j * tile;
+            list->r1[i] = short_q || (j + 1) * tile > q_len ? q_len : (j + 1) * tile;
+            list->chunk[i] = short_q && !by_head ? j : -1;
+            if (list->chunk[i] >= 0) parts += q_len * hq * (d + 2);
         }
     }
     list->count = count, list->parts = parts;
@@ -545,7 +549,7 @@ int rg_ragged_attention_kv(const float *q, int kind, const void *k_cache, const 
                 return -1;
     }
     item_list list;
-    if (list_items(cu_q, totals, seqs, tile, hq, d, &list)) return -2;
+    if (list_items(cu_q, totals, seqs, tile, hq, hkv, d, &list)) return -2;
     float *partials = list.parts ? malloc(sizeof(float) * (size_t)list.parts) : NULL;
     if (list.parts && partials == NULL) {
         free(list.seq);
@@ -571,8 +575,9 @@ int rg_ragged_attention_kv(const float *q, int kind, const void *k_cache, const 
         #pragma omp for schedule(dynamic, 1)
         for (long i = list.count - 1; i >= 0; i--) {       /* longest (last rows) first */
             if (scratch == NULL || peaks == NULL) continue;
-            const long s = list.seq[i], q_len = cu_q[s + 1] - cu_q[s];
-            const item_keys it = {&cache, tables + s * table_width, totals[s] - q_len, hq, hkv, d, bs};
+            const long s = list.seq[i], q_len = cu_q[s + 1] - cu_q[s], g0 = list.g0[i];
+            const item_keys it = {&cache, tables + s * table_width, totals[s] - q_len, hq, hkv, d, bs,
+                                  g0 < 0 ? 0 : g0, g0 < 0 ? hkv : g0 + 1};
             const float *qs = q + (long)cu_q[s] * hq * d;
             if (list.chunk[i] < 0) {
                 tile_whole(&it, qs, scale, list.r0[i], list.r1[i], &sc, &run, &chunk, scaled,
@@ -589,7 +594,8 @@ int rg_ragged_attention_kv(const float *q, int kind, const void *k_cache, const 
         for (long i = 0; i < list.count; i++) {            /* split tiles: fold their chunks */
             if (list.chunk[i] != 0) continue;
             const long s = list.seq[i], q_len = cu_q[s + 1] - cu_q[s];
-            const item_keys it = {&cache, tables + s * table_width, totals[s] - q_len, hq, hkv, d, bs};
+            const item_keys it = {&cache, tables + s * table_width, totals[s] - q_len, hq, hkv, d, bs,
+                                  0, hkv};
             fold_split_tile(&it, q_len, partials, list.part[i], tile_chunks(it.first, q_len),
                             out + (long)cu_q[s] * hq * d);
         }
